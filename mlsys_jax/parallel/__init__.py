@@ -1,0 +1,8 @@
+"""Parallelism on a real engine: DP, TP, PP, ZeRO and 3D with ``jax.shard_map`` (lecture §5, §7.3-7.4).
+
+``mesh`` builds validated meshes; ``data``, ``tensor``, ``zero`` hold the training steps; ``comm``
+counts collective bytes in compiled HLO; ``pipeline``/``threed`` hold schedules and 3D.
+"""
+from mlsys_jax.parallel.mesh import axis_size, make_mesh, require_axes, validate_divisible
+
+__all__ = ["make_mesh", "require_axes", "validate_divisible", "axis_size"]
