@@ -1,0 +1,110 @@
+"""Communication volume from compiled HLO, beside the analytical ring formulas (lecture §5, §7.3).
+
+XLA turns ``psum``/``all_gather``/``psum_scatter``/``ppermute`` into HLO collectives. We read them
+from the *compiled* module text (after XLA's own rewrites, so what would run), take each one's
+shapes, and charge it the bytes one device sends in a ring algorithm:
+
+* all-reduce of S bytes over n devices: 2(n-1)/n * S  (reduce-scatter, then all-gather)
+* all-gather to S bytes / reduce-scatter from S bytes: (n-1)/n * S
+* collective-permute of S bytes: S (each device sends its buffer once)
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+# "%all-reduce.3 = (f32[4]{0}, f32[]) all-reduce(...)" or "... = f64[16,8]{1,0} all-gather(...)"
+_LINE = re.compile(r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<kind>" + "|".join(KINDS) +
+                   r")(?:-start)?\((?P<rest>.*)$")
+_ARRAY = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective in compiled HLO: its kind, result bytes, and group size."""
+
+    kind: str
+    result_bytes: int
+    group_size: int
+
+    @property
+    def ring_bytes(self) -> float:
+        """Bytes one device sends for this collective in a ring algorithm."""
+        return ring_bytes(self.kind, self.result_bytes, self.group_size)
+
+
+def ring_bytes(kind: str, result_bytes: float, n: int) -> float:
+    """Per-device bytes sent by a ring collective whose *result* is ``result_bytes`` on n devices."""
+    if kind == "collective-permute":
+        return float(result_bytes)  # each device sends its buffer once, whatever the pairs
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * result_bytes
+    if kind == "all-gather":
+        return (n - 1) / n * result_bytes
+    if kind == "reduce-scatter":
+        return (n - 1) * result_bytes  # the input is n times the result
+    if kind == "all-to-all":
+        return (n - 1) / n * result_bytes
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def hlo_text(fn, *args) -> str:
+    """Compiled HLO text of a jitted function (or anything with ``.lower``) at ``args``."""
+    lowered = fn.lower(*args) if hasattr(fn, "lower") else fn
+    compiled = lowered.compile() if hasattr(lowered, "compile") else lowered
+    return compiled.as_text()
+
+
+def collectives(hlo: str, n_devices: int | None = None) -> list[Collective]:
+    """Every collective op in compiled HLO text (``-start`` halves of async pairs counted once)."""
+    out = []
+    for line in hlo.splitlines():
+        m = _LINE.search(line)
+        if not m or "-done(" in line:
+            continue
+        shape = m["shape"]
+        if m["kind"] != "all-reduce" and shape.startswith("(") and "-start" in line:
+            shape = shape.rsplit(",", 1)[-1]  # async start tuples hold (input, output): take output
+        nbytes = sum(_DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
+                     for dt, dims in _ARRAY.findall(shape))
+        out.append(Collective(m["kind"], nbytes, _group_size(m["rest"], n_devices)))
+    return out
+
+
+def collective_counts(hlo: str) -> Counter:
+    """How many collectives of each kind the compiled HLO holds."""
+    return Counter(c.kind for c in collectives(hlo))
+
+
+def ring_total(colls: list[Collective]) -> float:
+    """Sum of per-device ring bytes over a list of collectives."""
+    return float(sum(c.ring_bytes for c in colls))
+
+
+def _group_size(rest: str, n_devices: int | None) -> int:
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", rest)
+    if m:
+        return len([t for t in m[1].split(",") if t])
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", rest)  # iota form [groups,size]<=[...]
+    if m:
+        return int(m[2])
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", rest)
+    if m:
+        return len(m[1].split("},{"))
+    return int(n_devices or 1)
+
+
+def nbytes(tree) -> int:
+    """Total bytes of a pytree of arrays (or ShapeDtypeStructs)."""
+    import jax
+
+    return int(sum(np.dtype(l.dtype).itemsize * math.prod(l.shape) for l in jax.tree.leaves(tree)))
