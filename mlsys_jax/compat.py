@@ -37,3 +37,11 @@ def backend_started() -> bool:
 
 def get_aval(x):
     return _core.get_aval(x)
+
+
+# Graph-break capture (issue 4): the jit primitive (jnp helpers are jit(inline=True)) and the
+# effects a compiled segment replays like jax.jit does (jax.debug.print / debug.callback).
+from jax.extend.core.primitives import jit_p  # noqa: E402
+from jax._src import debugging as _debugging  # noqa: E402
+
+debug_effects = (_debugging.debug_effect, _debugging.ordered_debug_effect)
