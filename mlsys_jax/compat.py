@@ -39,9 +39,63 @@ def get_aval(x):
     return _core.get_aval(x)
 
 
+def bind_equation(eqn, invals):
+    """Bind ``eqn``'s primitive to ``invals`` with its params, as JAX itself would re-bind it.
+
+    JAX 0.10: ``get_bind_params`` returns a dict whose ``subfuns`` entry holds the callables that
+    call-like primitives (custom_jvp_call, custom_vjp_call) take positionally. Returns a list of
+    output values (one per outvar).
+    """
+    params = dict(eqn.primitive.get_bind_params(eqn.params))
+    subfuns = params.pop("subfuns", ())
+    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def nested_jaxprs(eqn):
+    """(param name, index or None, Jaxpr, consts) for every jaxpr in an equation's params."""
+    out = []
+    for name, val in eqn.params.items():
+        items = val if isinstance(val, (tuple, list)) else (val,)
+        for i, item in enumerate(items):
+            idx = i if isinstance(val, (tuple, list)) else None
+            if isinstance(item, ClosedJaxpr):
+                out.append((name, idx, item.jaxpr, item.consts))
+            elif isinstance(item, Jaxpr):
+                out.append((name, idx, item, ()))
+    return out
+
+
+def varying_axes(x) -> frozenset:
+    """Mesh axes over which ``x`` varies inside shard_map (JAX 0.10: ``aval.manual_axis_type``;
+    older releases called it ``aval.vma``). Empty outside shard_map."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
 # Graph-break capture (issue 4): the jit primitive (jnp helpers are jit(inline=True)) and the
 # effects a compiled segment replays like jax.jit does (jax.debug.print / debug.callback).
 from jax.extend.core.primitives import jit_p  # noqa: E402
 from jax._src import debugging as _debugging  # noqa: E402
 
 debug_effects = (_debugging.debug_effect, _debugging.ordered_debug_effect)
+
+
+def call_name(eqn) -> str | None:
+    """The user-visible name of a call-like equation (``jit[name=f]``, ``custom_jvp_call`` of relu).
+
+    jit keeps it in ``params['name']``; custom_jvp/vjp calls only in the body's debug info.
+    """
+    name = eqn.params.get("name")
+    if isinstance(name, str):
+        return name
+    body = eqn.params.get("call_jaxpr")
+    info = getattr(getattr(body, "jaxpr", body), "debug_info", None)
+    name = getattr(info, "func_name", None)
+    if not name:
+        src = getattr(info, "func_src_info", None) or ""
+        name = src.split(" ")[0] if src else None
+    return name or None

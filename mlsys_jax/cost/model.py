@@ -1,0 +1,228 @@
+"""The lecture's roofline cost model over the op view (§4.2, §8.1 demo 2).
+
+Kernels: *unfused* — one kernel per op of the op view; *fused* — maximal runs of adjacent
+non-contraction ops (elementwise, broadcast, reductions, and named ops made only of those, like
+``softmax_xent``) merge into one kernel, while dot_general and convolutions stay kernels of their
+own (no epilogue fusion). A kernel's bytes are its external inputs read plus outputs written;
+values inside a fused kernel cost nothing. Per kernel:
+``time = max(flops / peak, bytes / bandwidth) + launch``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import ClosedJaxpr, Var
+from mlsys_jax.cost.hardware import Hardware, get_hardware
+from mlsys_jax.cost.rules import CALLS, FLOP_RULES, FREE, MOVEMENT, body_jaxprs, known
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.opview import (CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY, Op,
+                                  consumers, op_view)
+from mlsys_jax.ir.trace import aval_bytes, parse_dtype
+
+_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+          "int8": "i8", "float8_e4m3fn": "f8", "float8_e5m2": "f8"}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs and bytes; costs add up."""
+
+    flops: int = 0
+    bytes: int = 0
+    unknown: frozenset = frozenset()
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.flops + other.flops, self.bytes + other.bytes, self.unknown | other.unknown)
+
+
+def dtype_name(dtype) -> str:
+    name = np.dtype(dtype).name
+    return _SHORT.get(name, name)
+
+
+def eqn_flops(eqn) -> tuple[int, frozenset]:
+    """FLOPs of one equation (recursively into bodies: scan × length, cond = costliest branch,
+    while = one trip, since its trip count is unknown statically) and the unknown primitives."""
+    prim = eqn.primitive.name
+    if prim in FLOP_RULES:
+        return int(FLOP_RULES[prim](eqn)), frozenset()
+    if not known(prim):
+        return 0, frozenset({prim})
+    bodies = [_jaxpr_flops(j) for j in body_jaxprs(eqn)]
+    unknown = frozenset().union(*(u for _, u in bodies)) if bodies else frozenset()
+    flops = [f for f, _ in bodies]
+    if prim == "cond":
+        return max(flops, default=0), unknown
+    total = sum(flops)
+    if prim == "scan":
+        total *= int(eqn.params["length"])
+    return total, unknown
+
+
+def _jaxpr_flops(jaxpr) -> tuple[int, frozenset]:
+    total, unknown = 0, frozenset()
+    for eqn in jaxpr.eqns:
+        f, u = eqn_flops(eqn)
+        total += f
+        unknown |= u
+    return total, unknown
+
+
+def eqn_cost(eqn, dtype=None) -> Cost:
+    """Cost of one equation as one kernel: its FLOPs, and its inputs read plus outputs written."""
+    flops, unknown = eqn_flops(eqn)
+    if eqn.primitive.name in FREE:
+        return Cost(0, 0, unknown)
+    nbytes = sum(aval_bytes(v.aval, dtype) for v in eqn.invars if isinstance(v, Var))
+    nbytes += sum(aval_bytes(v.aval, dtype) for v in eqn.outvars)
+    return Cost(flops, nbytes, unknown)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel of the cost model: the ops it runs, FLOPs, bytes, and its roofline time."""
+
+    name: str
+    ops: tuple
+    flops: int
+    bytes: int
+    in_shapes: tuple
+    out_shapes: tuple
+    dtype: str
+    time_us: float = 0.0
+    bound: str = ""
+    unknown: frozenset = frozenset()
+
+    @property
+    def primitives(self) -> tuple:
+        return tuple(p for op in self.ops for p in op.primitives)
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+
+def is_fusible(op: Op) -> bool:
+    """Non-contraction work that the lecture's fusion model merges with its neighbours."""
+    allowed = ELEMENTWISE | SHAPE_ONLY | REDUCTIONS | MOVEMENT | CALLS - {"remat2", "shard_map"}
+    prims = op.primitives
+    return not (set(prims) & CONTRACTIONS) and all(p in allowed for p in prims)
+
+
+def _is_free(op: Op) -> bool:
+    return all(p in FREE for p in op.primitives)
+
+
+def kernels(closed, fused: bool = False, dtype=None) -> list[Kernel]:
+    """Group the op view into kernels (unfused: one per op; fused: the lecture's fusion model)."""
+    cost_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    ops = [op for op in op_view(jaxpr) if not _is_free(op)]
+    groups: list[list[Op]] = []
+    for op in ops:
+        if fused and groups and is_fusible(op) and is_fusible(groups[-1][-1]):
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    users = consumers(jaxpr)
+    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    return [_kernel(g, cost_dtype, users, index) for g in groups]
+
+
+def _kernel(group: list[Op], cost_dtype, users, index) -> Kernel:
+    members = {index[id(e)] for op in group for e in op.eqns}
+    defined = {v for op in group for e in op.eqns for v in e.outvars}
+    ins = list(dict.fromkeys(v for op in group for v in op.invars if v not in defined))
+    # Written: returned, used outside the kernel, or unused (dead values are still written).
+    outs = [v for op in group for e in op.eqns for v in e.outvars
+            if not users.get(v) or any(u < 0 or u not in members for u in users[v])]
+    flops, unknown = 0, frozenset()
+    for op in group:
+        for e in op.eqns:
+            f, u = eqn_flops(e)
+            flops, unknown = flops + f, unknown | u
+    nbytes = sum(aval_bytes(v.aval, cost_dtype) for v in ins + outs)
+    last = group[-1].eqns[-1]
+    main = last.outvars[0].aval if last.outvars else None
+    dt = getattr(main, "dtype", np.float32)
+    if cost_dtype is not None and jnp.issubdtype(dt, jnp.floating):
+        dt = cost_dtype
+    return Kernel("+".join(op.name for op in group), tuple(group), flops, nbytes,
+                  tuple(v.aval.str_short() for v in ins), tuple(v.aval.str_short() for v in outs),
+                  dtype_name(dt), unknown=unknown)
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """A roofline estimate: kernels with times, totals, peak memory and unknown primitives."""
+
+    hardware: Hardware
+    dtype: str | None
+    fused: bool
+    kernels: list
+    unknown: list
+    peak_bytes: int = 0
+    primitives: dict = field(default_factory=dict)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(k.bytes for k in self.kernels)
+
+    @property
+    def time_us(self) -> float:
+        return sum(k.time_us for k in self.kernels)
+
+    def totals(self) -> dict:
+        return {"flops": self.total_flops, "bytes": self.total_bytes,
+                "kernels": len(self.kernels), "time_us": self.time_us,
+                "peak_bytes": self.peak_bytes}
+
+    def rows(self) -> list[dict]:
+        """One row per kernel, for tables and ``inspect --json``."""
+        return [{"name": k.name, "primitives": list(k.primitives), "in": ", ".join(k.in_shapes),
+                 "out": ", ".join(k.out_shapes), "flops": k.flops, "bytes": k.bytes,
+                 "intensity": k.intensity, "bound": k.bound, "time_us": k.time_us}
+                for k in self.kernels]
+
+
+def roofline(k: Kernel, hw: Hardware) -> Kernel:
+    """Fill a kernel's time: ``max(flops / peak, bytes / bandwidth) + launch`` (µs)."""
+    compute = k.flops / hw.peak(k.dtype)
+    memory = k.bytes / hw.bandwidth
+    bound = "compute" if compute > memory else "memory"
+    t = (max(compute, memory) + hw.launch_s) * 1e6
+    return Kernel(k.name, k.ops, k.flops, k.bytes, k.in_shapes, k.out_shapes, k.dtype,
+                  t, bound, k.unknown)
+
+
+def estimate(closed, hw="h100", dtype=None, fused: bool = False, strict: bool = False) -> CostReport:
+    """Roofline estimate of a jaxpr: ``estimate(trace(f, x), hw='h100', dtype='bf16')``.
+
+    Args:
+      hw: a Hardware or its name ('h100', 'h200', 'a100', 'cpu').
+      dtype: cost every floating tensor as this dtype (the lecture costs BF16); None keeps dtypes.
+      fused: group kernels with the lecture's fusion model.
+      strict: raise MlsysError if a primitive has no cost rule (otherwise it is listed in
+        ``unknown`` and contributes no FLOPs).
+    """
+    from mlsys_jax.cost.liveness import liveness
+    from mlsys_jax.ir.walk import primitive_counts
+
+    hardware = get_hardware(hw)
+    ks = [roofline(k, hardware) for k in kernels(closed, fused=fused, dtype=dtype)]
+    unknown = sorted(set().union(*(k.unknown for k in ks))) if ks else []
+    if strict and unknown:
+        raise MlsysError(f"no cost rule for primitive(s) {', '.join(unknown)}; add a rule in "
+                         "mlsys_jax/cost/rules.py or run without strict")
+    peak = liveness(closed, dtype=dtype).peak_bytes
+    return CostReport(hardware, dtype if dtype is None else str(dtype), fused, ks, unknown, peak,
+                      dict(primitive_counts(closed)))

@@ -1,0 +1,13 @@
+"""The jaxpr is our computation graph: trace, walk, rebuild (by re-tracing), op view, hash, DOT."""
+from mlsys_jax.ir.dot import to_dot
+from mlsys_jax.ir.interpret import as_function, eval_jaxpr, interpret, rebuild
+from mlsys_jax.ir.opview import Op, op_name, op_view
+from mlsys_jax.ir.trace import (DTYPES, Traced, aval_bytes, input_structs, parse_dtype, parse_spec,
+                                random_inputs, trace, trace_tree)
+from mlsys_jax.ir.walk import primitive_counts, structural_hash, walk
+
+
+__all__ = ["to_dot", "as_function", "eval_jaxpr", "interpret", "rebuild", "Op", "op_name",
+           "op_view", "DTYPES", "Traced", "input_structs", "parse_dtype", "parse_spec",
+           "random_inputs", "trace", "trace_tree", "primitive_counts", "structural_hash", "walk",
+           "aval_bytes"]

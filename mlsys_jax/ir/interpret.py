@@ -1,0 +1,59 @@
+"""Evaluating and rebuilding jaxprs by re-tracing an interpreter (JAX_NOTES "Jaxprs").
+
+Every rewrite in mlsys_jax goes through :func:`rebuild`: an interpreter binds each equation again
+under ``jax.make_jaxpr``, so params, literals, effects and weak types come out canonical. We never
+build equations by hand.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import jax
+
+from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, bind_equation
+from mlsys_jax.ir.trace import input_structs
+
+# handler(eqn, invals) -> list of outvals, or None to bind the equation unchanged.
+Handler = Callable[[object, list], Optional[Sequence]]
+
+
+def eval_jaxpr(jaxpr: Jaxpr, consts: Sequence, *args, handler: Handler | None = None) -> list:
+    """Evaluate an open jaxpr equation by equation (traceable: works under make_jaxpr and jit)."""
+    if len(args) != len(jaxpr.invars):
+        raise TypeError(f"jaxpr takes {len(jaxpr.invars)} inputs, got {len(args)}")
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        outs = handler(eqn, invals) if handler is not None else None
+        if outs is None:
+            outs = bind_equation(eqn, invals)
+        if len(outs) != len(eqn.outvars):
+            raise ValueError(f"handler for {eqn.primitive.name} returned {len(outs)} values, "
+                             f"expected {len(eqn.outvars)}")
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def interpret(closed: ClosedJaxpr, *args, handler: Handler | None = None) -> list:
+    """Run a ClosedJaxpr on flat arguments; returns the flat list of outputs."""
+    return eval_jaxpr(closed.jaxpr, closed.consts, *args, handler=handler)
+
+
+def rebuild(closed: ClosedJaxpr, handler: Handler | None = None) -> ClosedJaxpr:
+    """Re-trace ``closed`` through :func:`interpret` (optionally rewriting equations).
+
+    ``rebuild(trace(f))`` computes bit-for-bit what ``f`` computes; input avals (weak_type
+    included) and effects are preserved.
+    """
+    return jax.make_jaxpr(lambda *a: interpret(closed, *a, handler=handler))(*input_structs(closed))
+
+
+def as_function(closed: ClosedJaxpr) -> Callable:
+    """A Python function ``f(*flat_args) -> list`` evaluating ``closed`` (jit-able)."""
+    return lambda *args: interpret(closed, *args)

@@ -1,0 +1,138 @@
+"""The op view: a jaxpr seen at the granularity a user wrote it (lecture §2.1, §8.1 demo 2).
+
+A top-level named call (``jit[name=softmax_xent]``, ``custom_jvp_call[name=relu]``) is one op;
+elsewhere one primitive is one op, except that shape-only equations (broadcast_in_dim, reshape,
+squeeze, expand_dims, a convert of a literal) whose only consumer is an elementwise op belong to
+that op — broadcasting is free in every eager framework, so ``x @ W + b`` is two ops, not three.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlsys_jax.compat import ClosedJaxpr, Literal, Var, call_name
+from mlsys_jax.ir.walk import walk
+
+SHAPE_ONLY = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+ELEMENTWISE = frozenset({
+    "add", "add_any", "sub", "mul", "div", "rem", "pow", "integer_pow", "max", "min", "neg",
+    "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
+    "acosh", "atanh", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+    "square", "reciprocal", "is_finite", "select_n", "clamp", "convert_element_type",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "nextafter", "copy",
+    "copy_p", "stop_gradient", "imag", "real", "conj", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "population_count",
+})
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+                        "reduce_or", "argmax", "argmin", "reduce_precision"})
+CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
+NAMED_CALLS = frozenset({"jit", "pjit", "custom_jvp_call", "custom_vjp_call", "closed_call",
+                         "core_call"})
+LECTURE_NAMES = {"dot_general": "matmul", "conv_general_dilated": "conv"}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of the op view: its name, equations (program order), external inputs and outputs."""
+
+    name: str
+    eqns: tuple
+    invars: tuple
+    outvars: tuple
+
+    @property
+    def primitives(self) -> tuple[str, ...]:
+        """All primitive names inside the op, recursively."""
+        out = []
+        for eqn in self.eqns:
+            out += [e.primitive.name for _, e in walk_eqn(eqn)]
+        return tuple(out)
+
+    @property
+    def main(self):
+        """The equation that names the op (the last one; absorbed shape ops come first)."""
+        return self.eqns[-1]
+
+
+def walk_eqn(eqn):
+    yield "", eqn
+    for name, val in eqn.params.items():
+        for item in (val if isinstance(val, (tuple, list)) else (val,)):
+            if hasattr(item, "eqns") or isinstance(item, ClosedJaxpr):
+                yield from walk(item)
+
+
+def op_name(eqn) -> str:
+    """The lecture's name of an equation: a named call's name, ``matmul``, ``conv``, or the primitive."""
+    name = call_name(eqn) if eqn.primitive.name in NAMED_CALLS else None
+    if name:
+        return name
+    return LECTURE_NAMES.get(eqn.primitive.name, eqn.primitive.name)
+
+
+def is_elementwise_op(eqn) -> bool:
+    if eqn.primitive.name in ELEMENTWISE:
+        return True
+    if eqn.primitive.name in NAMED_CALLS:  # a named op made only of elementwise/shape work
+        inner = [e.primitive.name for _, e in walk_eqn(eqn)][1:]
+        return bool(inner) and all(p in ELEMENTWISE | SHAPE_ONLY | NAMED_CALLS for p in inner)
+    return False
+
+
+def _is_shape_only(eqn) -> bool:
+    if eqn.primitive.name in SHAPE_ONLY:
+        return True
+    return (eqn.primitive.name == "convert_element_type"
+            and all(isinstance(v, Literal) for v in eqn.invars))
+
+
+def consumers(jaxpr) -> dict:
+    """var -> list of consuming equation indices (-1 for a jaxpr output)."""
+    users: dict = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, Var):
+                users.setdefault(v, []).append(i)
+    for v in jaxpr.outvars:
+        if isinstance(v, Var):
+            users.setdefault(v, []).append(-1)
+    return users
+
+
+def op_view(closed) -> list[Op]:
+    """The ops of a jaxpr's top level, in program order."""
+    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    eqns = jaxpr.eqns
+    users = consumers(jaxpr)
+    owner = list(range(len(eqns)))  # eqn index -> index of the eqn whose op it belongs to
+    for i in reversed(range(len(eqns))):
+        eqn = eqns[i]
+        if not _is_shape_only(eqn) or len(eqn.outvars) != 1:
+            continue
+        us = users.get(eqn.outvars[0], [])
+        if len(us) == 1 and us[0] >= 0:
+            j = owner[us[0]]
+            if is_elementwise_op(eqns[j]):
+                owner[i] = j
+    members: dict[int, list[int]] = {}
+    for i, o in enumerate(owner):
+        members.setdefault(o, []).append(i)
+    ops = []
+    for head in sorted(members):
+        idx = members[head]
+        ops.append(_make_op(jaxpr, [eqns[i] for i in idx], users, set(idx)))
+    return ops
+
+
+def _make_op(jaxpr, op_eqns, users, idx_set) -> Op:
+    defined = {v for e in op_eqns for v in e.outvars}
+    invars, seen = [], set()
+    for e in op_eqns:
+        for v in e.invars:
+            if isinstance(v, Var) and v not in defined and v not in seen:
+                seen.add(v)
+                invars.append(v)
+    # Written by the kernel: used outside the op, returned, or unused (dead values are still written).
+    outvars = [v for e in op_eqns for v in e.outvars
+               if not users.get(v) or any(u < 0 or u not in idx_set for u in users[v])]
+    return Op(op_name(op_eqns[-1]), tuple(op_eqns), tuple(invars), tuple(outvars))
