@@ -22,7 +22,7 @@ from mlsys_jax.errors import MlsysError
 HANDLERS = {
     "run": ("mlsys_jax.cli_run", "main"),
     "inspect": ("mlsys_jax.cli_inspect", "inspect_main"),
-    "optimize": ("mlsys_jax.cli_inspect", "optimize_main"),
+    "optimize": ("mlsys_jax.passes.cli", "optimize_main"),
     "bench": ("benchmarks.runner", "main"),
     "fuzz": ("mlsys_jax.fuzz.cli", "main"),
 }
