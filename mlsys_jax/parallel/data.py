@@ -140,3 +140,13 @@ def max_abs_diff(a, b) -> float:
     """Largest absolute difference between two pytrees of arrays (same structure)."""
     diffs = jax.tree.leaves(jax.tree.map(lambda u, v: jnp.max(jnp.abs(u - v)), a, b))
     return float(max(diffs)) if diffs else 0.0
+
+
+def demo_problem(seed: int = 0, batch: int = 32, sizes: Sequence[int] = (16, 32, 4),
+                 dtype=jnp.float64):
+    """The lecture's small classifier (``models.mlp_loss``) with a random batch: ``(params, x, y)``."""
+    from mlsys_jax.models import mlp_init, mnist_batch
+
+    kp, kb = jax.random.split(jax.random.key(seed))
+    x, y = mnist_batch(kb, batch, dtype, tuple(sizes))
+    return mlp_init(kp, tuple(sizes), dtype), x, y
