@@ -42,13 +42,12 @@ def get_aval(x):
 def bind_equation(eqn, invals):
     """Bind ``eqn``'s primitive to ``invals`` with its params, as JAX itself would re-bind it.
 
-    JAX 0.10: ``get_bind_params`` returns a dict whose ``subfuns`` entry holds the callables that
-    call-like primitives (custom_jvp_call, custom_vjp_call) take positionally. Returns a list of
-    output values (one per outvar).
+    JAX 0.10: ``get_bind_params`` returns a dict whose ``subfuns`` entry holds the callables of
+    call-like primitives (custom_jvp_call, custom_vjp_call); ``bind`` takes them as a keyword, as
+    ``jax.core.eval_jaxpr`` does. Returns a list of output values (one per outvar).
     """
-    params = dict(eqn.primitive.get_bind_params(eqn.params))
-    subfuns = params.pop("subfuns", ())
-    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    params = eqn.primitive.get_bind_params(eqn.params)
+    out = eqn.primitive.bind(*invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
@@ -99,3 +98,8 @@ def call_name(eqn) -> str | None:
         src = getattr(info, "func_src_info", None) or ""
         name = src.split(" ")[0] if src else None
     return name or None
+
+
+# Passes (issue 3): JAX's own dead-code elimination, which keeps effectful equations and prunes
+# nested bodies (jit, scan, cond, while, remat) through their registered DCE rules.
+dce_jaxpr_consts = _pe.dce_jaxpr_consts
