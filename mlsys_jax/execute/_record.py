@@ -1,0 +1,179 @@
+"""The recording half of graph-break capture: a JAX trace whose tracers defer every primitive.
+
+Lecture §8.4: TorchDynamo records tensor operations into an FX graph and *breaks* the graph where
+Python needs a concrete value. Here the same happens one level down, on JAX's own tracing
+machinery (JAX_NOTES.md "A custom trace"): user code runs with :class:`RecordTrace` as the current
+trace, so every ``Primitive.bind`` lands in :meth:`RecordTrace.process_primitive`, which appends an
+equation to the pending segment and returns a :class:`DeferredTracer`. A tracer's ``__bool__``,
+``__int__``, ``__float__``, ``__index__``, ``__array__``, ``item``, ``tolist`` and printing call
+back into the run (``capture.py``), which compiles and executes the pending segment and returns the
+concrete value — a graph break.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_jaxpr,
+                              jit_p, set_current_trace)
+from mlsys_jax.errors import MlsysError
+
+
+@dataclass(frozen=True)
+class Eqn:
+    """One recorded primitive application: ``ins`` are slots (>= 0) or constants (-1 - index)."""
+
+    prim: Any
+    params: dict
+    ins: tuple
+    outs: tuple
+
+
+class DeferredTracer(Tracer):
+    """A value that exists only as a slot in a segment until Python asks for it (a graph break)."""
+
+    __slots__ = ["slot", "val"]
+
+    def __init__(self, trace, aval, slot):
+        super().__init__(trace, aval)
+        self.slot = slot
+        self.val = None  # the concrete array once the segment that makes it has run
+
+    # Never tell JAX a value (even a materialized one): JAX probes this opportunistically and
+    # would take value-dependent paths that no guard records. Breaks go through the dunders below.
+    def to_concrete_value(self):
+        return None
+
+    def _concrete(self, kind, *extra):
+        return self._trace.run.graph_break(self, kind, *extra)
+
+    def __bool__(self):
+        return self._concrete("bool")
+
+    def __int__(self):
+        return self._concrete("int")
+
+    def __float__(self):
+        return self._concrete("float")
+
+    def __complex__(self):
+        return self._concrete("complex")
+
+    def __index__(self):
+        return self._concrete("index")
+
+    def __array__(self, dtype=None, copy=None):
+        out = self._concrete("array")
+        return out if dtype is None else out.astype(dtype)
+
+    def item(self, *args):
+        return self._concrete("item", *args)
+
+    def tolist(self):
+        return self._concrete("tolist")
+
+    def __str__(self):
+        return self._concrete("str")
+
+    def __repr__(self):
+        return self._concrete("repr")
+
+    def __format__(self, spec):
+        return self._concrete("format", spec)
+
+
+class RecordTrace(Trace):
+    """The current trace while captured Python runs: records primitives instead of running them."""
+
+    def __init__(self, run):
+        super().__init__()
+        self.requires_low = False
+        self.run = run
+
+    def _checked(self, args):
+        for a in args:
+            if isinstance(a, Tracer) and a._trace is not self:
+                if isinstance(a, DeferredTracer):
+                    raise MlsysError(
+                        "capture: a deferred value from an earlier call was used again (it was "
+                        "kept outside the function, e.g. in a global or a closure). A captured "
+                        "function must be pure: return values instead of storing them.")
+                raise MlsysError(
+                    f"capture: got a {type(a).__name__} from another JAX transformation. Apply "
+                    "jax.grad/vmap/jit inside the captured function, not around it.")
+        return args
+
+    def process_primitive(self, prim, args, params):
+        args = self._checked(args)
+        if prim is jit_p and params.get("inline"):
+            # jnp.* helpers are jit(inline=True): record their primitives, as jit would inline them
+            closed = params["jaxpr"]
+            with set_current_trace(self):
+                return eval_jaxpr(closed.jaxpr, closed.consts, *args)
+        avals = [a.aval if isinstance(a, DeferredTracer) else jax.typeof(a) for a in args]
+        out_avals, effects = cached_abstract_eval(prim, *avals, **params)
+        unreplayable = [e for e in effects if e not in debug_effects]
+        if unreplayable:
+            raise MlsysError(
+                f"capture: primitive '{prim.name}' has side effects {unreplayable} that compiled "
+                "segments cannot replay faithfully. Remove it from the captured function, or run "
+                "the function eagerly (or under jax.jit).")
+        if not effects and not any(isinstance(a, DeferredTracer) for a in args):
+            # Constants only (a Python scalar's convert, jnp.ones): run now, as eager would.
+            # (The current trace inside process_primitive is JAX's eval trace.)
+            return prim.bind(*args, **params)
+        multiple = prim.multiple_results
+        outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals])
+        return outs if multiple else outs[0]
+
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+        # Segments are only evaluated (never differentiated), so the custom rule is not needed.
+        del prim, jvp, symbolic_zeros
+        with set_current_trace(self):
+            return fun.call_wrapped(*self._checked(tracers))
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, *, out_trees, symbolic_zeros):
+        del prim, fwd, bwd, out_trees, symbolic_zeros
+        with set_current_trace(self):
+            return fun.call_wrapped(*self._checked(tracers))
+
+    def process_call(self, prim, f, tracers, params):
+        del prim, params
+        with set_current_trace(self):
+            return f.call_wrapped(*self._checked(tracers))
+
+
+def user_frame() -> str:
+    """``file:line: source`` of the innermost frame outside JAX and this package (a break's site)."""
+    import linecache
+
+    frame = sys._getframe(1)
+    skip = ("/jax/", "/jaxlib/", "/mlsys_jax/execute/", "/numpy/")
+    while frame is not None and any(s in frame.f_code.co_filename for s in skip):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}: {code}"
+
+
+def replay(eqns, consts, in_slots, out_slots):
+    """A Python function that binds the recorded equations: what jax.jit compiles per segment."""
+
+    def segment(*ins):
+        env = dict(zip(in_slots, ins))
+        for e in eqns:
+            args = [env[r] if r >= 0 else consts[-1 - r] for r in e.ins]
+            outs = e.prim.bind(*args, **e.params)
+            env.update(zip(e.outs, outs if e.prim.multiple_results else [outs]))
+        return [env[s] for s in out_slots]
+
+    return segment
+
+
+def segment_jaxpr(eqns, consts, in_slots, out_slots, in_avals):
+    """The segment as a ClosedJaxpr (for the op view in :func:`explain`)."""
+    return jax.make_jaxpr(replay(eqns, consts, in_slots, out_slots))(*in_avals)

@@ -1,0 +1,233 @@
+"""Graph-break capture (lecture §8.4, exercise 8): graphs, breaks, guarded replay, clear errors."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mlsys_jax
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.execute import capture, explain
+
+
+def _data(dtype=jnp.float32):
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(k1, (8, 16), dtype), jax.random.normal(k2, (16, 16), dtype),
+            jax.random.normal(k3, (16, 4), dtype))
+
+
+def mlp(x, w1, w2):
+    return jax.nn.relu(x @ w1) @ w2
+
+
+def branchy(x, w1):
+    h = jax.nn.relu(x @ w1)
+    if h.sum() > 0:
+        return h * 2
+    else:
+        return jnp.exp(h)
+
+
+def two_ifs(x):
+    if x.sum() > 0:
+        x = x * 2
+    else:
+        x = x - 1
+    if x.max() > 100:
+        x = x / 3
+    else:
+        x = x + 5
+    return jnp.tanh(x)
+
+
+def halve_until_small(x):
+    steps = 0
+    while jnp.abs(x).sum() > 1:
+        x = x / 2
+        steps += 1
+    return x, steps
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_top_level_exports():
+    assert mlsys_jax.capture is capture and mlsys_jax.explain is explain
+
+
+def test_straight_line_function_is_one_graph():
+    x, w1, w2 = _data()
+    e = explain(mlp, x, w1, w2)
+    assert (e.graph_count, e.graph_break_count) == (1, 0)
+    assert e.ops_per_graph == [["matmul", "relu", "matmul"]]
+
+
+@pytest.mark.parametrize("negate, second", [(False, ["mul"]), (True, ["exp"])])
+def test_branchy_breaks_once(negate, second):
+    x, w1, _ = _data()
+    if negate:  # relu(...) is all zero: the else branch
+        x, w1 = jnp.abs(x), -jnp.abs(w1)
+    e = explain(branchy, x, w1)
+    assert (e.graph_count, e.graph_break_count) == (2, 1)
+    assert e.ops_per_graph == [["matmul", "relu", "sum", "gt"], second]
+    reason = e.break_reasons[0]
+    assert reason.reason.startswith("bool()") and "if h.sum() > 0" in reason.source
+    assert same_bits(e.out, branchy(x, w1))
+
+
+def test_where_and_cond_are_one_graph():
+    x, w1, _ = _data()
+
+    def with_where(x, w1):
+        h = jax.nn.relu(x @ w1)
+        return jnp.where(h.sum() > 0, h * 2, jnp.exp(h))
+
+    def with_cond(x, w1):
+        h = jax.nn.relu(x @ w1)
+        return jax.lax.cond(h.sum() > 0, lambda h: h * 2, jnp.exp, h)
+
+    ew, ec = explain(with_where, x, w1), explain(with_cond, x, w1)
+    assert (ew.graph_count, ew.graph_break_count) == (1, 0)
+    assert {"mul", "exp"} <= set(ew.ops_per_graph[0])  # exercise 8: both branches computed
+    assert (ec.graph_count, ec.graph_break_count) == (1, 0) and "cond" in ec.ops_per_graph[0]
+
+
+def test_two_ifs_three_graphs_and_bitwise_equal():
+    x, _, _ = _data()
+    e = explain(two_ifs, x)
+    assert (e.graph_count, e.graph_break_count) == (3, 2)
+    f = capture(two_ifs)
+    for inp in (x, -x, 100 * x, -100 * x):
+        for _ in range(2):
+            assert same_bits(f(inp), two_ifs(inp))
+    assert f.stats["warm"] >= 4
+
+
+def test_value_dependent_loop_replays_per_trip_count():
+    x, _, _ = _data(jnp.float64)
+    e = explain(halve_until_small, x)
+    _, steps = halve_until_small(x)
+    assert e.graph_break_count == steps + 1 and e.out[1] == steps
+    f = capture(halve_until_small)
+    for inp in (x, x * 1000, x, x * 1000):
+        got, want = f(inp), halve_until_small(inp)
+        assert same_bits(got[0], want[0]) and got[1] == want[1]
+    assert f.stats == {"cold": 2, "warm": 2}
+
+
+def test_warm_call_does_not_rerun_python():
+    x, w1, _ = _data()
+    calls = []
+
+    def traced(x, w1):
+        calls.append(1)  # a Python side effect: visible only when the Python runs
+        return branchy(x, w1)
+
+    f = capture(traced)
+    outs = [f(x, w1) for _ in range(3)]
+    assert len(calls) == 1 and all(same_bits(o, branchy(x, w1)) for o in outs)
+    assert len(f.cache) == 2  # one compiled program per segment
+
+
+def test_int_and_index_breaks():
+    x, _, _ = _data()
+
+    def take(x):
+        n = int((x > 0).sum())
+        k = (x[0, 0] > 0).astype(jnp.int32)
+        return x[:, : n % 5 + 1] * 2, [10, 20][k]
+
+    e = explain(take, x)
+    assert e.graph_break_count == 2
+    assert [b.reason.split("()")[0] for b in e.break_reasons] == ["int", "index"]
+    f = capture(take)
+    for _ in range(2):
+        got, want = f(x), take(x)
+        assert same_bits(got[0], want[0]) and got[1] == want[1]
+
+
+def test_print_of_deferred_value_breaks_and_prints_every_call(capsys):
+    x, _, _ = _data()
+
+    def show(x):
+        y = x * 2
+        print("total:", y.sum())
+        return y + 1
+
+    e = explain(show, x)
+    assert (e.graph_count, e.graph_break_count) == (2, 1)
+    assert e.break_reasons[0].reason.startswith("str()")
+    f = capture(show)
+    f(x)
+    f(x)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["total: " + str((x * 2).sum())] * 3
+    assert f.stats["warm"] == 0  # text goes to Python: never replayed, always re-run
+    assert same_bits(f(x), show(x))
+
+
+def test_float64_and_python_scalars_bitwise():
+    x, w1, _ = _data(jnp.float64)
+
+    def f(x, w1, scale):
+        h = jnp.tanh(x @ w1) * scale + 0.5
+        if float(h.mean()) > 0.1:
+            return jnp.log1p(h ** 2).sum(axis=0)
+        return jnp.sin(h).mean(axis=1)
+
+    c = capture(f)
+    for s in (1.0, 3.0, 1.0):
+        assert same_bits(c(x, w1, s), f(x, w1, s))
+
+
+def test_escaping_deferred_value_is_an_error():
+    x, _, _ = _data()
+    log = []
+
+    def leaky(x):
+        y = x * 2
+        log.append(y)
+        return y + 1
+
+    with pytest.raises(MlsysError, match="escaped"):
+        capture(leaky)(x)
+    with pytest.raises(MlsysError, match="after its call returned"):
+        bool(log[0])
+
+
+def test_effectful_primitive_is_refused():
+    x, _, _ = _data()
+
+    def with_io(x):
+        y = jax.experimental.io_callback(lambda v: v, jax.ShapeDtypeStruct((), jnp.float32),
+                                         x.sum(), ordered=True)
+        return y * 2
+
+    with pytest.raises(MlsysError, match="side effects"):
+        capture(with_io)(x)
+
+
+def test_impure_function_detected_on_rerun():
+    x, _, _ = _data()
+    state = {"n": 0}
+
+    def impure(x):
+        state["n"] += 1
+        print(x.sum())  # text break: every call re-runs the Python
+        return x * state["n"]
+
+    f = capture(impure)
+    f(x)
+    with pytest.raises(MlsysError, match="state outside its arguments"):
+        f(x)
+
+
+def test_foreign_tracer_and_bad_arguments():
+    x, w1, _ = _data()
+    with pytest.raises(MlsysError, match="inside the captured function"):
+        jax.jit(capture(branchy))(x, w1)
+    with pytest.raises(MlsysError, match="hashable"):
+        capture(lambda x, d: x)(x, {1, 2})
+    with pytest.raises(MlsysError, match="callable"):
+        capture(3)
