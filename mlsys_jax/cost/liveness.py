@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlsys_jax.compat import ClosedJaxpr, Var
-from mlsys_jax.ir.trace import aval_bytes, parse_dtype
+from mlsys_jax.ir.trace import aval_bytes, parse_dtype, shape_str
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,6 @@ def liveness(closed, dtype=None, include_inputs: bool = True) -> Liveness:
         for v in list(eqn.invars) + list(eqn.outvars):
             if isinstance(v, Var) and v in live and last.get(v, -1) <= i:
                 del live[v]
-    top = sorted(((str(v) + ":" + v.aval.str_short(), b) for v, b in peak_set.items()),
+    top = sorted(((str(v) + ":" + shape_str(v.aval), b) for v, b in peak_set.items()),
                  key=lambda t: -t[1])
     return Liveness(tuple(timeline), peak, peak_at, tuple(top))

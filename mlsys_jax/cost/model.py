@@ -21,7 +21,7 @@ from mlsys_jax.cost.rules import CALLS, FLOP_RULES, FREE, MOVEMENT, body_jaxprs,
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.opview import (CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY, Op,
                                   consumers, op_view)
-from mlsys_jax.ir.trace import aval_bytes, parse_dtype
+from mlsys_jax.ir.trace import aval_bytes, parse_dtype, shape_str
 
 _SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
           "int8": "i8", "float8_e4m3fn": "f8", "float8_e5m2": "f8"}
@@ -153,7 +153,8 @@ def _kernel(group: list[Op], cost_dtype, users, index) -> Kernel:
     if cost_dtype is not None and jnp.issubdtype(dt, jnp.floating):
         dt = cost_dtype
     return Kernel("+".join(op.name for op in group), tuple(group), flops, nbytes,
-                  tuple(v.aval.str_short() for v in ins), tuple(v.aval.str_short() for v in outs),
+                  tuple(shape_str(v.aval) for v in ins),
+                  tuple(shape_str(v.aval) for v in outs),
                   dtype_name(dt), unknown=unknown)
 
 

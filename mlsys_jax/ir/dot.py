@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, nested_jaxprs
 from mlsys_jax.ir.opview import op_name
+from mlsys_jax.ir.trace import shape_str
 
 
 def _esc(s: str) -> str:
@@ -23,10 +24,10 @@ def to_dot(closed, name: str = "jaxpr") -> str:
             if v not in producers:
                 nid = fresh("in")
                 producers[v] = nid
-                lines.append(f'{indent}{nid} [label="{_esc(str(v))}: {_esc(v.aval.str_short())}", shape=ellipse];')
+                lines.append(f'{indent}{nid} [label="{_esc(str(v))}: {_esc(shape_str(v.aval))}", shape=ellipse];')
         for eqn in jaxpr.eqns:
             nid = fresh("e")
-            label = f"{op_name(eqn)}\\n" + ", ".join(v.aval.str_short() for v in eqn.outvars)
+            label = f"{op_name(eqn)}\\n" + ", ".join(shape_str(v.aval) for v in eqn.outvars)
             lines.append(f'{indent}{nid} [label="{_esc(label)}"];')
             for v in eqn.invars:
                 if not isinstance(v, Literal) and v in producers:

@@ -55,6 +55,11 @@ def aval_bytes(aval, cost_dtype=None) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
+def shape_str(aval) -> str:
+    """``f32[32,784]``: the short text of an abstract value."""
+    return aval.str_short(short_dtypes=True)
+
+
 def random_inputs(specs, seed: int = 0):
     """Seeded random values for ShapeDtypeStructs (for the CLI and checks that need values)."""
     rng = np.random.default_rng(seed)

@@ -46,6 +46,8 @@ def _param_repr(value) -> str:
         return "{" + _jaxpr_key(_open(value), getattr(value, "consts", ())) + "}"
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(_param_repr(v) for v in value) + ")"
+    if hasattr(value, "f") and hasattr(value, "transforms"):  # a WrappedFun: key by its function
+        value = value.f
     if callable(value) and hasattr(value, "__qualname__"):
         return f"<fn {value.__module__}.{value.__qualname__}>"
     return _ADDR.sub("", repr(value))
