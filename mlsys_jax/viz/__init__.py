@@ -1,0 +1,1 @@
+"""Rendering helpers: optional matplotlib plots (plots.py) and reports."""

@@ -1,0 +1,82 @@
+"""Optional PNG plots (the ``plot`` extra): matplotlib is imported only when a plot is drawn.
+
+Without matplotlib every function returns None and :func:`unavailable_reason` says why, so an
+experiment can record "plots skipped: ..." instead of failing.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+
+def unavailable_reason() -> str | None:
+    """None if PNGs can be drawn; otherwise why not (for the experiment's notes)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        return (f"plots skipped: matplotlib is not installed ({e}); "
+                "install the plot extra: pip install -e '.[plot]'")
+    return None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def lines(path: str, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
+          xlabel: str, ylabel: str, title: str, log: bool = False,
+          hlines: Mapping[str, float] = {}, vlines: Mapping[str, float] = {}) -> str | None:
+    """One line per series (label -> (xs, ys)), optional labelled reference lines; log-log if asked."""
+    if unavailable_reason():
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    for label, y in hlines.items():
+        ax.axhline(y, linestyle="--", color="gray", label=label)
+    for label, x in vlines.items():
+        ax.axvline(x, linestyle=":", color="black", label=label)
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def stacked_bars(path: str, groups: Sequence[str], stacks: Mapping[str, Sequence[float]], *,
+                 ylabel: str, title: str,
+                 markers: Mapping[str, Sequence[float | None]] = {}) -> str | None:
+    """Stacked bars: one bar per group, one coloured segment per stack (label -> value per group);
+    ``markers`` (label -> value per group, None to skip) are drawn as points over the bars."""
+    if unavailable_reason():
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bottom = [0.0] * len(groups)
+    for label, values in stacks.items():
+        ax.bar(groups, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for label, values in markers.items():
+        pts = [(g, v) for g, v in zip(groups, values) if v is not None]
+        ax.plot([g for g, _ in pts], [v for _, v in pts], "kD", label=label)
+    ax.set(ylabel=ylabel, title=title)
+    ax.set_ylim(0, 1.45 * max(bottom + [v for vs in markers.values() for v in vs if v is not None]))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper right", ncol=2, fontsize="small")  # above the bars (headroom from ylim)
+    return _save(fig, path)
