@@ -23,10 +23,14 @@ class Check:
     ok: bool
     ours: Any = None
     lecture: Any = None
+    note: str = ""  # why ours differs from the lecture's figure in value but not in kind
 
     def to_dict(self) -> dict:
-        return {"claim": self.claim, "ok": bool(self.ok), "ours": to_jsonable(self.ours),
-                "lecture": to_jsonable(self.lecture)}
+        out = {"claim": self.claim, "ok": bool(self.ok), "ours": to_jsonable(self.ours),
+               "lecture": to_jsonable(self.lecture)}
+        if self.note:
+            out["note"] = self.note
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,90 @@
+"""``mlsys-jax bench [NAME ...] [--json]``: run the benchmarks side by side and report ratios.
+
+Each ``benchmarks/bench_<name>.py`` exposes ``NAME`` and ``run(quick=False) -> dict`` returning
+``{"figures": {...}, "notes": [...]}``: ratios measured in the same run (median of repeats after
+warm-up, with min–max), or figures that carry their machine context. The runner adds the machine.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import sys
+import time
+
+import benchmarks
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.report import fmt, to_jsonable
+
+
+def discover() -> dict[str, str]:
+    """Benchmark name -> module, for every ``benchmarks/bench_*.py``."""
+    out = {}
+    for info in pkgutil.iter_modules(benchmarks.__path__):
+        if info.name.startswith("bench_"):
+            out[info.name[len("bench_"):]] = f"benchmarks.{info.name}"
+    return dict(sorted(out.items()))
+
+
+def machine() -> dict:
+    """CPU, cores, JAX version and the device JAX measures on (every figure's context)."""
+    import jax
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    dev = jax.devices()[0]
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "jax": jax.__version__, "platform": dev.platform,
+            "device_kind": getattr(dev, "device_kind", dev.platform),
+            "devices": jax.device_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _flatten(prefix: str, value, out: dict) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+
+
+def main(args) -> int:
+    available = discover()
+    names = args.names or list(available)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise MlsysError(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(available)}")
+    quick = bool(getattr(args, "quick", False))
+    results, total = {}, time.perf_counter()
+    for name in names:
+        if not args.json:
+            print(f"[bench {name}] ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        out = importlib.import_module(available[name]).run(quick=quick)
+        out = dict(out)
+        out["seconds"] = round(time.perf_counter() - t0, 2)
+        results[name] = out
+    report = {"machine": machine(), "benchmarks": to_jsonable(results),
+              "seconds": round(time.perf_counter() - total, 2)}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    m = report["machine"]
+    print(f"machine: {m['cpu']}, {m['cores']} cores, jax {m['jax']}, {m['device_kind']} "
+          f"×{m['devices']}")
+    for name, out in results.items():
+        print(f"\n[{name}] ({out['seconds']} s)")
+        flat: dict = {}
+        _flatten("", out.get("figures", {}), flat)
+        width = max((len(k) for k in flat), default=0)
+        for k, v in flat.items():
+            print(f"  {k.ljust(width)}  {fmt(v)}")
+        for note in out.get("notes", []):
+            print(f"  - {note}")
+    print(f"\ntotal {report['seconds']} s")
+    return 0

@@ -1,0 +1,86 @@
+"""``mlsys-jax run all --report DIR``: DIR/report.md with every table, each lecture figure beside
+ours with a verdict, and PNG plots when matplotlib is installed."""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from mlsys_jax.report import Check, Result, fmt
+
+SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, (list, tuple)):
+        return ", ".join(_cell(v) for v in x)
+    return fmt(x).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(rows: list[dict]) -> str:
+    """A GitHub-flavoured markdown table of row dicts."""
+    if not rows:
+        return "_(empty)_"
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _same(ours: Any, lecture: Any) -> bool:
+    if isinstance(ours, bool) or isinstance(lecture, bool):
+        return ours == lecture
+    if isinstance(ours, (int, float)) and isinstance(lecture, (int, float)):
+        if lecture == 0 or not math.isfinite(lecture):
+            return ours == lecture or abs(ours) < 1e-12
+        return abs(ours - lecture) <= SAME_REL * abs(lecture)
+    if isinstance(ours, (list, tuple)) and isinstance(lecture, (list, tuple)):
+        return len(ours) == len(lecture) and all(_same(a, b) for a, b in zip(ours, lecture))
+    return str(ours) == str(lecture)
+
+
+def verdict(check: Check) -> str:
+    """✓ matched, ✗ failed, or "differs in value, not in kind" (with the reason)."""
+    if not check.ok:
+        return "✗"
+    if check.lecture is None or _same(check.ours, check.lecture):
+        return "✓"
+    why = f": {check.note}" if check.note else ""
+    return f"✓ differs in value, not in kind{why}"
+
+
+def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) -> str:
+    """Write ``directory/report.md`` (+ PNGs); ``outputs`` holds (module, Result, checks) triples."""
+    from mlsys_jax.viz import report_plots
+
+    os.makedirs(directory, exist_ok=True)
+    lines = ["# mlsys-jax: the lecture, reproduced", "",
+             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `mlsys-jax run all --report {directory}`.",
+             "", "| experiment | title | seconds | claims | failed |", "|---|---|---|---|---|"]
+    for _, result, checks in outputs:
+        bad = sum(not c.ok for c in checks)
+        lines.append(f"| {result.id} | {result.title} | {split.get(result.id, '')} | {len(checks)} | {bad} |")
+    lines.append(f"| **all** | | **{round(sum(split.values()), 1)}** | | |")
+    plot_note = report_plots.unavailable()
+    for module, result, checks in outputs:
+        lines += ["", f"## {result.id} · {result.title}", ""]
+        if checks:
+            lines += ["### Lecture figures vs ours", "",
+                      md_table([{"claim": c.claim, "lecture": c.lecture, "ours": c.ours,
+                                 "verdict": verdict(c)} for c in checks]), ""]
+        for name, rows in result.tables.items():
+            lines += [f"### {name}", "", md_table(rows), ""]
+        if result.notes:
+            lines += ["### Notes", ""] + [f"- {n}" for n in result.notes] + [""]
+        if plot_note is None:
+            for path in report_plots.plot(result, directory):
+                lines += [f"![{os.path.basename(path)}]({os.path.basename(path)})", ""]
+    if plot_note:
+        lines += ["", f"_{plot_note}_"]
+    path = os.path.join(directory, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
