@@ -1,0 +1,247 @@
+"""Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (DESIGN.md §3).
+
+Every rewrite is spliced in by re-tracing the foundation's interpreter (``ir.eval_jaxpr`` with a
+handler) under ``jax.make_jaxpr``; handlers compute replacement outputs with ordinary JAX code, so
+params, literals, effects and weak types come out canonical. A pass that finds nothing to do returns
+its input object unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import jax
+
+from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, Tracer, bind_equation, nested_jaxprs
+from mlsys_jax.ir import eval_jaxpr, input_structs
+from mlsys_jax.ir.opview import CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY
+from mlsys_jax.cost.rules import MOVEMENT
+
+# Primitives known to be pure and deterministic: safe to fold, merge (CSE) and evaluate early.
+# Anything else (user primitives, RNG state, collectives, callbacks) is opaque (TESTING.md §5).
+PURE = (ELEMENTWISE | REDUCTIONS | CONTRACTIONS | SHAPE_ONLY | MOVEMENT | {
+    "select_n", "clamp", "iota", "cumsum", "cumprod", "cummax", "cummin", "sort", "argsort",
+    "dynamic_slice", "integer_pow", "square", "dot_general", "transpose", "rev", "pad",
+    "concatenate", "squeeze", "reduce_precision"}) - {
+    "device_put", "all_gather", "all_to_all", "ppermute", "axis_index", "pbroadcast", "pvary",
+    "pcast", "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
+    "sharding_constraint", "mesh_cast", "reshard", "empty"}
+PURE_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                        "custom_vjp_call"})
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One rule firing: which rule, where (an equation path as in ``ir.walk``), and what it did."""
+
+    rule: str
+    where: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A rule whose pattern matched but whose precondition failed, with the reason."""
+
+    rule: str
+    where: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What a pass returns: the new jaxpr, whether it changed, rewrites applied and refusals."""
+
+    jaxpr: ClosedJaxpr
+    changed: bool
+    rewrites: tuple = ()
+    refusals: tuple = ()
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it)."""
+
+    name: str
+    fn: Callable = field(repr=False)
+    parts: tuple = ()        # chain: the passes in order
+    kind: str = "pass"       # "pass" | "chain" | "fixpoint"
+    max_iter: int = 25
+
+    def __call__(self, closed: ClosedJaxpr) -> PassResult:
+        out = self.fn(closed)
+        if isinstance(out, ClosedJaxpr):  # a bare function may return just the jaxpr
+            return PassResult(out, out is not closed)
+        return out
+
+
+def make_pass(name: str, fn: Callable) -> Pass:
+    return Pass(name, fn)
+
+
+def chain(*passes: Pass) -> Pass:
+    """Run passes in order (like optax.chain); ``run`` verifies after each one."""
+    def fn(closed):
+        rewrites, refusals, changed = [], [], False
+        for p in passes:
+            r = p(closed)
+            closed, changed = r.jaxpr, changed or r.changed
+            rewrites += r.rewrites
+            refusals += r.refusals
+        return PassResult(closed, changed, tuple(rewrites), tuple(refusals))
+    return Pass("chain(" + ",".join(p.name for p in passes) + ")", fn, tuple(passes), "chain")
+
+
+class FixpointError(RuntimeError):
+    """A fixpoint loop did not converge within its bound, or revisited an earlier graph."""
+
+
+def fixpoint(p: Pass, max_iter: int = 25) -> Pass:
+    """Repeat ``p`` until it changes nothing; at most ``max_iter`` rounds (XLA uses 25), and a
+    revisited graph (a rewrite cycle) is an error."""
+    from mlsys_jax.ir import structural_hash
+
+    def fn(closed):
+        seen = {structural_hash(closed)}
+        rewrites, refusals, changed = [], [], False
+        for _ in range(max_iter):
+            r = p(closed)
+            if not r.changed:
+                return PassResult(closed, changed, tuple(rewrites), tuple(refusals) + r.refusals)
+            closed, changed = r.jaxpr, True
+            rewrites += r.rewrites
+            refusals += r.refusals
+            h = structural_hash(closed)
+            if h in seen:
+                raise FixpointError(f"fixpoint({p.name}): rewrite cycle — a graph came back")
+            seen.add(h)
+        raise FixpointError(f"fixpoint({p.name}): no fixpoint within {max_iter} rounds")
+    return Pass(f"fixpoint({p.name})", fn, (p,), "fixpoint", max_iter)
+
+
+def is_concrete(x) -> bool:
+    """A value known while re-tracing (a constant or literal), not a tracer of the new jaxpr."""
+    return not isinstance(x, Tracer)
+
+
+def is_pure(eqn) -> bool:
+    """Known pure and deterministic, recursively into call bodies; effectful equations are not."""
+    if eqn.effects:
+        return False
+    name = eqn.primitive.name
+    if name in PURE:
+        return True
+    if name in PURE_CALLS:
+        return all(is_pure(e) for _, _, sub, _ in nested_jaxprs(eqn) for e in sub.eqns)
+    return False
+
+
+# ---- the rewrite engine --------------------------------------------------------------------
+
+# rule(index, eqn, invals, lookup, path) -> replacement outputs (list) or None to keep the eqn.
+Rule = Callable[[int, object, list, Callable, str], Optional[list]]
+
+
+class Log:
+    """Collects rewrites and refusals while a pass re-traces a jaxpr."""
+
+    def __init__(self, name: str):
+        self.name, self.rewrites, self.refusals = name, [], []
+
+    def fired(self, where: str, detail: str = "", rule: str | None = None):
+        self.rewrites.append(Rewrite(rule or self.name, where, detail))
+
+    def refused(self, where: str, reason: str, rule: str | None = None):
+        self.refusals.append(Refusal(rule or self.name, where, reason))
+
+
+def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = "",
+              recurse: bool = True) -> ClosedJaxpr:
+    """Re-trace ``closed`` applying ``make_rule(closed, log, path)``'s rule to each equation and,
+    where the rule keeps an equation with nested bodies, ``transform`` to those bodies.
+
+    Returns ``closed`` itself when nothing fired anywhere.
+    """
+    with jax.ensure_compile_time_eval():  # analysis evaluates constants eagerly, even nested
+        rule = make_rule(closed, log, path)
+    before = len(log.rewrites)
+    jaxpr = closed.jaxpr
+    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+
+    def body(*args):
+        env = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def lookup(v):
+            return v.val if isinstance(v, Literal) else env[v]
+
+        def handler(eqn, invals):
+            i = index[id(eqn)]
+            env.update((v, x) for v, x in zip(eqn.invars, invals) if not isinstance(v, Literal))
+            here = f"{path}{i}"
+            outs = rule(i, eqn, invals, lookup, here) if rule is not None else None
+            if outs is None and recurse:
+                outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
+            if outs is None:
+                outs = bind_equation(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+            return outs
+
+        return eval_jaxpr(jaxpr, closed.consts, *args, handler=handler)
+
+    new = jax.make_jaxpr(body)(*input_structs(closed))
+    return new if len(log.rewrites) > before else closed
+
+
+def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
+    """Apply the pass to every nested body; rebind with the new bodies when their signatures are
+    unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
+    subs = nested_jaxprs(eqn)
+    if not subs:
+        return None
+    params = dict(eqn.params)
+    changed = False
+    for pname, idx, sub, consts in subs:
+        old = eqn.params[pname] if idx is None else eqn.params[pname][idx]
+        old_closed = old if isinstance(old, ClosedJaxpr) else ClosedJaxpr(old, ())
+        label = f"{eqn.primitive.name}.{pname}" + (f"[{idx}]" if idx is not None else "")
+        new = transform(old_closed, make_rule, log, f"{here}/{label}/")
+        if new is old_closed:
+            continue
+        if not _same_signature(old_closed, new) or (not isinstance(old, ClosedJaxpr) and new.consts):
+            log.refused(f"{here}/{label}", "rewritten body would change its signature or need "
+                        "constants an open jaxpr cannot hold; body left as it was")
+            continue
+        new_val = new if isinstance(old, ClosedJaxpr) else new.jaxpr
+        if idx is None:
+            params[pname] = new_val
+        else:
+            params[pname] = tuple(new_val if k == idx else v for k, v in enumerate(params[pname]))
+        changed = True
+    if not changed:
+        return None
+    try:
+        return bind_equation(eqn.replace(params=params), invals)
+    except Exception as e:  # a primitive that rejects the rebuilt body: leave it untouched
+        log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(e).__name__}); "
+                    "equation left as it was")
+        return None
+
+
+def _same_signature(a: ClosedJaxpr, b: ClosedJaxpr) -> bool:
+    def sig(vs):
+        return [(v.aval.shape, v.aval.dtype, getattr(v.aval, "weak_type", False)) for v in vs]
+    return (sig(a.jaxpr.invars) == sig(b.jaxpr.invars)
+            and sig(a.jaxpr.outvars) == sig(b.jaxpr.outvars))
+
+
+def simple_pass(name: str, make_rule: Callable, recurse: bool = True,
+                cleanup: Callable | None = None) -> Pass:
+    """A pass from a rule factory: re-trace with the rule, optionally clean up (e.g. DCE)."""
+    def fn(closed):
+        log = Log(name)
+        new = transform(closed, make_rule, log, recurse=recurse)
+        if new is not closed and cleanup is not None:
+            new = cleanup(new)
+        return PassResult(new, new is not closed, tuple(log.rewrites), tuple(log.refusals))
+    return Pass(name, fn)
