@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, bind_equation, dce_jaxpr_consts
-from mlsys_jax.ir import eval_jaxpr, structural_hash
+from mlsys_jax.ir import eval_jaxpr, input_structs, interpret, structural_hash
 from mlsys_jax.ir.walk import walk
 from mlsys_jax.passes.core import Log, Pass, PassResult, is_concrete, is_pure, simple_pass
 
@@ -50,10 +50,10 @@ def dce() -> Pass:
 def prune_outputs(closed: ClosedJaxpr, keep) -> ClosedJaxpr:
     """Partial execution (§8.1): a jaxpr computing only outputs ``keep`` (indices), and only what
     they need; effects are kept."""
-    jaxpr = closed.jaxpr
-    sub = jaxpr.replace(outvars=[jaxpr.outvars[i] for i in keep],
-                        debug_info=None)
-    return dce_jaxpr(ClosedJaxpr(sub, closed.consts))
+    keep = list(keep)
+    sub = jax.make_jaxpr(lambda *a: [interpret(closed, *a)[i] for i in keep])(
+        *input_structs(closed))
+    return dce_jaxpr(sub)
 
 
 # ---- cse ------------------------------------------------------------------------------------
