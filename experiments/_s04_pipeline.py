@@ -81,7 +81,8 @@ def _executor_rows(stages: int, microbatches: int, devs: list) -> list[dict]:
         rows.append({"schedule": name, "P": stages, "M": microbatches, "layers": layers,
                      "loss": float(ref_loss), "loss_diff": abs(float(got.loss) - float(ref_loss)),
                      "grad_diff": grad_diff, "idle_executed": executed_idle,
-                     "idle_table": table_idle,
+                     "idle_table": table_idle, "stash_rows": got.buffer_rows,
+                     "max_in_flight": max(sched.in_flight_peaks()),
                      "bubble_executed": float(Fraction(sum(executed_idle),
                                                        sched.steps * stages))})
     return rows
@@ -156,6 +157,10 @@ def _pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
         checks.append(Check(f"{r['schedule']} executor: idle steps run per stage == table's",
                             r["idle_executed"] == r["idle_table"], r["idle_executed"],
                             r["idle_table"]))
+        checks.append(Check(f"{r['schedule']} executor: activation stash rows per device == "
+                            "peak in-flight microbatches (GPipe M, 1F1B P)",
+                            r["stash_rows"] == r["max_in_flight"], r["stash_rows"],
+                            r["max_in_flight"]))
     return checks
 
 

@@ -12,7 +12,7 @@ from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipeline import (Action, Schedule, bubble_formula, gpipe, make_schedule,
                                          min_microbatches, one_f_one_b)
 from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, FORWARD, IDLE,
-                                             action_arrays, mse_loss, pipeline_value_and_grad,
+                                             action_arrays, buffer_rows, mse_loss, pipeline_value_and_grad,
                                              sequential_value_and_grad, tanh_chain_init,
                                              tanh_chain_stage)
 
@@ -88,6 +88,12 @@ def test_check_dependencies_catches_a_broken_table():
         Schedule("short", 2, 2, good.table[:-1]).check_dependencies()
 
 
+def test_buffer_rows_follow_in_flight_peaks():
+    assert buffer_rows(action_arrays(gpipe(4, 8))) == 8
+    assert buffer_rows(action_arrays(one_f_one_b(4, 8))) == 4
+    assert buffer_rows(action_arrays(one_f_one_b(2, 64))) == 2
+
+
 def test_action_arrays_route_messages_to_neighbours():
     sched = gpipe(2, 4)
     arr = action_arrays(sched)
@@ -121,6 +127,8 @@ def test_executor_equals_single_device(stages, microbatches):
             assert g.shape == r.shape and np.max(np.abs(np.asarray(g) - np.asarray(r))) < TOL
         idle = [sum(row[s] is None for row in sched.table) for s in range(stages)]
         assert np.asarray(got.idle_steps).tolist() == idle
+        assert got.buffer_rows == (microbatches if name == "gpipe"
+                                   else min(stages, microbatches))
 
 
 def test_executor_bad_input():

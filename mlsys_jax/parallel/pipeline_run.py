@@ -5,7 +5,8 @@ reads its own column of the static action table and ``lax.switch``-es on idle / 
 backward / backward-from-the-loss. A forward sends its output to the next stage and a backward
 sends the input's cotangent to the previous one: two ``ppermute``\\ s per step. A backward
 recomputes its stage's forward from the stashed input and takes ``jax.vjp`` of it (one microbatch
-at a time), so the stash holds stage inputs only.
+at a time), so the stash holds stage inputs only; its rows are allocated from the table, so 1F1B's
+smaller in-flight count is a smaller buffer in the compiled program, not just a number.
 
 :func:`run_schedule` is the per-device core (call it inside any shard_map, e.g. the 3D step);
 :func:`pipeline_value_and_grad` wraps it for a mesh with just a pipeline axis.
@@ -27,40 +28,70 @@ from mlsys_jax.parallel.mesh import require_axes
 from mlsys_jax.parallel.pipeline import Schedule, validate_pipeline
 
 IDLE, FORWARD, BACKWARD, BACKWARD_LOSS = range(4)
-COLUMNS = ("op", "mb", "recv_act", "recv_grad")
+COLUMNS = ("op", "mb", "slot", "recv_act", "recv_grad")
 
 
 class PipelineResult(NamedTuple):
-    """Loss, gradients (stacked per stage) and the idle steps each stage actually executed."""
+    """Loss, gradients (stacked per stage), the idle steps each stage actually executed, and the
+    rows of the activation stash (and of the cotangent buffer) the program allocated per device."""
 
     loss: Any
     grads: Any
     idle_steps: Any
+    buffer_rows: int
 
 
 def action_arrays(schedule: Schedule) -> dict[str, np.ndarray]:
-    """The table as int32 arrays of shape [steps, stages]: what to do, and what arrives.
+    """The table as int32 arrays of shape [steps, stages]: what to do, and where data lives.
 
     ``op``: IDLE/FORWARD/BACKWARD (BACKWARD_LOSS on the last stage, which starts from the loss);
-    ``mb``: the microbatch; ``recv_act``/``recv_grad``: 1 + the microbatch whose activation
-    (from stage s-1) or cotangent (from stage s+1) arrives after this step, 0 for nothing.
+    ``mb``: the microbatch; ``slot``: the buffer row holding its stage input and cotangent;
+    ``recv_act``/``recv_grad``: 1 + the row where the activation from stage s-1 / cotangent from
+    stage s+1 that arrives after this step is written, 0 when nothing arrives.
+
+    Rows are allocated like registers: a microbatch takes a row on stage s when its activation
+    arrives (stage 0: at its forward) and frees it after its backward there, so the buffers have
+    as many rows as the schedule keeps microbatches at once — M for GPipe, about P for 1F1B.
     """
     steps, stages = schedule.steps, schedule.stages
     out = {k: np.zeros((steps, stages), np.int32) for k in COLUMNS}
+    row_of: dict[tuple[int, int], int] = {}
+    free: list[list[int]] = [[] for _ in range(stages)]
+    used = [0] * stages
+
+    def take(s: int, mb: int) -> int:
+        if not free[s]:
+            free[s].append(used[s])
+            used[s] += 1
+        row_of[(s, mb)] = free[s].pop(0)
+        return row_of[(s, mb)]
+
     for t, row in enumerate(schedule.table):
-        for s, a in enumerate(row):
+        for s, a in enumerate(row):  # this step's actions read their rows first
             if a is None:
                 continue
             out["mb"][t, s] = a.mb
             if a.kind == "F":
                 out["op"][t, s] = FORWARD
-                if s + 1 < stages:
-                    out["recv_act"][t, s + 1] = a.mb + 1
+                out["slot"][t, s] = take(s, a.mb) if s == 0 else row_of[(s, a.mb)]
             else:
                 out["op"][t, s] = BACKWARD_LOSS if s == stages - 1 else BACKWARD
+                out["slot"][t, s] = row_of[(s, a.mb)]
+        for s, a in enumerate(row):  # then rows are freed, and arrivals written
+            if a is None:
+                continue
+            if a.kind == "B":
+                free[s].append(row_of[(s, a.mb)])
                 if s > 0:
-                    out["recv_grad"][t, s - 1] = a.mb + 1
+                    out["recv_grad"][t, s - 1] = row_of[(s - 1, a.mb)] + 1
+            elif s + 1 < stages:
+                out["recv_act"][t, s + 1] = take(s + 1, a.mb) + 1
     return out
+
+
+def buffer_rows(columns: dict[str, np.ndarray]) -> int:
+    """Rows the executor's stash and cotangent buffers need for these action arrays."""
+    return int(max(columns["slot"].max(), columns["recv_act"].max() - 1)) + 1
 
 
 def _vary(x, axes) -> Any:
@@ -77,14 +108,14 @@ def _write(buf, index_plus_one, value):
 
 
 def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns: dict,
-                 axis: str, loss_scale: float = 1.0):
+                 axis: str, rows: int, loss_scale: float = 1.0):
     """Per-device body: run this device's column of a schedule; call inside shard_map.
 
     ``stage_fn(params, act) -> act`` (same shape: every stage hands on one activation shape),
     ``loss_fn(act, y) -> scalar`` on the last stage's output. ``xs``/``ys``: microbatches,
     ``[M, mb, ...]``. ``columns``: :func:`action_arrays` of the schedule, split over ``axis``
-    (``[steps, 1]`` per device). The table is data, not code: GPipe and 1F1B with the same
-    number of steps share one compiled program.
+    (``[steps, 1]`` per device); ``rows``: :func:`buffer_rows` of them. The table is data, not
+    code: schedules with equal steps and rows share one compiled program.
     Returns (loss, grads, idle) where loss = loss_scale * sum_i loss_fn(microbatch i), summed
     over the pipeline, grads are this stage's parameter gradients of that loss, and idle counts
     the steps this device ran the idle branch (its bubble, as executed).
@@ -92,29 +123,32 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
     stage = lax.axis_index(axis)
     last = lax.axis_size(axis) - 1
     act_axes = tuple(varying_axes(xs)) + (axis,)
-    # Stage 0 reads its inputs from the stash; the others fill it from what stage s-1 sends.
-    stash = _vary(jnp.where(stage == 0, xs, jnp.zeros_like(xs)), act_axes)
-    cot = _vary(jnp.zeros_like(xs), act_axes)
+    # Stage 0 reads its inputs from xs; the others from the rows stage s-1's sends went to.
+    stash = _vary(jnp.zeros((rows, *xs.shape[1:]), xs.dtype), act_axes)
+    cot = stash
     zero_msg = _vary(jnp.zeros_like(xs[0]), act_axes)
     grads = jax.tree.map(lambda p: _vary(jnp.zeros_like(p), varying_axes(p)), params)
     loss = _vary(jnp.zeros((), xs.dtype), act_axes)
 
-    def idle(i, stash, cot, grads, loss):
+    def stage_input(i, r, stash):
+        return jnp.where(stage == 0, xs[i], stash[r])
+
+    def idle(i, r, stash, cot, grads, loss):
         return zero_msg, zero_msg, grads, loss
 
-    def forward(i, stash, cot, grads, loss):
-        out = _vary(stage_fn(params, stash[i]), act_axes)
+    def forward(i, r, stash, cot, grads, loss):
+        out = _vary(stage_fn(params, stage_input(i, r, stash)), act_axes)
         return out, zero_msg, grads, loss
 
-    def backward(i, stash, cot, grads, loss):
-        _, vjp = jax.vjp(stage_fn, params, stash[i])
-        g_params, g_act = vjp(cot[i])
+    def backward(i, r, stash, cot, grads, loss):
+        _, vjp = jax.vjp(stage_fn, params, stage_input(i, r, stash))
+        g_params, g_act = vjp(cot[r])
         return zero_msg, _vary(g_act, act_axes), jax.tree.map(jnp.add, grads, g_params), loss
 
-    def backward_loss(i, stash, cot, grads, loss):
+    def backward_loss(i, r, stash, cot, grads, loss):
         def scaled_loss(p, a):
             return loss_fn(stage_fn(p, a), ys[i]) * loss_scale
-        value, vjp = jax.vjp(scaled_loss, params, stash[i])
+        value, vjp = jax.vjp(scaled_loss, params, stage_input(i, r, stash))
         g_params, g_act = vjp(jnp.ones_like(value))
         return (zero_msg, _vary(g_act, act_axes), jax.tree.map(jnp.add, grads, g_params),
                 loss + _vary(value, act_axes))
@@ -124,9 +158,9 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
 
     def step(carry, col):
         stash, cot, grads, loss, idle_steps = carry
-        op, mb, recv_act, recv_grad = (c[0] for c in col)
+        op, mb, slot, recv_act, recv_grad = (c[0] for c in col)
         to_next, to_prev, grads, loss = lax.switch(
-            op, (idle, forward, backward, backward_loss), mb, stash, cot, grads, loss)
+            op, (idle, forward, backward, backward_loss), mb, slot, stash, cot, grads, loss)
         stash = _write(stash, recv_act, lax.ppermute(to_next, axis, fwd_perm))
         cot = _write(cot, recv_grad, lax.ppermute(to_prev, axis, bwd_perm))
         return (stash, cot, grads, loss, idle_steps + (op == IDLE)), None
@@ -145,7 +179,7 @@ def pipeline_value_and_grad(schedule: Schedule, stage_fn: Callable, loss_fn: Cal
     ``stage_params``: a pytree whose leaves have a leading axis of size ``stages`` (stage s's
     parameters at index s). ``x``, ``y``: the whole batch, split into ``schedule.microbatches``
     equal microbatches. Returns a :class:`PipelineResult`: grads stacked like ``stage_params``,
-    idle_steps of shape ``[stages]``.
+    idle_steps of shape ``[stages]``, buffer_rows (GPipe: M; 1F1B: about P).
     """
     require_axes(mesh, axis, api="pipeline_value_and_grad")
     stages, m = schedule.stages, schedule.microbatches
@@ -157,17 +191,19 @@ def pipeline_value_and_grad(schedule: Schedule, stage_fn: Callable, loss_fn: Cal
             raise MlsysError(f"pipeline_value_and_grad: every stage_params leaf needs a leading "
                              f"axis of {stages} (one slice per stage), got shape {leaf.shape}")
     _check_microbatches(x, m), _check_microbatches(y, m)  # before tracing: a clear error
-    run = _executor(stage_fn, loss_fn, mesh, axis, m, jax.tree.structure(stage_params))
-    return PipelineResult(*run(stage_params, x, y, action_arrays(schedule)))
+    columns = action_arrays(schedule)
+    rows = buffer_rows(columns)
+    run = _executor(stage_fn, loss_fn, mesh, axis, m, rows, jax.tree.structure(stage_params))
+    return PipelineResult(*run(stage_params, x, y, columns), buffer_rows=rows)
 
 
 @functools.lru_cache(maxsize=32)
 def _executor(stage_fn: Callable, loss_fn: Callable, mesh: Mesh, axis: str, microbatches: int,
-              treedef) -> Callable:
-    """The jitted shard_map program; cached so that schedules of equal length reuse it."""
+              rows: int, treedef) -> Callable:
+    """The jitted shard_map program; cached so that schedules of equal shape reuse it."""
     def body(params, xs, ys, columns):
         local = jax.tree.map(lambda p: p[0], params)
-        loss, grads, idle = run_schedule(stage_fn, loss_fn, local, xs, ys, columns, axis,
+        loss, grads, idle = run_schedule(stage_fn, loss_fn, local, xs, ys, columns, axis, rows,
                                          loss_scale=1.0 / microbatches)
         return loss, jax.tree.map(lambda g: g[None], grads), idle[None]
 

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import require_axes, validate_divisible
 from mlsys_jax.parallel.pipeline import make_schedule
-from mlsys_jax.parallel.pipeline_run import (action_arrays, mse_loss, run_schedule,
+from mlsys_jax.parallel.pipeline_run import (action_arrays, buffer_rows, mse_loss, run_schedule,
                                              sequential_value_and_grad, split_microbatches)
 
 AXES = ("data", "tensor", "pipe")
@@ -74,6 +74,7 @@ def make_3d_step(mesh: Mesh, tx: optax.GradientTransformation, microbatches: int
     validate_divisible(local, microbatches, "make_3d_step: per-data-shard batch into microbatches")
     sched = make_schedule(schedule, stages, microbatches)
     columns = action_arrays(sched)
+    rows = buffer_rows(columns)
 
     def body(params, x, y, columns):
         # Gradients per data shard until the end: one psum over 'data' per step, not per microbatch.
@@ -82,7 +83,7 @@ def make_3d_step(mesh: Mesh, tx: optax.GradientTransformation, microbatches: int
         loss, grads, _ = run_schedule(stage_fn, mse_loss, mine,
                                       split_microbatches(x, microbatches),
                                       split_microbatches(y, microbatches), columns, "pipe",
-                                      loss_scale=1.0 / (microbatches * data))
+                                      rows, loss_scale=1.0 / (microbatches * data))
         grads = jax.tree.map(lambda g: lax.psum(g, "data")[None], grads)
         return lax.psum(loss, "data"), grads
 
