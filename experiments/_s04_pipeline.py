@@ -1,4 +1,4 @@
-"""Experiment 04, demo 3 and 3D (lecture §5.3–5.4, §12 exercise 6): sections merged by s04_parallel.
+"""Experiment 04, demo 3 and 3D (lecture §5.3–5.4, §12 exercise 6), merged by s04_parallel.
 
 Every bubble and in-flight figure is counted on a built schedule table (and, for the executed
 layout, on the executor's own idle steps); the formula (P-1)/(M+P-1) only sits beside it.
@@ -10,6 +10,7 @@ from fractions import Fraction
 import jax
 import numpy as np
 
+from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipeline import bubble_formula, gpipe, make_schedule, min_microbatches
@@ -91,6 +92,7 @@ def _executor_rows(stages: int, microbatches: int, devs: list) -> list[dict]:
 def pipeline_section(pp_stages: int = 2, microbatches: int = 4,
                      devices=None) -> tuple[dict[str, list[dict]], list[Check]]:
     """Demo 3: timeline, bubbles, exercise 6, in-flight peaks and the executor's equality."""
+    runtime.enable_x64()  # the executor is compared with one device in float64
     if isinstance(pp_stages, bool) or not isinstance(pp_stages, int) or pp_stages < 1:
         raise MlsysError(f"experiment 04: pp_stages must be an integer >= 1, got {pp_stages!r}")
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
@@ -166,6 +168,7 @@ def _pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
 
 def threed_section(devices=None) -> tuple[dict[str, list[dict]], list[Check]]:
     """§5.4: one (data × tensor × pipeline) = 2×2×2 Adam step equals the single-device step."""
+    runtime.enable_x64()
     from mlsys_jax.parallel.threed import compare_3d
 
     devs = _devices(devices)

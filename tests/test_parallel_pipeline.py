@@ -12,9 +12,9 @@ from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipeline import (Action, Schedule, bubble_formula, gpipe, make_schedule,
                                          min_microbatches, one_f_one_b)
 from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, FORWARD, IDLE,
-                                             action_arrays, buffer_rows, mse_loss, pipeline_value_and_grad,
-                                             sequential_value_and_grad, tanh_chain_init,
-                                             tanh_chain_stage)
+                                             action_arrays, buffer_rows, mse_loss,
+                                             pipeline_value_and_grad, sequential_value_and_grad,
+                                             tanh_chain_init, tanh_chain_stage)
 
 TOL = 1e-12
 

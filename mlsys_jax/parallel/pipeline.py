@@ -98,7 +98,7 @@ def _needs(a: Action, s: int, stages: int) -> list[tuple[str, int, int]]:
 
 def validate_pipeline(stages: int, microbatches: int, layers: int | None = None,
                       api: str = "pipeline") -> None:
-    """Clear errors for the counts a pipeline cannot have (JAX would fail obscurely or not at all)."""
+    """Clear errors for counts a pipeline cannot have (JAX would fail obscurely, or not at all)."""
     for name, v in (("stages", stages), ("microbatches", microbatches)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise MlsysError(f"{api}: {name} must be an integer >= 1, got {v!r}; "

@@ -116,6 +116,8 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
     ``[M, mb, ...]``. ``columns``: :func:`action_arrays` of the schedule, split over ``axis``
     (``[steps, 1]`` per device); ``rows``: :func:`buffer_rows` of them. The table is data, not
     code: schedules with equal steps and rows share one compiled program.
+    Idle stages still join both ppermutes (sending zeros): the price of one SPMD program; a
+    pipeline's real traffic is the 2·M·(P-1) activation-sized messages of its F and B actions.
     Returns (loss, grads, idle) where loss = loss_scale * sum_i loss_fn(microbatch i), summed
     over the pipeline, grads are this stage's parameter gradients of that loss, and idle counts
     the steps this device ran the idle branch (its bubble, as executed).

@@ -88,7 +88,8 @@ def make_3d_step(mesh: Mesh, tx: optax.GradientTransformation, microbatches: int
         return lax.psum(loss, "data"), grads
 
     col_specs = {k: P(None, "pipe") for k in columns}
-    grad_fn = jax.shard_map(body, mesh=mesh, in_specs=(PARAM_SPECS, P("data"), P("data"), col_specs),
+    grad_fn = jax.shard_map(body, mesh=mesh,
+                            in_specs=(PARAM_SPECS, P("data"), P("data"), col_specs),
                             out_specs=(P(), PARAM_SPECS))
 
     @jax.jit
