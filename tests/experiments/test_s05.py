@@ -1,0 +1,87 @@
+"""Experiment 05 (seed 003): every claim holds on small settings, and the exact figures are right."""
+import jax
+import pytest
+
+from experiments import s05_dispatch_fusion as s05
+from mlsys_jax.errors import MlsysError
+
+SMALL = dict(sizes=(10, 1_000_000), chain_ns=(1, 50), chain_size=100, fusion_size=1_000_000,
+             conv_shape=(2, 16, 16, 8), batch=32, repeats=7)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return s05.run(**SMALL)
+
+
+def test_every_claim_holds(result):
+    failed = [c for c in s05.check(result) if not c.ok]
+    assert failed == []
+
+
+def test_fusion_kernels_ops_and_bytes_are_exact(result):
+    ew, conv = result.tables["fusion"]
+    n = SMALL["fusion_size"]
+    assert (ew["ops"], ew["op_names"]) == (4, "mul add relu mul")
+    assert ew["hlo_kernels"] == 1 and ew["hlo_opcodes"] == "fusion×1"
+    # Unfused: 4 kernels each read and write n float32; fused: one read, one write.
+    assert (ew["bytes_unfused"], ew["bytes_fused"]) == (4 * 2 * 4 * n, 2 * 4 * n)
+    b, h, w, c = SMALL["conv_shape"]
+    e, weights = 4 * b * h * w * c, 4 * 9 * c * c
+    assert (conv["ops"], conv["op_names"]) == (3, "conv add relu")
+    assert conv["bytes_unfused"] == 6 * e + weights + 4 * c
+    assert conv["bytes_fused"] == 4 * e + weights + 4 * c
+    if jax.devices()[0].platform == "cpu":
+        assert conv["hlo_opcodes"] == "convolution×1 fusion×1"
+
+
+def test_breakdown_has_both_modes_beside_the_seed(result):
+    eager, opt = result.tables["breakdown"]
+    assert (eager["mode"], opt["mode"]) == ("eager", "optimized")
+    assert (eager["kernels"], opt["kernels"]) == (6, 4)  # lecture §8.1: 6 → 4 kernels
+    assert eager["compute_us"] == pytest.approx(opt["compute_us"])  # fusion saves no FLOPs
+    assert eager["seed_compute/memory/dispatch"] == "40/50/30"
+
+
+def test_reports_the_device_measured(result):
+    dev = result.data["device"]
+    assert dev["platform"] == jax.devices()[0].platform
+    assert any(dev["device_kind"] in n for n in result.notes)
+
+
+def test_hlo_kernel_count_reads_the_entry_computation():
+    text = """HloModule m
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %m = f32[4]{0} multiply(%p, %p)
+}
+
+ENTRY %main (x: f32[4], w: f32[3,3]) -> (f32[4], f32[4]) {
+  %x = f32[4]{0} parameter(0)
+  %c = f32[] constant(1)
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+  %d = f32[4]{0} convolution(%f, %f), window={size=1}
+  ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%f, %d)
+}
+"""
+    assert dict(s05.hlo_kernels(text)) == {"fusion": 1, "convolution": 1}
+
+
+def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
+    from mlsys_jax.viz import plots
+
+    notes = s05.write_plots(str(tmp_path), result.tables, result.data)
+    if plots.unavailable_reason() is None:
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names == ["05_breakdown.png", "05_chain.png", "05_dispatch_vs_size.png"]
+        assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+    monkeypatch.setattr(plots, "unavailable_reason", lambda: "plots skipped: no matplotlib")
+    assert s05.write_plots(str(tmp_path / "none"), result.tables, result.data) == \
+        ["plots skipped: no matplotlib"]
+
+
+@pytest.mark.parametrize("bad", [dict(sizes=(100, 10)), dict(sizes=(10,)), dict(chain_ns=(0, 5)),
+                                 dict(conv_shape=(1, 2, 3)), dict(repeats=0)])
+def test_bad_settings_are_clear_errors(bad):
+    with pytest.raises(MlsysError, match="experiment 05"):
+        s05.run(**bad)
