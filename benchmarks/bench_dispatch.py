@@ -1,0 +1,57 @@
+"""Dispatch and fusion (seed 003, experiment 05): eager op-by-op vs jit, measured side by side.
+
+Every figure is a paired ratio from one interleaved comparison (median over rounds, min–max);
+the chain slopes are µs per op with the machine as context (the runner records it).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from experiments.s05_dispatch_fusion import _theil_sen, chain, elementwise, small_model
+from mlsys_jax import timing
+
+NAME = "dispatch"
+
+
+def run(quick: bool = False) -> dict:
+    repeats = 5 if quick else 11
+    ns = (1, 50) if quick else (1, 25, 50, 100)
+    tiny = jnp.linspace(0.0, 1.0, 100, dtype=jnp.float32)
+    big = jnp.linspace(0.0, 1.0, 100_000 if quick else 1_000_000, dtype=jnp.float32)
+    one, whole, fused = jax.jit(lambda x: x * 1.5), jax.jit(chain, static_argnums=1), jax.jit(elementwise)
+    fns = {"eager_op": lambda: tiny * 1.5, "jit_op": lambda: one(tiny),
+           "eager_unfused": lambda: elementwise(big), "jit_fused": lambda: fused(big)}
+    for n in ns:
+        fns[f"eager_chain{n}"] = lambda n=n: chain(tiny, n)
+        fns[f"jit_chain{n}"] = lambda n=n: whole(tiny, n)
+    t = timing.compare(fns, repeats=repeats)
+    slopes = {mode: _theil_sen(ns, [t[f"{mode}_chain{n}"].median_us for n in ns])
+              for mode in ("eager", "jit")}
+    small = small_model(32)
+    fn, args = small["fn"], small["args"]
+    jitted = jax.jit(fn)
+    model = {"eager": lambda: fn(*args), "jit": lambda: jitted(*args)}
+    notes = [f"tiny = {tiny.size} float32 elements; fusion on {big.size:,} elements; "
+             f"model: {small['name']}; {repeats} rounds"]
+    try:
+        from mlsys_jax import capture
+        model["captured"] = lambda c=capture(fn): c(*args)
+    except (ImportError, AttributeError) as e:
+        notes.append(f"capture skipped: mlsys_jax.capture unavailable ({e})")
+    tm = timing.compare(model, repeats=repeats)
+    n = ns[-1]
+    figures = {
+        "eager_op_over_jit_call_ratio": timing.ratio(t["eager_op"], t["jit_op"]).to_dict(),
+        f"eager_chain{n}_over_jit_chain{n}_ratio":
+            timing.ratio(t[f"eager_chain{n}"], t[f"jit_chain{n}"]).to_dict(),
+        "chain_slope_eager_over_jit_ratio": slopes["eager"] / max(slopes["jit"], 1e-3),
+        "chain_slope_eager_us_per_op": slopes["eager"],
+        "unfused_over_fused_elementwise_ratio":
+            timing.ratio(t["eager_unfused"], t["jit_fused"]).to_dict(),
+        "model_eager_over_jit_ratio": timing.ratio(tm["eager"], tm["jit"]).to_dict(),
+    }
+    if "captured" in tm:
+        figures["model_eager_over_captured_ratio"] = timing.ratio(tm["eager"], tm["captured"]).to_dict()
+        figures["model_captured_over_jit_ratio"] = timing.ratio(tm["captured"], tm["jit"]).to_dict()
+    return {"figures": figures, "notes": notes}

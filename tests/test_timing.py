@@ -1,0 +1,38 @@
+"""mlsys_jax.timing: shapes of the results and the ratio arithmetic (no assertion on a time)."""
+import pytest
+
+from mlsys_jax import timing
+from mlsys_jax.errors import MlsysError
+
+
+def test_compare_returns_per_round_samples_for_each_callable():
+    calls = {"a": 0, "b": 0}
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+            return name
+        return fn
+
+    t = timing.compare({"a": make("a"), "b": make("b")}, repeats=3, warmup=1, number=2)
+    assert set(t) == {"a", "b"}
+    assert all(len(x.samples) == 3 and x.number == 2 and x.repeats == 3 for x in t.values())
+    assert all(x.min_s <= x.median_s <= x.max_s for x in t.values())
+    assert calls == {"a": 1 + 3 * 2, "b": 1 + 3 * 2}  # warm-up, then rounds × number
+
+
+def test_ratio_is_paired_when_samples_line_up():
+    a = timing.Timing(4.0, 2.0, 9.0, 3, 1, (2.0, 4.0, 9.0))
+    b = timing.Timing(2.0, 1.0, 3.0, 3, 1, (1.0, 2.0, 3.0))
+    r = timing.ratio(a, b)
+    assert (r.median, r.low, r.high) == (2.0, 2.0, 3.0)
+    unpaired = timing.ratio(timing.Timing(4.0, 2.0, 9.0, 3, 1), b)
+    assert (unpaired.median, unpaired.low, unpaired.high) == (2.0, 2.0 / 3.0, 9.0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(repeats=0), dict(warmup=-1)])
+def test_bad_arguments_are_clear_errors(kwargs):
+    with pytest.raises(MlsysError, match="timing.compare"):
+        timing.compare({"f": lambda: 0}, **kwargs)
+    with pytest.raises(MlsysError, match="no callables"):
+        timing.compare({})
