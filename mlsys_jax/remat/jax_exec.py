@@ -1,0 +1,108 @@
+"""The JAX executor: a schedule applied with ``jax.checkpoint`` and measured three ways.
+
+A schedule's ``jax_plan`` becomes nested checkpoints; runs of layers are ``lax.scan`` and repeated
+identical segments an outer scan, i.e. ``scan(checkpoint(scan(layer)))`` — on XLA:CPU an unrolled
+Python loop lets CSE delete the recompute and the memory saving vanishes (JAX_NOTES "Remat").
+
+Measured: (1) saved residuals (the leaves of the VJP closure, in activation-sized units),
+(2) layer forwards by walking the gradient jaxpr (tanh count × enclosing scan lengths — JAX's
+convention: every checkpointed segment is recomputed whole, its last layer too), and (3) XLA's
+``memory_analysis().temp_size_in_bytes`` of the jitted gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.remat.schedule import Schedule, plan_length
+
+
+def _layer(h, w):
+    return jnp.tanh(h @ w), None
+
+
+def _run_plan(plan: tuple, ws, h):
+    """Apply the chain's layers ws[0..L) to h following ``plan``."""
+    off, parts = 0, list(plan)
+    while parts:
+        part = parts.pop(0)
+        if isinstance(part, int):
+            h, _ = jax.lax.scan(_layer, h, ws[off:off + part])
+            off += part
+            continue
+        reps = 1                               # identical consecutive segments -> outer scan
+        while parts and parts[0] == part:
+            parts.pop(0)
+            reps += 1
+        sub = part[1]
+        length = plan_length(sub)
+        seg = jax.checkpoint(lambda h, w, sub=sub: _run_plan(sub, w, h), prevent_cse=True)
+        if reps == 1:
+            h = seg(h, ws[off:off + length])
+        else:
+            stacked = ws[off:off + reps * length].reshape((reps, length) + ws.shape[1:])
+            h, _ = jax.lax.scan(lambda h, w: (seg(h, w), None), h, stacked)
+        off += reps * length
+    return h
+
+
+def chain_loss(schedule: Schedule):
+    """loss(ws, x) = ½‖h_N‖² for the tanh chain, with the schedule's checkpoints applied."""
+    def loss(ws, x):
+        h = _run_plan(schedule.jax_plan, ws, x)
+        return 0.5 * jnp.sum(h * h)
+    return loss
+
+
+def count_primitive(jaxpr, name: str) -> int:
+    """Executions of primitive ``name`` in a jaxpr, nested jaxprs included, scan bodies × length."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == name:
+            total += 1
+        mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for val in eqn.params.values():
+            for sub in (val if isinstance(val, (tuple, list)) else (val,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += mult * count_primitive(inner, name)
+    return total
+
+
+@dataclass(frozen=True)
+class JaxRun:
+    """What the JAX executor measured for one schedule."""
+
+    grads: np.ndarray
+    saved_activation_units: float   # residual bytes of activation shape / bytes of one activation
+    layer_forwards: int             # tanh executions in the gradient jaxpr (JAX's convention)
+    xla_temp_bytes: int | None      # XLA's temp buffer size for the jitted gradient
+
+
+def saved_activation_units(fn, ws, x) -> float:
+    """Residuals the VJP keeps, in units of one activation (leaves shaped like the activations)."""
+    res = jax.tree_util.tree_leaves(jax.eval_shape(lambda w, v: jax.vjp(fn, w, v)[1], ws, x))
+    act = x.shape
+    units = [np.prod(r.shape) / np.prod(act) for r in res if tuple(r.shape[-len(act):]) == act]
+    return float(sum(units))
+
+
+def run_jax(schedule: Schedule, x, ws, compile_memory: bool = True) -> JaxRun:
+    """Gradient of the chain under ``schedule`` with jax.checkpoint, plus the three measurements."""
+    x = jnp.asarray(x)
+    ws = jnp.asarray(ws)
+    loss = chain_loss(schedule)
+    grad = jax.grad(loss)
+    jitted = jax.jit(grad)
+    forwards = count_primitive(jax.make_jaxpr(grad)(ws, x).jaxpr, "tanh")
+    temp = None
+    if compile_memory:
+        compiled = jitted.lower(ws, x).compile()
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+        g = compiled(ws, x)
+    else:
+        g = jitted(ws, x)
+    return JaxRun(np.asarray(g), saved_activation_units(loss, ws, x), forwards, temp)
