@@ -103,3 +103,8 @@ def call_name(eqn) -> str | None:
 # Passes (issue 3): JAX's own dead-code elimination, which keeps effectful equations and prunes
 # nested bodies (jit, scan, cond, while, remat) through their registered DCE rules.
 dce_jaxpr_consts = _pe.dce_jaxpr_consts
+
+
+# Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
+# "from the argument …"); jax.ad_checkpoint only exports the printing form.
+from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
