@@ -108,3 +108,13 @@ def nbytes(tree) -> int:
     import jax
 
     return int(sum(np.dtype(l.dtype).itemsize * math.prod(l.shape) for l in jax.tree.leaves(tree)))
+
+
+def compile_and_run(fn, *args):
+    """Compile ``fn`` once at ``args`` and run it: ``(outputs, compiled)``.
+
+    ``compiled.as_text()`` is the HLO, ``compiled.memory_analysis()`` the per-device bytes;
+    calling the jitted function after ``.lower().compile()`` would compile a second time.
+    """
+    compiled = fn.lower(*args).compile()
+    return compiled(*args), compiled

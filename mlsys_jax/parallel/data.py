@@ -44,25 +44,27 @@ def even_counts(n: int, shards: int) -> tuple[int, ...]:
     return tuple(max(0, min(per, n - i * per)) for i in range(shards))
 
 
-def pad_shards(x, y, counts: Sequence[int]):
-    """Split a batch into shards of ``counts`` samples, pad each to the largest, and build the mask.
+def pad_shards(x, y, counts: Sequence[int], width: int | None = None):
+    """Split a batch into shards of ``counts`` samples, pad each to ``width``, and build the mask.
 
-    Returns ``(x_padded, y_padded, mask)`` with leading size ``len(counts) * max(counts)``, laid out
-    shard after shard so ``P('data')`` hands shard i to device i.
+    Returns numpy ``(x_padded, y_padded, mask)`` with leading size ``len(counts) * width``
+    (default width: the largest count), laid out shard after shard so ``P('data')`` hands shard i
+    to device i.
     """
     counts = [int(c) for c in counts]
     if any(c < 0 for c in counts) or sum(counts) != len(x) or len(x) != len(y):
         raise MlsysError(f"pad_shards: counts {counts} must be >= 0 and sum to the batch size "
                          f"{len(x)} (x and y: {len(x)} and {len(y)} rows)")
-    width = max(max(counts), 1)
+    x, y = np.asarray(x), np.asarray(y)  # host-side layout work: no device ops to compile
+    width = max(max(counts), 1) if width is None else int(width)
+    if width < max(counts):
+        raise MlsysError(f"pad_shards: width {width} is smaller than the largest shard {max(counts)}")
     starts = np.cumsum([0] + counts[:-1])
-    xs, ys, ms = [], [], []
-    for s, c in zip(starts, counts):
-        pad = width - c
-        xs.append(jnp.pad(x[s:s + c], [(0, pad)] + [(0, 0)] * (x.ndim - 1)))
-        ys.append(jnp.pad(y[s:s + c], [(0, pad)] + [(0, 0)] * (y.ndim - 1)))
-        ms.append(jnp.concatenate([jnp.ones(c, x.dtype), jnp.zeros(pad, x.dtype)]))
-    return jnp.concatenate(xs), jnp.concatenate(ys), jnp.concatenate(ms)
+    pad = lambda a, s, c: np.pad(a[s:s + c], [(0, width - c)] + [(0, 0)] * (a.ndim - 1))
+    mask = [np.arange(width) < c for c in counts]
+    return (np.concatenate([pad(x, s, c) for s, c in zip(starts, counts)]),
+            np.concatenate([pad(y, s, c) for s, c in zip(starts, counts)]),
+            np.concatenate(mask).astype(x.dtype))
 
 
 def make_single_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> Callable:
@@ -100,8 +102,9 @@ def dp_grads_fn(loss_fn: LossFn, mesh: Mesh, axis: str = "data", reduction: str 
             g = jax.tree.map(lambda t: lax.psum(t, axis), g)         # the trap: N x too large
         return lax.psum(loss, axis) / count, jax.tree.map(lambda t: t / count, g)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis), P(axis), P(axis)),
-                         out_specs=(P(), P()))
+    # jit: an un-jitted shard_map runs op by op, compiling every primitive on its own
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis), P(axis), P(axis)),
+                                 out_specs=(P(), P())))
 
 
 def make_dp_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -123,7 +126,7 @@ def make_dp_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh:
     def checked(params, opt_state, x, y, mask=None):
         validate_divisible(len(x), size, f"data parallel: batch of {len(x)} over axis {axis!r}")
         if mask is None:
-            mask = jnp.ones(len(x), x.dtype)
+            mask = np.ones(len(x), x.dtype)
         return step(params, opt_state, x, y, mask)
 
     checked.jitted = step
@@ -137,16 +140,28 @@ def shard_batch(mesh: Mesh, axis: str, *arrays):
 
 
 def max_abs_diff(a, b) -> float:
-    """Largest absolute difference between two pytrees of arrays (same structure)."""
-    diffs = jax.tree.leaves(jax.tree.map(lambda u, v: jnp.max(jnp.abs(u - v)), a, b))
+    """Largest absolute difference between two pytrees of arrays (same structure), on the host."""
+    diffs = jax.tree.leaves(jax.tree.map(
+        lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)), initial=0.0)), a, b))
     return float(max(diffs)) if diffs else 0.0
 
 
-def demo_problem(seed: int = 0, batch: int = 32, sizes: Sequence[int] = (16, 32, 4),
-                 dtype=jnp.float64):
-    """The lecture's small classifier (``models.mlp_loss``) with a random batch: ``(params, x, y)``."""
-    from mlsys_jax.models import mlp_init, mnist_batch
+def flatten(tree) -> np.ndarray:
+    """Host copy of a pytree as one vector, in ``ravel_pytree``'s leaf order."""
+    return np.concatenate([np.ravel(np.asarray(leaf)) for leaf in jax.tree.leaves(tree)])
 
-    kp, kb = jax.random.split(jax.random.key(seed))
-    x, y = mnist_batch(kb, batch, dtype, tuple(sizes))
-    return mlp_init(kp, tuple(sizes), dtype), x, y
+
+def demo_problem(seed: int = 0, batch: int = 32, sizes: Sequence[int] = (16, 32, 4),
+                 dtype=np.float64):
+    """A small classifier for ``models.mlp_loss`` (its ``W1, b1, ...`` layout) and a random batch.
+
+    Drawn with numpy: XLA compiles each eager ``jax.random`` op, seconds for a few small arrays.
+    """
+    rng = np.random.default_rng(seed)
+    params = {}
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+        params[f"W{i}"] = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
+        params[f"b{i}"] = (0.1 * rng.standard_normal(n_out)).astype(dtype)
+    x = rng.standard_normal((batch, sizes[0])).astype(dtype)
+    y = np.eye(sizes[-1], dtype=dtype)[rng.integers(0, sizes[-1], batch)]
+    return params, x, y

@@ -27,7 +27,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.data import per_example
 from mlsys_jax.parallel.mesh import require_axes
 
-STAGES = (0, 1, 2, 3)  # 0 = plain data parallel, for comparison
+STAGES = (0, 1, 2, 3)  # 0 = plain data parallel (flat layout), for comparison
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
     if stage not in STAGES:
         raise MlsysError(f"ZeRO: stage must be one of {STAGES} (0 = plain DP), got {stage!r}")
     n = int(mesh.shape[axis])
-    flat0, unravel = ravel_pytree(params)
-    psi = int(flat0.size)
+    flat0, unravel = _ravel_abstract(params)
+    psi = int(flat0.shape[0])
     padded = -(-psi // n) * n
     k = padded // n
     losses = per_example(loss_fn)
@@ -84,7 +84,7 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
         new_flat = new if shard_params else lax.all_gather(new, axis, tiled=True)
         return new_flat, opt_state, loss, g
 
-    opt_template = optimizer.init(jnp.zeros(padded, flat0.dtype))
+    opt_template = jax.eval_shape(optimizer.init, jax.ShapeDtypeStruct((padded,), flat0.dtype))
     p_spec = P(axis) if shard_params else P()
     o_spec = _opt_specs(opt_template, axis) if shard_opt else jax.tree.map(lambda _: P(),
                                                                           opt_template)
@@ -96,13 +96,23 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
     step = jax.jit(body)
 
     def init(tree):
-        flat, _ = ravel_pytree(tree)
-        flat = jnp.pad(flat, (0, padded - psi))
+        leaves = [np.ravel(np.asarray(leaf)) for leaf in jax.tree.leaves(tree)]
+        flat = np.pad(np.concatenate(leaves), (0, padded - psi))  # ravel_pytree's order
         opt = optimizer.init(flat)
         put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
         return put(flat, p_spec), jax.tree.map(put, opt, o_spec)
 
-    return ZeroStep(stage, step, init, lambda f: unravel(f[:psi]), psi, padded)
+    return ZeroStep(stage, step, init, lambda f: unravel(jnp.asarray(f)[:psi]), psi, padded)
+
+
+def _ravel_abstract(params):
+    """``ravel_pytree`` traced abstractly: the flat vector's shape and the (static) unravel."""
+    box = {}
+
+    def flat(p):
+        out, box["unravel"] = ravel_pytree(p)
+        return out
+    return jax.eval_shape(flat, params), box["unravel"]
 
 
 def per_device_bytes(stage: int, padded: int, n: int, itemsize: int,
@@ -114,24 +124,26 @@ def per_device_bytes(stage: int, padded: int, n: int, itemsize: int,
             "optimizer": opt_slots * (shard if stage >= 1 else full)}
 
 
-def measure(zs: ZeroStep, flat, opt_state, x, y, mask) -> dict[str, int]:
-    """Per-device argument and output bytes of the compiled step (``memory_analysis()``)."""
-    ma = zs.step.lower(flat, opt_state, x, y, mask).compile().memory_analysis()
+def measure(compiled) -> dict[str, int]:
+    """Per-device argument, output and temp bytes of a compiled step (``memory_analysis()``)."""
+    ma = compiled.memory_analysis()
     return {"arguments": int(ma.argument_size_in_bytes), "outputs": int(ma.output_size_in_bytes),
             "temp": int(ma.temp_size_in_bytes)}
 
 
-def expected_bytes(zs: ZeroStep, n: int, itemsize: int, opt_state, batch_bytes: int,
-                   loss_bytes: int) -> dict[str, int]:
+def expected_bytes(stage: int, padded: int, n: int, itemsize: int, opt_state, batch_bytes: int,
+                   loss_bytes: int, param_leaves: int = 1) -> dict[str, int]:
     """Arguments = params + optimizer state + batch/N; outputs = params + state + grads + loss.
 
-    XLA returns the outputs as one tuple: its index table adds 8 bytes (a pointer) per output.
+    ``padded`` is Ψ (rounded up to a multiple of N for the flat ZeRO layout); ``param_leaves`` is
+    how many arrays hold the params (1 for the flat layout). XLA returns the outputs as one tuple,
+    whose index table adds 8 bytes (a pointer) per output array.
     """
-    f = per_device_bytes(zs.stage, zs.padded, n, itemsize)
+    f = per_device_bytes(stage, padded, n, itemsize)
     leaves = jax.tree.leaves(opt_state)
     scalars = sum(np.dtype(a.dtype).itemsize for a in leaves if a.ndim == 0)
     state = f["params"] + f["optimizer"] + scalars
-    tuple_table = 8 * (len(leaves) + 3)  # params, optimizer leaves, loss, grads
+    tuple_table = 8 * (2 * param_leaves + len(leaves) + 1)  # params, grads, optimizer, loss
     return {"arguments": state + batch_bytes // n,
             "outputs": state + f["grads"] + loss_bytes + tuple_table,
             **f, "model_state": f["params"] + f["grads"] + f["optimizer"]}
