@@ -7,6 +7,7 @@ is what the experiments and benchmarks report. Every callable's result is waited
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -84,9 +85,12 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int) -> int
     """
     number = 1
     while number < max_number:
-        if min(_run(fn, number) for _ in range(3)) >= min_time_s:
+        best = min(_run(fn, number) for _ in range(3))
+        if best >= min_time_s:
             break
-        number = min(max_number, number * 4)
+        # jump towards the target at the measured rate (at least ×2, at most ×100 per step)
+        want = math.ceil(1.2 * number * min_time_s / max(best, 1e-9))
+        number = min(max_number, max(2 * number, min(100 * number, want)))
     return number
 
 
