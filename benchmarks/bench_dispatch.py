@@ -8,7 +8,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from experiments.s05_dispatch_fusion import _theil_sen, chain, elementwise, small_model
+from experiments._s05_parts import elementwise, small_model
+from experiments.s05_dispatch_fusion import _theil_sen, chain
 from mlsys_jax import timing
 
 NAME = "dispatch"
@@ -19,7 +20,8 @@ def run(quick: bool = False) -> dict:
     ns = (1, 50) if quick else (1, 25, 50, 100)
     tiny = jnp.linspace(0.0, 1.0, 100, dtype=jnp.float32)
     big = jnp.linspace(0.0, 1.0, 100_000 if quick else 1_000_000, dtype=jnp.float32)
-    one, whole, fused = jax.jit(lambda x: x * 0.5), jax.jit(chain, static_argnums=1), jax.jit(elementwise)
+    one, whole = jax.jit(lambda x: x * 0.5), jax.jit(chain, static_argnums=1)
+    fused = jax.jit(elementwise)
     fns = {"eager_op": lambda: tiny * 0.5, "jit_op": lambda: one(tiny),
            "eager_unfused": lambda: elementwise(big), "jit_fused": lambda: fused(big)}
     for n in ns:
@@ -52,6 +54,7 @@ def run(quick: bool = False) -> dict:
         "model_eager_over_jit_ratio": timing.ratio(tm["eager"], tm["jit"]).to_dict(),
     }
     if "captured" in tm:
-        figures["model_eager_over_captured_ratio"] = timing.ratio(tm["eager"], tm["captured"]).to_dict()
+        figures["model_eager_over_captured_ratio"] = \
+            timing.ratio(tm["eager"], tm["captured"]).to_dict()
         figures["model_captured_over_jit_ratio"] = timing.ratio(tm["captured"], tm["jit"]).to_dict()
     return {"figures": figures, "notes": notes}

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.s05_dispatch_fusion import small_model
+from experiments._s05_parts import small_model
 from mlsys_jax import cost, ir, models, timing
 
 
