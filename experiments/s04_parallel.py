@@ -25,7 +25,9 @@ ID = "04"
 TITLE = "Parallelism: data, tensor, pipeline, ZeRO and 3D on a device mesh (§5, §7.3)"
 DEFAULTS = {"batch": 32, "dp_devices": 4, "uneven": (10, 10, 10, 2), "sizes": (16, 32, 4),
             "tp_devices": 4, "tokens": 8, "d_model": 8, "d_hidden": 16, "lr": 0.05,
-            "pp_stages": 2, "microbatches": 4, "seed": 0}
+            "pp_stages": 2, "microbatches": 4, "seed": 0,
+            "sections": ("data", "tensor", "pipeline", "3d")}
+SECTIONS = ("data", "tensor", "pipeline", "3d")
 LECTURE = {"dp_diff": 5.6e-17, "uneven_naive": 0.17, "megatron_diff": 2.2e-15, "wrong_split": 1.20}
 TOL = 1e-12  # float64: "equal" to the single-device step (TESTING.md §3 parallel tier)
 
@@ -34,9 +36,15 @@ def run(**overrides) -> Result:
     """Run demos 1-3, ZeRO, 3D and the communication table; layouts that don't fit are skipped."""
     runtime.enable_x64()
     cfg = resolve_overrides(ID, DEFAULTS, overrides)
+    unknown = sorted(set(cfg["sections"]) - set(SECTIONS))
+    if unknown:
+        raise MlsysError(f"experiment 04: unknown section(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(SECTIONS)} (e.g. --set sections=data,pipeline)")
     tables, notes, checks = {}, [], []
     comm_rows = []
-    for section in (_dp_and_zero_section, _tp_section):
+    for name, section in (("data", _dp_and_zero_section), ("tensor", _tp_section)):
+        if name not in cfg["sections"]:
+            continue
         got_tables, got_checks = _or_skip(section, cfg, notes)
         comm_rows += got_tables.pop("_comm", [])
         tables.update(got_tables)
@@ -44,16 +52,25 @@ def run(**overrides) -> Result:
     if importlib.util.find_spec("experiments._s04_pipeline") is not None:
         from experiments import _s04_pipeline as pp
 
-        for section, kwargs in ((pp.pipeline_section, {"pp_stages": cfg["pp_stages"],
-                                                       "microbatches": cfg["microbatches"],
-                                                       "devices": jax.devices()}),
-                                (pp.threed_section, {"devices": jax.devices()})):
+        for name, section, kwargs in (
+                ("pipeline", pp.pipeline_section, {"pp_stages": cfg["pp_stages"],
+                                                   "microbatches": cfg["microbatches"],
+                                                   "devices": jax.devices()}),
+                ("3d", pp.threed_section, {"devices": jax.devices()})):
+            if name not in cfg["sections"]:
+                continue
             got_tables, got_checks = section(**kwargs)
             tables.update(got_tables)
             checks += got_checks
     else:
         notes.append("pipeline and 3D sections: experiments/_s04_pipeline.py not in this checkout")
-    tables["communication per step (HLO vs ring formula)"] = comm_rows
+    if comm_rows:
+        tables["communication per step (HLO vs ring formula)"] = comm_rows
+        notes.append("ZeRO-1 here all-reduces the gradient (every device keeps the full averaged "
+                     "gradient, the Ψ of its formula), so it sends 1.5x DP; ZeRO-2 reduce-scatters "
+                     "instead and is back to DP's volume. ZeRO-3 all-gathers the parameters once "
+                     "and keeps them for the backward (temp memory), so it also sends what DP "
+                     "does, not the paper's 1.5x (which re-gathers in the backward).")
     notes.append(f"{jax.device_count()} {jax.devices()[0].platform.upper()} devices; float64; "
                  "collective bytes = per-device bytes sent by a ring algorithm")
     return Result(ID, TITLE, tables, notes, {"checks": checks, "config": cfg})
@@ -168,9 +185,9 @@ def _tp_section(cfg):
     want = tensor.mlp_reference(p, x)
     b = np.dtype(x.dtype).itemsize
     y_bytes, h_bytes = cfg["tokens"] * cfg["d_model"] * b, cfg["tokens"] * cfg["d_hidden"] * b
-    cases = [("column split + all-gather", tensor.column_parallel(mesh), (x, p["w1"]), x @ p["w1"],
+    cases = [("column split + all-gather", jax.jit(tensor.column_parallel(mesh)), (x, p["w1"]), x @ p["w1"],
               {"all-gather": 1}, None),
-             ("row split + all-reduce", tensor.row_parallel(mesh), (x, p["w1"]), x @ p["w1"],
+             ("row split + all-reduce", jax.jit(tensor.row_parallel(mesh)), (x, p["w1"]), x @ p["w1"],
               {"all-reduce": 1}, None),
              ("Megatron MLP (column → row)", jax.jit(tensor.megatron_mlp(mesh)), (sharded, x), want,
               {"all-reduce": 1}, LECTURE["megatron_diff"]),

@@ -23,8 +23,11 @@ MARKER = "MLSYS_JAX_RESULT "
 SETTINGS = {"seed": 0, "batch": 32, "sizes": (16, 32, 4), "steps": 2, "lr": 0.05}
 
 
-def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float) -> dict:
-    """Run ``steps`` DP steps (Adam) over every device of every process; returns plain lists."""
+def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) -> dict:
+    """Run ``steps`` DP steps (Adam) over ``mesh`` (default: every device of every process).
+
+    Returns plain lists (losses, updated params and last gradients, flattened).
+    """
     import jax
     import optax
     from jax.flatten_util import ravel_pytree
@@ -36,8 +39,9 @@ def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float) -> dict:
     from mlsys_jax.parallel.mesh import make_mesh
 
     params, x, y = demo_problem(seed, batch, sizes)
-    mesh = make_mesh({"data": jax.device_count()})
-    xp, yp, mask = pad_shards(x, y, _counts(batch, jax.device_count()))
+    mesh = make_mesh({"data": jax.device_count()}) if mesh is None else mesh
+    n = mesh.devices.size
+    xp, yp, mask = pad_shards(x, y, _counts(batch, n))
     # each process hands over only the rows its own devices hold
     rows = len(xp) // jax.process_count()
     mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -53,7 +57,7 @@ def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float) -> dict:
         losses.append(_local(loss).item())
     flat = lambda tree: ravel_pytree(jax.tree.map(_local, tree))[0].tolist()
     return {"losses": losses, "params": flat(params), "grads": flat(grads),
-            "devices": jax.device_count(), "processes": jax.process_count()}
+            "devices": n, "processes": jax.process_count()}
 
 
 def _counts(batch: int, devices: int):

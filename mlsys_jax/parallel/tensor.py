@@ -44,15 +44,19 @@ def megatron_specs(axis: str) -> dict:
 
 
 def column_parallel(mesh: Mesh, axis: str = "tensor") -> Callable:
-    """``f(x, w) -> x @ w`` with w split by columns; the column blocks are all-gathered."""
+    """``f(x, w) -> x @ w`` with w split by columns; the column blocks are all-gathered.
+
+    Like every function here it is a plain shard_map function: wrap it in ``jax.jit`` to run.
+    """
     require_axes(mesh, axis, api="column_parallel")
 
     def local(x, w_cols):
         return lax.all_gather(x @ w_cols, axis, axis=1, tiled=True)
     # all_gather's result is typed "varying" though every device holds the same full Y, so the
     # replicated out_spec needs check_vma=False (JAX_NOTES "shard_map").
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis)),
-                                 out_specs=P(), check_vma=False))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis)), out_specs=P(),
+                       check_vma=False)
+    return _validated(fn, mesh, axis, lambda x, w: [("columns of w", w.shape[1])])
 
 
 def row_parallel(mesh: Mesh, axis: str = "tensor") -> Callable:
@@ -61,8 +65,8 @@ def row_parallel(mesh: Mesh, axis: str = "tensor") -> Callable:
 
     def local(x_cols, w_rows):
         return lax.psum(x_cols @ w_rows, axis)
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(None, axis), P(axis, None)),
-                                 out_specs=P()))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(None, axis), P(axis, None)), out_specs=P())
+    return _validated(fn, mesh, axis, lambda x, w: [("rows of w", w.shape[0])])
 
 
 def megatron_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
@@ -72,7 +76,8 @@ def megatron_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
     def local(p, x):
         h = jax.nn.relu(x @ p["w1"] + p["b1"])          # local columns: relu needs no exchange
         return lax.psum(h @ p["w2"], axis) + p["b2"]    # the one all-reduce
-    return jax.shard_map(local, mesh=mesh, in_specs=(megatron_specs(axis), P()), out_specs=P())
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(megatron_specs(axis), P()), out_specs=P())
+    return _validated(fn, mesh, axis, lambda p, x: [("hidden size", p["w1"].shape[1])])
 
 
 def wrong_split_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
@@ -84,7 +89,8 @@ def wrong_split_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
         h = lax.psum(jax.nn.relu(x_cols @ p["w1"] + p["b1"] / n), axis)  # relu before the sum
         return h @ p["w2"] + p["b2"]
     specs = {"w1": P(axis, None), "b1": P(), "w2": P(), "b2": P()}
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, P(None, axis)), out_specs=P())
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(None, axis)), out_specs=P())
+    return _validated(fn, mesh, axis, lambda p, x: [("input features", x.shape[1])])
 
 
 def sequence_parallel_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
@@ -96,8 +102,22 @@ def sequence_parallel_mlp(mesh: Mesh, axis: str = "tensor") -> Callable:
         h = jax.nn.relu(x @ p["w1"] + p["b1"])
         y = lax.psum_scatter(h @ p["w2"], axis, scatter_dimension=0, tiled=True)
         return y + p["b2"]
-    return jax.shard_map(local, mesh=mesh, in_specs=(megatron_specs(axis), P(axis, None)),
-                         out_specs=P(axis, None))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(megatron_specs(axis), P(axis, None)),
+                       out_specs=P(axis, None))
+    return _validated(fn, mesh, axis, lambda p, x: [("tokens", x.shape[0]),
+                                                    ("hidden size", p["w1"].shape[1])])
+
+
+def _validated(fn: Callable, mesh: Mesh, axis: str, sizes: Callable) -> Callable:
+    """``fn`` preceded by our divisibility check of the split dimensions (static shapes only)."""
+    n = int(mesh.shape[axis])
+
+    def checked(*args):
+        for what, size in sizes(*args):
+            validate_divisible(int(size), n, f"tensor parallel: {what} over axis {axis!r}")
+        return fn(*args)
+    checked.__name__ = checked.__qualname__ = getattr(fn, "__name__", "tensor_parallel")
+    return checked
 
 
 def shard_mlp_params(params: dict, mesh: Mesh, axis: str = "tensor") -> dict:

@@ -1,0 +1,44 @@
+"""Collective bytes read from compiled HLO, and the ring formulas they are compared with."""
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from mlsys_jax.parallel import comm, make_mesh
+
+HLO = """
+  %all-reduce.1 = (f32[10,4]{1,0}, f64[]) all-reduce(%a, %b), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %ag = f64[16,4]{1,0} all-gather(%p), channel_id=2, replica_groups=[2,4]<=[8], dimensions={0}
+  %rs = bf16[2,8]{1,0} reduce-scatter(%q), channel_id=3, replica_groups={{0,1},{2,3}}, dimensions={0}
+  %cp = f32[3]{0} collective-permute(%r), channel_id=4, source_target_pairs={{0,1}}
+  %not = f32[3]{0} add(%x, %y)
+"""
+
+
+def test_parse_synthetic_hlo():
+    got = comm.collectives(HLO)
+    assert [(c.kind, c.result_bytes, c.group_size) for c in got] == [
+        ("all-reduce", 168, 4), ("all-gather", 512, 4), ("reduce-scatter", 32, 2),
+        ("collective-permute", 12, 1)]
+    assert comm.collective_counts(HLO) == {"all-reduce": 1, "all-gather": 1,
+                                           "reduce-scatter": 1, "collective-permute": 1}
+    assert comm.ring_total(got) == pytest.approx(2 * 3 / 4 * 168 + 3 / 4 * 512 + 1 * 32 + 12)
+
+
+@pytest.mark.parametrize("kind, result, n, want", [
+    ("all-reduce", 800, 8, 1400), ("all-gather", 800, 8, 700), ("reduce-scatter", 100, 8, 700),
+    ("all-to-all", 800, 8, 700), ("collective-permute", 64, 2, 64), ("all-reduce", 800, 1, 0)])
+def test_ring_formulas(kind, result, n, want):
+    assert comm.ring_bytes(kind, result, n) == want
+
+
+def test_compiled_psum_is_one_all_reduce_of_the_payload():
+    mesh = make_mesh({"x": 4})
+    f = jax.jit(jax.shard_map(lambda a: lax.psum(a * 2, "x"), mesh=mesh, in_specs=P(),
+                              out_specs=P()))
+    out, compiled = comm.compile_and_run(f, np.ones((5, 3)))
+    (c,) = comm.collectives(compiled.as_text())
+    assert (c.kind, c.result_bytes, c.group_size) == ("all-reduce", 5 * 3 * 8, 4)
+    np.testing.assert_array_equal(np.asarray(out), 8 * np.ones((5, 3)))
+    assert comm.nbytes({"a": np.ones(3), "b": np.ones((2, 2), np.float32)}) == 40
