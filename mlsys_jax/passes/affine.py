@@ -150,8 +150,13 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict):
     while True:
         us = users.get(t, [])
         if len(us) != 1 or us[0] < 0:
-            for u in us:
+            for u in us:  # several users: training-mode BN reads z for its statistics too
                 e = jaxpr.eqns[u] if u >= 0 else None
+                if e is not None and e.primitive.name in ("jit", "pjit"):
+                    try:
+                        through_call(e, t, consts, aff, shape, fd, z)  # raises Refuse
+                    except Stop:
+                        pass
                 if e is not None and e.primitive.name in ("sub", "div", "mul", "add"):
                     for o in e.invars:
                         if o is not t and isinstance(o, Var) and consts.value(o) is None \

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from mlsys_jax.compat import Literal, Var
+from mlsys_jax.ir.opview import op_name
 from mlsys_jax.passes.affine import Refuse, affine_chain
 from mlsys_jax.passes.basic import dce_jaxpr
 from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference, broadcast_channel,
@@ -170,7 +171,7 @@ def _explain_nonlinear(jaxpr, add, i, by_out, users, log, path):
             _, e = producer[v]
             ins = [x for x in e.invars if isinstance(x, Var)]
             if len(ins) == 1 and ins[0] in by_out:
-                site, op = by_out[ins[0]], e.params.get("name") or e.primitive.name
+                site, op = by_out[ins[0]], op_name(e)
         found.append((site, op))
     (sa, oa), (sb, ob) = found
     if sa is not None and sb is not None and sa.x is sb.x and (oa or ob):

@@ -179,11 +179,11 @@ def attribute_difference(a: Site, b: Site, same_window: bool = True) -> str | No
     if same_window and a.window != b.window:
         return (f"window size differs: {'×'.join(map(str, a.window))} vs "
                 f"{'×'.join(map(str, b.window))}")
-    for key, label in (("window_strides", "strides"), ("padding", "padding"),
-                       ("rhs_dilation", "dilation"), ("lhs_dilation", "lhs dilation"),
-                       ("feature_group_count", "groups"), ("batch_group_count", "batch groups"),
-                       ("precision", "precision"), ("preferred_element_type", "output dtype"),
-                       ("dimension_numbers", "layout")):
+    for key, label in (("window_strides", "strides"), ("rhs_dilation", "dilation"),
+                       ("lhs_dilation", "lhs dilation"), ("feature_group_count", "groups"),
+                       ("batch_group_count", "batch groups"), ("precision", "precision"),
+                       ("preferred_element_type", "output dtype"),
+                       ("dimension_numbers", "layout"), ("padding", "padding")):
         if key == "padding" and not same_window:
             continue
         if pa.get(key) != pb.get(key):
