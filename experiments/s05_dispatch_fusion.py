@@ -52,6 +52,9 @@ def run(**overrides) -> Result:
 
     sweep = dispatch_vs_size(cfg["sizes"], cfg["chain_len"], reps)
     tables["dispatch_vs_size"], data["dispatch"] = sweep["rows"], sweep["summary"]
+    notes.append("dispatch_vs_size: dispatch = eager time per op on the smallest tensor (its "
+                 "arithmetic is ~free); the crossover is the size where an eager op takes twice "
+                 "that, i.e. where its own work equals its dispatch (interpolated in log-log)")
     if sweep["summary"]["crossover_elems"] is None:
         notes.append("no crossover inside the sizes swept: raise --set sizes=... to larger tensors")
 

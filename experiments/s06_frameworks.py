@@ -49,7 +49,7 @@ def run(**overrides) -> Result:
     tables["jacfwd_vs_jacrev"], data["jac"] = parts.jacobian_sweep(
         sorted(set(pairs), key=lambda p: p[0] / p[1], reverse=True), cfg["jac_hidden"],
         cfg["repeats"])
-    notes.append(parts.JAC_NOTE)
+    notes.append(parts.JAC_NOTE + f"; the winner changes {data['jac']['crossover']}")
 
     tables["higher_order"], data["higher"] = parts.higher_order(cfg["x"], cfg["hvp_n"],
                                                                 cfg["repeats"])
