@@ -241,8 +241,12 @@ def check(result: Result) -> list[Check]:
                         [r["revolve_closed_form_advances"] for r in t["revolve"]]))
     for r in t.get("milp", []):
         checks.append(Check(f"MILP plan at budget {r['budget_bytes']} B: measured saved values = plan",
-                            r["measured_saved"] == r["planned_saved"],
+                            r["measured_saved"] == r["planned_saved"] and r["same_names"],
                             r["measured_saved"], r["planned_saved"]))
+    if t.get("milp"):
+        checks.append(Check("MILP plans: predicted and measured peak within budget, grads bitwise",
+                            all(r["within_budget"] and r["grads_bitwise"] for r in t["milp"]),
+                            len(t["milp"])))
     return checks
 
 

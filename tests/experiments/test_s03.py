@@ -29,7 +29,7 @@ def test_default_chain_counts_without_jax():
 
 def test_short_chain_with_jax():
     result = s03.run(n_layers=16, ks=(1, 2, 4, 16), jax_input_only_layers=3, batch=64,
-                     revolve_slots=(2, 4), milp_budgets=0)
+                     revolve_slots=(2, 4), milp_budgets=2)
     checks = s03.check(result)
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
     rows = _by_name(result.tables["schedules"])
@@ -38,6 +38,8 @@ def test_short_chain_with_jax():
     assert rows["every-4"]["xla_temp_bytes"] < rows["store-all"]["xla_temp_bytes"]
     assert rows["store-all"]["jax_vs_numpy_max_abs"] < 1e-12
     assert any("PyTorch" in n for n in result.notes)
+    milp = result.tables["milp"]
+    assert len(milp) == 2 and milp[0]["planned_saved"] == 0 and milp[-1]["recompute_flops"] == 0
 
 
 def test_bad_settings():
