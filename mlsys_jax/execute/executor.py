@@ -126,12 +126,14 @@ def _resolve_fetch(g: Graph, f) -> Any:
 
 
 def needed_equations(jaxpr, fetch_vars) -> list[int]:
-    """Indices of the equations the fetched values depend on (TF's partial execution)."""
+    """Indices of the equations the fetched values depend on (TF's partial execution).
+
+    Effectful equations (debug prints, callbacks) always run: JAX never drops an effect."""
     need = {v for v in fetch_vars if isinstance(v, Var)}
     keep = []
     for i in reversed(range(len(jaxpr.eqns))):
         eqn = jaxpr.eqns[i]
-        if any(v in need for v in eqn.outvars):
+        if eqn.effects or any(v in need for v in eqn.outvars):
             keep.append(i)
             need.update(v for v in eqn.invars if isinstance(v, Var))
     return keep[::-1]
