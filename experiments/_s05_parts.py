@@ -97,7 +97,7 @@ def _bytes(closed, hw: str) -> dict:
     unfused = cost.estimate(closed, hw=hw, fused=False)
     fused = cost.estimate(closed, hw=hw, fused=True)
     return {"bytes_unfused": unfused.total_bytes, "bytes_fused": fused.total_bytes,
-            "model_kernels_unfused": len(unfused.kernels), "model_kernels_fused": len(fused.kernels)}
+            "cost_model_kernels": f"{len(unfused.kernels)} → {len(fused.kernels)}"}
 
 
 # --- 4. seed 003's time breakdown, and 5. graph capture, on a small model -------------------
@@ -141,8 +141,8 @@ def breakdown(small: dict, hw: str, dispatch: dict, repeats: int) -> dict:
                      "compute_us": compute, "memory_wait_us": memory, "dispatch_us": dispatch_us,
                      "model_total_us": total, "measured_us": measured_us,
                      "measured_%_of_eager": 100 * measured_us / t["eager"].median_us,
-                     "compute_%": 100 * compute / total, "memory_%": 100 * memory / total,
-                     "dispatch_%": 100 * dispatch_us / total,
+                     "compute/memory/dispatch_%": "/".join(
+                         f"{100 * v / total:.0f}" for v in (compute, memory, dispatch_us)),
                      "seed_compute/memory/dispatch":
                          f"{seed['compute']}/{seed['memory']}/{seed['dispatch']}",
                      "seed_total_%_of_eager": round(100 * sum(seed.values()) / seed_total)})
