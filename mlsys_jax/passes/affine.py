@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var
 from mlsys_jax.passes.convsites import Consts, Site
@@ -37,18 +38,21 @@ class Affine:
 
 
 def per_channel(c, shape: tuple, fd: int):
-    """A constant as a (C,) vector along axis ``fd`` of ``shape``; Stop if it varies elsewhere."""
-    c = jnp.asarray(c)
+    """A constant as a (C,) vector along axis ``fd`` of ``shape``; Stop if it varies elsewhere.
+
+    (A structural check on a known value; NumPy avoids compiling a kernel per shape.)"""
+    arr = np.asarray(c)
     C = shape[fd]
-    if c.ndim == 0:
+    if arr.ndim == 0:
         return jnp.full((C,), c)
-    if c.ndim != len(shape):
-        raise Stop(f"constant of shape {c.shape} does not broadcast along the feature axis only")
-    for d in range(c.ndim):
-        if d != fd and c.shape[d] > 1 and not bool(jnp.all(c == jnp.take(c, jnp.array([0]), axis=d))):
+    if arr.ndim != len(shape):
+        raise Stop(f"constant of shape {arr.shape} does not broadcast along the feature axis only")
+    for d in range(arr.ndim):
+        if d != fd and arr.shape[d] > 1 and not np.array_equal(arr, np.take(arr, [0], axis=d)
+                                                                .repeat(arr.shape[d], axis=d)):
             raise Stop(f"constant varies along axis {d}, not only the output-feature axis {fd}")
-    vec = c[tuple(slice(None) if d == fd else 0 for d in range(c.ndim))]
-    return jnp.broadcast_to(vec, (C,))
+    vec = arr[tuple(slice(None) if d == fd else 0 for d in range(arr.ndim))]
+    return jnp.asarray(np.broadcast_to(vec, (C,)), dtype=arr.dtype)
 
 
 def _through_reduction(consts: Consts, v, z) -> bool:
@@ -176,8 +180,7 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict):
         t, end = e.outvars[0], us[0]
     if end is None:
         return None
-    with jax.ensure_compile_time_eval():
-        finite = bool(jnp.all(jnp.isfinite(aff.a)) & jnp.all(jnp.isfinite(aff.b)))
+    finite = bool(np.isfinite(np.asarray(aff.a)).all() and np.isfinite(np.asarray(aff.b)).all())
     if not finite:
         raise Refuse("the folded scale or shift is not finite (BatchNorm var + eps ≤ 0?); "
                      "left as it was")
