@@ -36,8 +36,9 @@ from mlsys_jax.compat import Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute._record import DeferredTracer, Eqn, RecordTrace, replay, segment_jaxpr, user_frame
 
-_CONVERT = {
-    "bool": lambda v, *a: bool(v), "int": lambda v, *a: int(v), "float": lambda v, *a: float(v),
+_CONVERT = {  # bool/int/float through NumPy: the same value, ~6 µs cheaper than jax.Array's
+    "bool": lambda v, *a: bool(np.asarray(v)), "int": lambda v, *a: int(np.asarray(v)),
+    "float": lambda v, *a: float(np.asarray(v)),
     "complex": lambda v, *a: complex(v), "index": lambda v, *a: v.__index__(),
     "item": lambda v, *a: v.item(*a), "tolist": lambda v, *a: v.tolist(),
     "array": lambda v, *a: np.asarray(v),
