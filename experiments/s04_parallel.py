@@ -131,7 +131,7 @@ def _dp_and_zero_section(cfg):
         "DP, ZeRO 1-3: memory_analysis() per-device argument/output bytes == formulas", not bad,
         bad or [r["model_state"] for r in zero_rows], "Ψ(1+1+2) → Ψ(1+1+2/N) → Ψ(1+3/N) → 4Ψ/N"))
     comm_rows.insert(0, _comm_row("DP", dp_compiled.as_text(), n,
-                                  {"all-reduce": comm.nbytes(params) + 16}))  # grads+loss+count
+                                  {"all-reduce": comm.nbytes(params) + 2 * b}))  # + loss, count
     return {"demo 1: data parallel (§5.1)": rows, "ZeRO per-device bytes (§7.3)": zero_rows,
             "_comm": comm_rows}, checks + zero_checks
 
@@ -149,7 +149,7 @@ def _zero_rows(params, opt, mesh, batch, dp_out, n):
         want = zero.expected_bytes(stage, zs.padded, n, itemsize, state, comm.nbytes(batch),
                                    itemsize)
         psi = zs.n_params  # compare flat vectors on the host (ravel_pytree's leaf order)
-        diff = max(abs(float(out[2] - dp_out[2])),
+        diff = max(abs(float(out[2]) - float(dp_out[2])),
                    data.max_abs_diff(np.asarray(out[0])[:psi], data.flatten(dp_out[0])),
                    data.max_abs_diff(np.asarray(out[3])[:psi], data.flatten(dp_out[3])))
         rows.append(_bytes_row(f"ZeRO-{stage}", compiled, want, diff))
@@ -182,7 +182,7 @@ def _tp_section(cfg):
     rng = np.random.default_rng(cfg["seed"] + 1)
     x = rng.standard_normal((cfg["tokens"], cfg["d_model"]))
     sharded = tensor.shard_mlp_params(p, mesh)
-    want = tensor.mlp_reference(p, x)
+    want = np.maximum(x @ p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]  # host reference, float64
     b = np.dtype(x.dtype).itemsize
     y_bytes, h_bytes = cfg["tokens"] * cfg["d_model"] * b, cfg["tokens"] * cfg["d_hidden"] * b
     cases = [("column split + all-gather", jax.jit(tensor.column_parallel(mesh)), (x, p["w1"]), x @ p["w1"],
@@ -231,7 +231,7 @@ def _tp_section(cfg):
 def _step_row(case, reduction, got, ref, lecture=None) -> dict:
     """Loss / grads / params differences of a (params, state, loss, grads) or (loss, grads) output."""
     loss, grads = (got[2], got[3]) if len(got) == 4 else (got[0], got[1])
-    row = {"case": case, "reduction": reduction, "loss_diff": abs(float(loss - ref[2])),
+    row = {"case": case, "reduction": reduction, "loss_diff": abs(float(loss) - float(ref[2])),
            "grad_diff": data.max_abs_diff(grads, ref[3])}
     if len(got) == 4:
         row["param_diff"] = data.max_abs_diff(got[0], ref[0])
