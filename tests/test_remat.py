@@ -21,6 +21,12 @@ def test_lecture_counts_dry_run_and_measured(sched, stored, forwards):
     assert (r.peak_activations, r.layer_forwards) == (stored, forwards)
 
 
+def test_schedules_print_their_predictions():
+    text = str(every_k(64, 8))
+    assert "16 stored activations" in text and "120 layer forwards (56 extra)" in text
+    assert "8 checkpoints" in text
+
+
 def test_every_k_matches_the_formula_when_k_divides_n():
     for n in (12, 36, 64):
         for k in (k for k in range(1, n + 1) if n % k == 0):
@@ -97,15 +103,8 @@ def test_heterogeneous_costs_and_sizes():
     assert dp.forwards(full) == sum(costs)                    # store all: no recompute
     for m in range(dp.min_budget, full + 1):
         s = dp.schedule(m)
-        live, peak, cost = {0}, sizes[0], 0.0
-        for op, i in s.actions:
-            if op == "fwd":
-                live.add(i)
-                cost += costs[i - 1]
-            elif op == "free":
-                live.discard(i)
-            peak = max(peak, sum(sizes[j] for j in live))
-        assert peak <= m and math.isclose(cost, dp.forwards(m))
+        cost = sum(costs[i - 1] for op, i in s.actions if op == "fwd")
+        assert s.peak_units(sizes) <= m and math.isclose(cost, dp.forwards(m))
 
 
 def test_bad_input_errors():
@@ -118,3 +117,5 @@ def test_bad_input_errors():
         store_all(0)
     with pytest.raises(MlsysError, match="sizes"):
         solve_chain(3, sizes=[1, 1])
+    with pytest.raises(MlsysError, match="GB of DP tables"):
+        solve_chain(1000)

@@ -125,6 +125,10 @@ def solve_chain(n: int, costs=None, sizes=None, max_budget: int | None = None,
     if a.shape != (n + 1,) or a.dtype.kind not in "iu" or np.any(a < 1):
         raise MlsysError(f"optimal_chain: sizes must be {n + 1} positive ints (h_0..h_N, memory units)")
     top = int(a.sum()) + 2 if max_budget is None else int(max_budget)
+    if (n + 1) ** 2 * (top + 1) > 60_000_000:     # four (N+1)² × budgets tables must fit in RAM
+        raise MlsysError(f"optimal_chain: N={n} with budgets up to {top} units needs "
+                         f"{4 * (n + 1) ** 2 * (top + 1) * 6 / 1e9:.1f} GB of DP tables; pass a "
+                         "smaller max_budget or coarser sizes (memory units)")
     ms = np.arange(top + 1)
     cum = np.concatenate([[0.0], np.cumsum(c)])
     F = np.full((n + 1, n + 1, top + 1), INF)

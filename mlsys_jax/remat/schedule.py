@@ -64,6 +64,17 @@ class Schedule:
         kept -= {i for op, i in sweep if op == "free"}
         return Counts(peak, fwd, len(kept - {self.n}))
 
+    def peak_units(self, sizes) -> int:
+        """Peak memory of the program when h_i occupies ``sizes[i]`` units (h_0 included)."""
+        live, peak = {0}, sizes[0]
+        for op, i in self.actions:
+            if op == "fwd":
+                live.add(i)
+            elif op == "free":
+                live.discard(i)
+            peak = max(peak, sum(sizes[j] for j in live))
+        return peak
+
     def __str__(self) -> str:
         c = self.counts()
         return (f"Schedule {self.name} (N={self.n}): {c.peak_activations} stored activations (peak), "
