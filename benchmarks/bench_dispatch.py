@@ -6,9 +6,8 @@ the chain slopes are µs per op with the machine as context (the runner records 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from experiments._s05_parts import elementwise, small_model
+from experiments._s05_parts import elementwise, ramp, small_model
 from experiments.s05_dispatch_fusion import _theil_sen, chain
 from mlsys_jax import timing
 
@@ -18,8 +17,7 @@ NAME = "dispatch"
 def run(quick: bool = False) -> dict:
     repeats = 5 if quick else 11
     ns = (1, 50) if quick else (1, 25, 50, 100)
-    tiny = jnp.linspace(0.0, 1.0, 100, dtype=jnp.float32)
-    big = jnp.linspace(0.0, 1.0, 100_000 if quick else 1_000_000, dtype=jnp.float32)
+    tiny, big = ramp(100), ramp(100_000 if quick else 1_000_000)
     one, whole = jax.jit(lambda x: x * 0.5), jax.jit(chain, static_argnums=1)
     fused = jax.jit(elementwise)
     fns = {"eager_op": lambda: tiny * 0.5, "jit_op": lambda: one(tiny),

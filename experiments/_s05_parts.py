@@ -60,10 +60,22 @@ FUSION_NOTES = [
 ]
 
 
+def f32(a) -> jax.Array:
+    """A float32 device array from host data, cast on the host and transferred with device_put:
+    a device-side cast (float64 → float32 under x64), and jnp.asarray itself in JAX 0.10, compile
+    a program per shape (~0.1 s each on this shared machine)."""
+    return jax.device_put(np.asarray(a, dtype=np.float32))
+
+
+def ramp(n: int) -> jax.Array:
+    """n float32 values evenly spaced in [0, 1] (host-built, like :func:`f32`)."""
+    return f32(np.linspace(0.0, 1.0, n))
+
+
 def _normal(rng, shape, scale=1.0):
     # NumPy draws, not jax.random: each jax.random shape compiles a program (1–4 s on this
     # shared 2-core machine), which would dominate a ~5 s experiment.
-    return jnp.asarray(rng.standard_normal(shape) * scale, dtype=jnp.float32)
+    return f32(rng.standard_normal(shape) * scale)
 
 
 def fusion_rows(size: int, conv_shape, hw: str, repeats: int):
@@ -109,9 +121,9 @@ def small_model(batch: int, sizes=(784, 100, 10)) -> dict:
     params = {}
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
         params[f"W{i}"] = _normal(rng, (n_in, n_out), 1 / math.sqrt(n_in))
-        params[f"b{i}"] = jnp.zeros((n_out,), jnp.float32)
+        params[f"b{i}"] = f32(np.zeros(n_out))
     x = _normal(rng, (batch, sizes[0]))
-    y = jnp.asarray(np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)], dtype=jnp.float32)
+    y = f32(np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)])
     return {"name": f"MLP {'→'.join(map(str, sizes))} loss, batch {batch}", "fn": models.mlp_loss,
             "args": (params, x, y), "jit": jax.jit(models.mlp_loss)}
 

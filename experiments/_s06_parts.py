@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments._s05_parts import small_model
+from experiments._s05_parts import f32, small_model
+
+
+def f64(a) -> jax.Array:
+    """A float64 device array from host data (device_put: no per-shape program, see f32)."""
+    return jax.device_put(np.asarray(a, dtype=np.float64))
 from mlsys_jax import cost, ir, models, timing
 
 
@@ -56,7 +61,7 @@ def _both_traces(x):
 
 
 def worked_example(x0: float):
-    x = jnp.float64(x0)
+    x = f64(x0)
     (primals, tangents), rev = _both_traces(x)
     forward = [{"step": step, "value": float(p), "derivative": float(t),
                 "lecture_value": LECTURE_FORWARD[step][0],
@@ -108,7 +113,7 @@ def _network_trace(x, w1, w2):
 
 
 def small_network(x: float, w1: float, w2: float):
-    steps, whole = _network_trace(*(jnp.float64(v) for v in (x, w1, w2)))
+    steps, whole = _network_trace(*(f64(v) for v in (x, w1, w2)))
     vals = {k: float(v) for k, v in steps.items()}
     rows = [{"quantity": k, "ours": v, "lecture": LECTURE_NETWORK[k]} for k, v in vals.items()]
     vals["steps_match_grad"] = [float(g) for g in whole] == [vals["d_x"], vals["d_w1"], vals["d_w2"]]
@@ -126,9 +131,9 @@ def jacobian_sweep(pairs, hidden: int, repeats: int):
     rng = np.random.default_rng(0)
     fns, meta = {}, {}
     for n, m in pairs:
-        w1 = jnp.asarray(rng.standard_normal((hidden, n)) / math.sqrt(n), jnp.float32)
-        w2 = jnp.asarray(rng.standard_normal((m, hidden)) / math.sqrt(hidden), jnp.float32)
-        x = jnp.asarray(rng.standard_normal(n), jnp.float32)
+        w1 = f32(rng.standard_normal((hidden, n)) / math.sqrt(n))
+        w2 = f32(rng.standard_normal((m, hidden)) / math.sqrt(hidden))
+        x = f32(rng.standard_normal(n))
         fn = lambda x, w1=w1, w2=w2: w2 @ jnp.tanh(w1 @ x)  # f: R^n → R^m
         jf, jr = jax.jit(jax.jacfwd(fn)), jax.jit(jax.jacrev(fn))
         fns[f"fwd{n},{m}"] = lambda jf=jf, x=x: jf(x)
@@ -164,7 +169,7 @@ def jacobian_sweep(pairs, hidden: int, repeats: int):
 # --- higher-order derivatives -----------------------------------------------------------------
 
 def higher_order(x0: float, n: int, repeats: int):
-    x = jnp.float64(x0)
+    x = f64(x0)
     d2 = jax.grad(jax.grad(f))
     d23 = jax.jit(lambda x: (d2(x), jax.grad(d2)(x)))  # one compile for both orders
     s, c = math.sin(x0), math.cos(x0)
@@ -174,12 +179,13 @@ def higher_order(x0: float, n: int, repeats: int):
              "ours": ours[k], "analytic": analytic[k]} for k in (2, 3)]
     # Hessian-vector product: forward-over-reverse, O(1) gradients, vs building the n×n Hessian.
     rng = np.random.default_rng(2)
-    a = jnp.asarray(rng.standard_normal((n, n)) / math.sqrt(n), jnp.float64)
-    w, v = (jnp.asarray(rng.standard_normal(n), jnp.float64) for _ in range(2))
+    a = f64(rng.standard_normal((n, n)) / math.sqrt(n))
+    w, v = (f64(rng.standard_normal(n)) for _ in range(2))
     g = lambda w: jnp.sum(jnp.tanh(a @ w) ** 2)
     hvp = jax.jit(lambda w, v: jax.jvp(jax.grad(g), (w,), (v,))[1])
     full = jax.jit(lambda w, v: jax.hessian(g)(w) @ v)
-    err = float(jnp.max(jnp.abs(hvp(w, v) - full(w, v))) / jnp.max(jnp.abs(full(w, v))))
+    h_v, hess_v = np.asarray(hvp(w, v)), np.asarray(full(w, v))
+    err = float(np.max(np.abs(h_v - hess_v)) / np.max(np.abs(hess_v)))
     t = timing.compare({"hvp": lambda: hvp(w, v), "hessian": lambda: full(w, v)}, repeats=repeats)
     ratio = timing.ratio(t["hessian"], t["hvp"]).median
     rows.append({"quantity": f"H·v, n = {n} (float64)", "jax": "jvp(grad(g)) vs hessian(g) @ v",
@@ -200,12 +206,13 @@ def per_example(batch: int, repeats: int, sizes=(64, 32, 10)):
     # lecture's 784→100→10 would make both sides write B × 80k gradient floats and time memory.
     params, x, y = small_model(batch, sizes)["args"]
     # Rows sliced once, outside the timing, via NumPy (iterating a jax.Array dispatches per row).
-    xs, ys = ([jnp.asarray(row) for row in np.asarray(a)] for a in (x, y))
+    xs, ys = ([jax.device_put(row) for row in np.asarray(a)] for a in (x, y))
     one = jax.jit(jax.grad(_loss_one))
     batched = jax.jit(jax.vmap(jax.grad(_loss_one), in_axes=(None, 0, 0)))
     loop = lambda: [one(params, xi, yi) for xi, yi in zip(xs, ys)]
     looped, vmapped = loop(), batched(params, x, y)
-    match = all(np.allclose(np.asarray(vmapped[k][i]), np.asarray(g[k]), rtol=1e-5, atol=1e-6)
+    vmapped = {k: np.asarray(v) for k, v in vmapped.items()}  # compare on the host
+    match = all(np.allclose(vmapped[k][i], np.asarray(g[k]), rtol=1e-5, atol=1e-6)
                 for i, g in enumerate(looped) for k in g)
     t = timing.compare({"loop": loop, "vmap": lambda: batched(params, x, y)}, repeats=repeats)
     ratio = timing.ratio(t["loop"], t["vmap"]).median

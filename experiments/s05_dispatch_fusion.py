@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments._s05_parts import (FUSION_NOTES, LECTURE_FUSION_RATIO, breakdown,  # noqa: F401
                                     capture_rows, conv_bias_relu, elementwise, fusion_rows,
-                                    hlo_kernels, small_model, write_plots)
+                                    hlo_kernels, ramp, small_model, write_plots)
 from mlsys_jax import runtime, timing
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import Check, Result, format_result, resolve_overrides
@@ -25,7 +24,7 @@ TITLE = "Dispatch and fusion: the framework–hardware gap (seed 003)"
 DEFAULTS = {
     "sizes": (10, 1_000, 100_000, 1_000_000),  # elements, dispatch-vs-size sweep
     "chain_len": 10,        # elementwise ops per chain in the size sweep
-    "chain_ns": (1, 25, 50, 100),  # chain lengths N for the slope fit
+    "chain_ns": (1, 10, 50, 100),  # chain lengths N for the slope fit (10: shares a compile)
     "chain_size": 10,       # elements per tensor in the chain sweep (tiny: CPU-bound regime)
     "fusion_size": 1_000_000,  # elements for relu(x*2+1)*0.5
     "conv_shape": (8, 32, 32, 16),  # NHWC input of relu(conv(x, W) + b), 3x3 kernel, C→C
@@ -130,7 +129,7 @@ def dispatch_vs_size(sizes, k: int, repeats: int) -> dict:
     are paired round by round too (load on the shared machine cancels).
     """
     jitted = jax.jit(chain, static_argnums=1)
-    xs = {n: jnp.linspace(0.0, 1.0, n, dtype=jnp.float32) for n in sizes}
+    xs = {n: ramp(n) for n in sizes}
     fns = {}
     for n, x in xs.items():
         fns[f"eager{n}"] = lambda x=x: chain(x, k)
@@ -189,7 +188,7 @@ def _crossover(xs, ys, level: float) -> float | None:
 # --- 2. a chain of N small ops: eager grows ≈ N × dispatch, jit stays flat -------------------
 
 def chain_sweep(ns, size: int, repeats: int) -> dict:
-    x = jnp.linspace(0.0, 1.0, size, dtype=jnp.float32)
+    x = ramp(size)
     jitted = jax.jit(chain, static_argnums=1)
     fns = {}
     for n in ns:

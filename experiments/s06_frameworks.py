@@ -11,9 +11,11 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from experiments import _s06_parts as parts
+from experiments._s05_parts import f32
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import Check, Result, format_result, resolve_overrides
@@ -83,7 +85,7 @@ def trace_counts() -> tuple[list[dict], dict]:
     is a new graph. A Python ``if`` on a traced value has no value to branch on: an error.
     """
     traces: Counter = Counter()
-    x3 = jnp.arange(3, dtype=jnp.float32)
+    x3 = f32(np.arange(3))
 
     def python_if(x, mode):
         traces["python_if"] += 1
@@ -103,12 +105,12 @@ def trace_counts() -> tuple[list[dict], dict]:
         jit_if(x3, mode=m)
     flags = [True, False, True, False]
     jit_cond = jax.jit(with_cond)
-    same = [bool(jnp.array_equal(jit_cond(x3, f), jit_if(x3, mode="square" if f else "sin")))
+    same = [np.array_equal(jit_cond(x3, f), jit_if(x3, mode="square" if f else "sin"))
             for f in flags]
     lengths = [3, 4, 3]
     jit_plain = jax.jit(plain)
     for n in lengths:
-        jit_plain(jnp.arange(n, dtype=jnp.float32))
+        jit_plain(f32(np.arange(n)))
     try:
         jax.jit(lambda x: x if x.sum() > 0 else -x)(x3)
         error = "no error"
