@@ -77,13 +77,15 @@ def _run(fn: Callable[[], Any], number: int) -> float:
     return time.perf_counter() - t0
 
 
-def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int) -> int:
+def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
+               per_call_s: float = 0.0) -> int:
     """Calls per round so that a round takes at least ``min_time_s`` (like timeit.autorange).
 
-    The best of three trials decides: one trial stalled by another process must not leave the
-    rounds too short (short rounds are dominated by the wait for the result, not the calls).
+    Starts from half the count that ``per_call_s`` (a warm call, if known) suggests. The best of
+    three trials decides: one trial stalled by another process must not leave the rounds too
+    short (short rounds are dominated by the wait for the result, not the calls).
     """
-    number = 1
+    number = min(max_number, max(1, int(0.5 * min_time_s / per_call_s))) if per_call_s > 0 else 1
     while number < max_number:
         best = min(_run(fn, number) for _ in range(3))
         if best >= min_time_s:
@@ -110,9 +112,10 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
         raise MlsysError("timing.compare: no callables given; pass a mapping name -> callable")
     numbers = {}
     for name, fn in fns.items():
+        warm = 0.0
         for _ in range(warmup):
-            jax.block_until_ready(fn())
-        numbers[name] = number or _calibrate(fn, min_time_s, max_number)
+            warm = _run(fn, 1)  # the last warm-up call is warm: a first guess of the call time
+        numbers[name] = number or _calibrate(fn, min_time_s, max_number, warm)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
