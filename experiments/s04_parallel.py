@@ -70,7 +70,8 @@ def run(**overrides) -> Result:
                      "gradient, the Ψ of its formula), so it sends 1.5x DP; ZeRO-2 reduce-scatters "
                      "instead and is back to DP's volume. ZeRO-3 all-gathers the parameters once "
                      "and keeps them for the backward (temp memory), so it also sends what DP "
-                     "does, not the paper's 1.5x (which re-gathers in the backward).")
+                     "does, not the paper's 1.5x (which re-gathers in the backward). PP's "
+                     "bytes per step: `mlsys-jax bench parallel`.")
     notes.append(f"{jax.device_count()} {jax.devices()[0].platform.upper()} devices; float64; "
                  "collective bytes = per-device bytes sent by a ring algorithm")
     return Result(ID, TITLE, tables, notes, {"checks": checks, "config": cfg})
