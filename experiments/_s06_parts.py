@@ -160,8 +160,8 @@ def jacobian_sweep(pairs, hidden: int, repeats: int):
                       f"{b['n_inputs'] / b['m_outputs']:g}"
                       for a, b in zip(rows, rows[1:]) if (a["fwd/rev"] > 1) != (b["fwd/rev"] > 1)),
                      "no change of winner in the sweep")
-    return rows, {"many_in": {"n": many_in["n_inputs"], "fwd/rev": many_in["fwd/rev"]},
-                  "many_out": {"m": many_out["m_outputs"], "fwd/rev": many_out["fwd/rev"]},
+    pick = lambda r: {"n": r["n_inputs"], "m": r["m_outputs"], "fwd/rev": r["fwd/rev"]}
+    return rows, {"many_in": pick(many_in), "many_out": pick(many_out),
                   "flops_order_ok": flops_ok, "crossover": crossover,
                   "flops_ratios": [round(r["jacfwd_flops"] / r["jacrev_flops"], 2) for r in rows]}
 

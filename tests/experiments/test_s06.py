@@ -55,6 +55,6 @@ def test_jacobian_flops_scale_with_n_over_m(result):
 
 def test_bad_settings_are_clear_errors():
     with pytest.raises(MlsysError, match="experiment 06"):
-        s06.run(network=(1.0, 2.0))
+        s06.run(batch=0)
     with pytest.raises(MlsysError, match="experiment 06"):
         s06.run(jac_small=(0,))
