@@ -95,14 +95,8 @@ def run_jax(schedule: Schedule, x, ws, compile_memory: bool = True) -> JaxRun:
     x = jnp.asarray(x)
     ws = jnp.asarray(ws)
     loss = chain_loss(schedule)
-    grad = jax.grad(loss)
-    jitted = jax.jit(grad)
-    forwards = count_primitive(jax.make_jaxpr(grad)(ws, x).jaxpr, "tanh")
-    temp = None
-    if compile_memory:
-        compiled = jitted.lower(ws, x).compile()
-        temp = int(compiled.memory_analysis().temp_size_in_bytes)
-        g = compiled(ws, x)
-    else:
-        g = jitted(ws, x)
-    return JaxRun(np.asarray(g), saved_activation_units(loss, ws, x), forwards, temp)
+    traced = jax.jit(jax.grad(loss)).trace(ws, x)      # one trace: the jaxpr and the program
+    forwards = count_primitive(traced.jaxpr.jaxpr, "tanh")
+    compiled = traced.lower().compile()
+    temp = int(compiled.memory_analysis().temp_size_in_bytes) if compile_memory else None
+    return JaxRun(np.asarray(compiled(ws, x)), saved_activation_units(loss, ws, x), forwards, temp)
