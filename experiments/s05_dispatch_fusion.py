@@ -54,6 +54,12 @@ def run(**overrides) -> Result:
     notes.append("dispatch_vs_size: dispatch = eager time per op on the smallest tensor (its "
                  "arithmetic is ~free); the crossover is the size where an eager op takes twice "
                  "that, i.e. where its own work equals its dispatch (interpolated in log-log)")
+    if (sweep["summary"]["crossover_elems"] or 0) < 1e4 and device.platform == "cpu":
+        notes.append("on this CPU an eager op's time already rises at ~1,000 elements, long "
+                     "before its arithmetic matters (a 10-op jitted chain rises too), so the "
+                     "crossover comes early; a likely cause (not verified here) is XLA:CPU "
+                     "running only tiny kernels inline and handing larger ones to its thread "
+                     "pool, which costs tens of µs on a busy 2-core machine")
     if sweep["summary"]["crossover_elems"] is None:
         notes.append("no crossover inside the sizes swept: raise --set sizes=... to larger tensors")
 
