@@ -47,6 +47,8 @@ def _lecture_formula(name: str, n: int, k: int | None) -> tuple[int | None, int 
     """§7.2's closed forms: every-K (K | N) peak N/K + K, forwards N + (K-1)·N/K."""
     if name == "input-only":
         return 3, n + n * (n + 1) // 2
+    if name == "store-all":
+        return n + 1, n
     if k is None or n % k:
         return None, None
     return n // k + k, n + (k - 1) * n // k
