@@ -48,7 +48,10 @@ def milp_rows(n_budgets: int, blocks: int = 4) -> tuple[list[dict], list[str]]:
                      "recompute_flops": p.recompute_flops, "xla_temp_bytes": m["xla_temp_bytes"],
                      "store_all_bytes": p.store_all_bytes, "solve_ms": round(1e3 * p.solve_seconds, 1),
                      "grads_bitwise": all(bool(np.array_equal(a, b)) for a, b in zip(m["grads"], ref))})
-    notes = [f"MILP graph: {blocks} gated residual blocks h += tanh(h·Wa)·sigmoid(h·Wb) "
+    notes = ["MILP: Checkmate's formulation reduced to two stages (each value saved, or recomputed "
+             "once before the backward), the decisions jax.checkpoint's names policy can express; "
+             "FLOPs from the cost model, solved by scipy's HiGHS",
+             f"MILP graph: {blocks} gated residual blocks h += tanh(h·Wa)·sigmoid(h·Wb) "
              f"({free.n_values} values); budgets from the minimum (arguments only, everything "
              "recomputed) to the smallest budget that needs no recompute. Peak = bytes held from "
              "the forward to the backward (JAX's residuals, measured by saved_residuals); XLA's "
