@@ -96,16 +96,18 @@ def _dp_and_zero_section(cfg):
     mesh = make_mesh({"data": n})
     params, x, y = data.demo_problem(cfg["seed"], cfg["batch"], cfg["sizes"])
     opt = optax.adam(cfg["lr"])
-    opt_state = opt.init(params)
-    ref = data.make_single_step(mlp_loss, opt)(params, opt_state, x, y)
+    opt_state = jax.jit(opt.init)(params)  # one compile, not one per eager zeros_like
+    ref, _ = _compile_run(data.make_single_step(mlp_loss, opt), params, opt_state, x, y)
     width = max(max(cfg["uneven"]), -(-cfg["batch"] // n))  # one shape: one compile for both
     even = data.pad_shards(x, y, data.even_counts(cfg["batch"], n), width)
     uneven = data.pad_shards(x, y, cfg["uneven"], width)
     dp = data.make_dp_step(mlp_loss, opt, mesh)
-    dp_even, dp_compiled = comm.compile_and_run(dp.jitted, params, opt_state, *even)
-    dp_uneven = dp.jitted(params, opt_state, *uneven)
-    naive = data.dp_grads_fn(mlp_loss, mesh, reduction="mean_of_means")(params, *uneven)
-    twice = data.dp_grads_fn(mlp_loss, mesh, reduction="double_psum")(params, *even)
+    dp_even, dp_compiled = _compile_run(dp.jitted, params, opt_state, *even)
+    dp_uneven = dp_compiled(params, opt_state, *uneven)   # same shapes: same executable
+    naive, _ = _compile_run(data.dp_grads_fn(mlp_loss, mesh, reduction="mean_of_means"), params,
+                            *uneven)
+    twice, _ = _compile_run(data.dp_grads_fn(mlp_loss, mesh, reduction="double_psum"), params,
+                            *even)
     counts = f"{'/'.join(map(str, data.even_counts(cfg['batch'], n)))}"
     rows = [_step_row(f"even {counts}", "weighted (psum / count)", dp_even, ref, LECTURE["dp_diff"]),
             _step_row("/".join(map(str, cfg["uneven"])), "mean of device means", naive, ref,
@@ -144,7 +146,7 @@ def _zero_rows(params, opt, mesh, batch, dp_out, n):
     for stage in zero.STAGES[1:]:  # stage 0 = the DP step above, measured there
         zs = zero.make_zero_step(mlp_loss, opt, params, mesh, stage)
         flat, state = zs.init(params)
-        out, compiled = comm.compile_and_run(zs.step, flat, state, xs, ys, ms)
+        out, compiled = _compile_run(zs.step, flat, state, xs, ys, ms)
         hlo = compiled.as_text()
         itemsize = np.dtype(flat.dtype).itemsize
         want = zero.expected_bytes(stage, zs.padded, n, itemsize, state, comm.nbytes(batch),
@@ -198,7 +200,7 @@ def _tp_section(cfg):
               (p, x), want, {"all-reduce": 1}, LECTURE["wrong_split"])]
     rows = []
     for name, fn, args, expected, formula, lecture in cases:
-        out, compiled = comm.compile_and_run(fn, *args)
+        out, compiled = _compile_run(fn, *args)
         counts = comm.collective_counts(compiled.as_text())
         rows.append({"split": name, "max_diff": data.max_abs_diff(out, expected),
                      "lecture": lecture, "hlo_collectives": _fmt_counts(counts),
@@ -206,9 +208,8 @@ def _tp_section(cfg):
     opt = optax.sgd(cfg["lr"])  # Adam is exercised by DP and ZeRO; SGD compiles faster
     target = rng.standard_normal(x.shape)
     state = opt.init(p)
-    tp_out, tp_compiled = comm.compile_and_run(tensor.make_tp_step(opt, mesh), sharded,
-                                               state, x, target)
-    ref = data.make_single_step(tensor.reference_loss, opt)(p, state, x, target)
+    tp_out, tp_compiled = _compile_run(tensor.make_tp_step(opt, mesh), sharded, state, x, target)
+    ref, _ = _compile_run(data.make_single_step(tensor.reference_loss, opt), p, state, x, target)
     step_row = _step_row("Megatron MLP", "TP SGD step vs 1 device", tp_out, ref)
     by = {r["split"]: r for r in rows}
     meg, wrong = by["Megatron MLP (column → row)"], by["wrong split (row first, relu before sum)"]
@@ -227,6 +228,11 @@ def _tp_section(cfg):
     comm_row["note"] = f"activation all-reduce {y_bytes} B; hidden {h_bytes} B never moves"
     return {"demo 2: tensor parallel (§5.2)": rows, "TP training step": [step_row],
             "_comm": [comm_row]}, checks
+
+
+def _compile_run(fn, *args):
+    """Compile once, quickly (identical HLO: comm.QUICK_COMPILE), and run."""
+    return comm.compile_and_run(fn, *args, options=comm.QUICK_COMPILE)
 
 
 def _step_row(case, reduction, got, ref, lecture=None) -> dict:

@@ -42,3 +42,8 @@ def test_compiled_psum_is_one_all_reduce_of_the_payload():
     assert (c.kind, c.result_bytes, c.group_size) == ("all-reduce", 5 * 3 * 8, 4)
     np.testing.assert_array_equal(np.asarray(out), 8 * np.ones((5, 3)))
     assert comm.nbytes({"a": np.ones(3), "b": np.ones((2, 2), np.float32)}) == 40
+    # QUICK_COMPILE only skips LLVM optimisation: same HLO, same buffers
+    quick = f.lower(np.ones((5, 3))).compile(comm.QUICK_COMPILE)
+    assert quick.as_text() == compiled.as_text()
+    assert (quick.memory_analysis().temp_size_in_bytes ==
+            compiled.memory_analysis().temp_size_in_bytes)

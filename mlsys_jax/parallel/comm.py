@@ -110,11 +110,17 @@ def nbytes(tree) -> int:
     return int(sum(np.dtype(l.dtype).itemsize * math.prod(l.shape) for l in jax.tree.leaves(tree)))
 
 
-def compile_and_run(fn, *args):
-    """Compile ``fn`` once at ``args`` and run it: ``(outputs, compiled)``.
+# For demo-sized programs LLVM's optimisation costs more time than it saves. XLA's HLO passes
+# still run, so the collectives and buffer sizes read from the result are the same (checked in
+# tests/test_parallel_comm.py); only the generated machine code is less optimised.
+QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def compile_and_run(fn, *args, options: dict | None = None):
+    """Compile ``fn`` once at ``args`` (XLA ``options``) and run it: ``(outputs, compiled)``.
 
     ``compiled.as_text()`` is the HLO, ``compiled.memory_analysis()`` the per-device bytes;
     calling the jitted function after ``.lower().compile()`` would compile a second time.
     """
-    compiled = fn.lower(*args).compile()
+    compiled = fn.lower(*args).compile(options)
     return compiled(*args), compiled
