@@ -84,3 +84,10 @@ def test_bad_settings():
 def test_cli_processes_errors(capsys):
     assert cli.main(["run", "04", "--processes", "3"]) == 2
     assert "split evenly" in capsys.readouterr().err
+
+
+def test_processes_2_equals_one_process(capsys):
+    # the path of `mlsys-jax run 04 --processes 2`: 2 workers × 4 devices vs this process's 8
+    assert s04.launch_processes(2, {"batch": "16"}, None) == 0
+    out = capsys.readouterr().out
+    assert "2 processes × 4 CPU devices (gloo)" in out and "✗" not in out
