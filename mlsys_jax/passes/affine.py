@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var
@@ -30,7 +28,7 @@ class Refuse(Exception):
 
 @dataclass
 class Affine:
-    """y = a ⊙ z + b along the output-feature axis (a, b: (C,) vectors)."""
+    """y = a ⊙ z + b along the output-feature axis (a, b: (C,) float64 NumPy vectors)."""
 
     a: object
     b: object
@@ -41,10 +39,10 @@ def per_channel(c, shape: tuple, fd: int):
     """A constant as a (C,) vector along axis ``fd`` of ``shape``; Stop if it varies elsewhere.
 
     (A structural check on a known value; NumPy avoids compiling a kernel per shape.)"""
-    arr = np.asarray(c)
+    arr = np.asarray(c, dtype=np.float64)
     C = shape[fd]
     if arr.ndim == 0:
-        return jnp.full((C,), c)
+        return np.full((C,), arr)
     if arr.ndim != len(shape):
         raise Stop(f"constant of shape {arr.shape} does not broadcast along the feature axis only")
     for d in range(arr.ndim):
@@ -52,7 +50,7 @@ def per_channel(c, shape: tuple, fd: int):
                                                                 .repeat(arr.shape[d], axis=d)):
             raise Stop(f"constant varies along axis {d}, not only the output-feature axis {fd}")
     vec = arr[tuple(slice(None) if d == fd else 0 for d in range(arr.ndim))]
-    return jnp.asarray(np.broadcast_to(vec, (C,)), dtype=arr.dtype)
+    return np.broadcast_to(vec, (C,))
 
 
 def _through_reduction(consts: Consts, v, z) -> bool:
@@ -93,17 +91,17 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z, name_of=None) -> Aff
         raise Stop(f"{prim} operand is not a constant")
     c = per_channel(val, shape, fd)
     first = eqn.invars[0] is t
-    with jax.ensure_compile_time_eval():
-        if prim in ("add", "add_any"):
-            return Affine(aff.a, aff.b + c, aff.steps + 1)
-        if prim == "sub":
-            return (Affine(aff.a, aff.b - c, aff.steps + 1) if first
-                    else Affine(-aff.a, c - aff.b, aff.steps + 1))
-        if prim == "mul":
-            return Affine(aff.a * c, aff.b * c, aff.steps + 1)
-        if not first:
-            raise Stop("division by the conv output is not affine")
-        return Affine(aff.a / c, aff.b / c, aff.steps + 1)
+    # The composite map is kept in float64 and rounded once, when the weights are scaled.
+    if prim in ("add", "add_any"):
+        return Affine(aff.a, aff.b + c, aff.steps + 1)
+    if prim == "sub":
+        return (Affine(aff.a, aff.b - c, aff.steps + 1) if first
+                else Affine(-aff.a, c - aff.b, aff.steps + 1))
+    if prim == "mul":
+        return Affine(aff.a * c, aff.b * c, aff.steps + 1)
+    if not first:
+        raise Stop("division by the conv output is not affine")
+    return Affine(aff.a / c, aff.b / c, aff.steps + 1)
 
 
 def through_call(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
@@ -148,8 +146,7 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict):
     Returns (Affine, index of the last equation of the chain) or None; raises Refuse."""
     z = site.out
     shape, fd = z.aval.shape, site.feature_dim
-    with jax.ensure_compile_time_eval():
-        aff = Affine(jnp.ones((shape[fd],), z.aval.dtype), jnp.zeros((shape[fd],), z.aval.dtype))
+    aff = Affine(np.ones((shape[fd],)), np.zeros((shape[fd],)))
     t, end = z, None
     while True:
         us = users.get(t, [])

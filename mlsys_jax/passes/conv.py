@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from mlsys_jax.compat import Literal, Var
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.passes.affine import Refuse, affine_chain
 from mlsys_jax.passes.basic import dce_jaxpr
-from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference, broadcast_channel,
+from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference,
                                         emit_conv, find_sites, users_of)
-from mlsys_jax.passes.core import Log, Pass, PassResult, transform
+from mlsys_jax.passes.core import Log, Pass, PassResult, is_concrete, transform
 
 
 def _fmt_window(site: Site) -> str:
@@ -68,9 +69,18 @@ def _value(lookup, consts: Consts, v):
     return val if val is not None else lookup(v)
 
 
+def _np(x):
+    """A known value as NumPy (None stays None); traced values are returned as they are."""
+    return x if x is None or not is_concrete(x) else np.asarray(x)
+
+
 def _channel_scale(w, vec, site: Site):
-    """W · s along the kernel's output-feature axis."""
-    return w * broadcast_channel(vec.astype(w.dtype), w.ndim, site.dims.rhs_spec[0])
+    """W · s along the kernel's output-feature axis (known W: exact in float64, rounded once)."""
+    shape = [1] * w.ndim
+    shape[site.dims.rhs_spec[0]] = -1
+    if is_concrete(w):
+        return (np.asarray(w, np.float64) * vec.reshape(shape)).astype(np.asarray(w).dtype)
+    return w * jnp.asarray(vec.reshape(shape), w.dtype)
 
 
 # ---- fold_conv_bn ----------------------------------------------------------------------------
@@ -90,11 +100,16 @@ def _fold_plans(jaxpr, consts, log, path):
         aff, end = found
 
         def emit(lookup, state, site=site, aff=aff):
-            w = _value(lookup, c, site.w)
-            with jax.ensure_compile_time_eval():  # §4.1: W·s and B' only depend on constants
-                new_w = _channel_scale(w, aff.a, site)
-                b0 = None if site.b is None else _value(lookup, c, site.b)
-                new_b = aff.b if b0 is None else b0.astype(aff.b.dtype) * aff.a + aff.b
+            # §4.1: W·s and B' = (B − μ)·s + β depend only on constants: computed here, once.
+            new_w = _channel_scale(_value(lookup, c, site.w), aff.a, site)
+            b0 = None if site.b is None else _value(lookup, c, site.b)
+            dtype = site.out.aval.dtype
+            if b0 is None:
+                new_b = aff.b.astype(dtype)
+            elif is_concrete(b0):
+                new_b = (np.asarray(b0, np.float64) * aff.a + aff.b).astype(dtype)
+            else:
+                new_b = b0 * jnp.asarray(aff.a, dtype) + jnp.asarray(aff.b, dtype)
             return [emit_conv(site, lookup(site.x), new_w, new_b)]
         plans[end] = Plan(end, f"folded {aff.steps} per-channel affine op(s) into conv at "
                                f"{path}{site.index}", emit)
@@ -146,12 +161,11 @@ def _merge_plans(jaxpr, consts, log, path, concat=True):
         used |= {a.index, b.index}
 
         def emit(lookup, state, a=a, b=b):
-            wa, wb = _value(lookup, c, a.w), _value(lookup, c, b.w)
-            ba = None if a.b is None else _value(lookup, c, a.b)
-            bb = None if b.b is None else _value(lookup, c, b.b)
-            with jax.ensure_compile_time_eval():
-                w = wa + wb
-                bias = ba if bb is None else (bb if ba is None else ba + bb)
+            wa, wb = _np(_value(lookup, c, a.w)), _np(_value(lookup, c, b.w))
+            ba = None if a.b is None else _np(_value(lookup, c, a.b))
+            bb = None if b.b is None else _np(_value(lookup, c, b.b))
+            w = wa + wb
+            bias = ba if bb is None else (bb if ba is None else ba + bb)
             return [emit_conv(a, lookup(a.x), w, bias)]
         plans[i] = Plan(i, f"merged convs {path}{a.index} + {path}{b.index} "
                            f"({_fmt_window(a)}); the add disappears", emit)
@@ -195,14 +209,14 @@ def _concat_plans(jaxpr, c, sites, used, plans, path):
             oa = a.out_features
 
             def emit_first(lookup, state, a=a, b=b, oa=oa):
-                ws = [_value(lookup, c, s.w) for s in (a, b)]
-                bs = [None if s.b is None else _value(lookup, c, s.b) for s in (a, b)]
-                with jax.ensure_compile_time_eval():
-                    w = jnp.concatenate(ws, axis=a.dims.rhs_spec[0])
-                    bias = None
-                    if any(x is not None for x in bs):
-                        bias = jnp.concatenate([x if x is not None else jnp.zeros(
-                            (s.out_features,), s.out.aval.dtype) for x, s in zip(bs, (a, b))])
+                ws = [_np(_value(lookup, c, s.w)) for s in (a, b)]
+                bs = [None if s.b is None else _np(_value(lookup, c, s.b)) for s in (a, b)]
+                xp = np if all(map(is_concrete, ws + bs)) else jnp
+                w = xp.concatenate(ws, axis=a.dims.rhs_spec[0])
+                bias = None
+                if any(x is not None for x in bs):
+                    bias = xp.concatenate([x if x is not None else np.zeros(
+                        (s.out_features,), s.out.aval.dtype) for x, s in zip(bs, (a, b))])
                 z = emit_conv(a, lookup(a.x), w, bias)
                 fd = a.feature_dim
                 state[b.index] = lax.slice_in_dim(z, oa, z.shape[fd], axis=fd)
@@ -251,15 +265,14 @@ def _enlarge_plans(jaxpr, consts, log, path, size=None):
             continue
 
         def emit(lookup, state, s=s, grow=grow):
-            w = _value(lookup, c, s.w)
-            pads = [(0, 0, 0)] * w.ndim
+            w = _np(_value(lookup, c, s.w))
+            pads = [(0, 0)] * w.ndim
             for d, g in zip(s.dims.rhs_spec[2:], grow):
-                pads[d] = (g // 2, g // 2, 0)
+                pads[d] = (g // 2, g // 2)  # the old kernel centred, zeros around it
             padding = tuple((lo + r * g // 2, hi + r * g // 2) for (lo, hi), r, g in
                             zip(s.params["padding"], s.params["rhs_dilation"], grow))
-            with jax.ensure_compile_time_eval():
-                new_w = lax.pad(w, jnp.zeros((), w.dtype), pads)  # centred, zeros around
-                b = None if s.b is None else _value(lookup, c, s.b)
+            new_w = (np if is_concrete(w) else jnp).pad(w, pads)
+            b = None if s.b is None else _value(lookup, c, s.b)
             return [emit_conv(s, lookup(s.x), new_w, b, padding=padding)]
         plans[s.index] = Plan(s.index, f"enlarged {_fmt_window(s)} → {'×'.join(map(str, target))} "
                                        "(zero-padded kernel, padding adjusted)", emit)
