@@ -3,8 +3,10 @@
 §5.1 at the scale where it matters: the same shard_map program, now spanning processes. Each
 worker owns ``devices_per_process`` simulated CPU devices, joins a coordinator on 127.0.0.1, builds
 the mesh over *all* processes' devices, feeds only its own slice of the batch
-(``jax.make_array_from_process_local_data``) and runs :func:`data.make_dp_step`. Process 0 prints
-the result as one JSON line; :func:`launch` starts the workers and collects it.
+(``jax.make_array_from_process_local_data``) and runs :func:`data.make_dp_step`. Every worker
+prints its result as one JSON line; :func:`launch` starts the workers, collects the lines and
+checks that all ranks agree. JAX is imported inside functions: a worker must set its device
+count (``runtime.configure``) before JAX starts.
 """
 from __future__ import annotations
 
@@ -30,18 +32,17 @@ def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) 
     """
     import jax
     import optax
-    from jax.flatten_util import ravel_pytree
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from mlsys_jax.models import mlp_loss
-    from mlsys_jax.parallel.data import demo_problem, make_dp_step, pad_shards
+    from mlsys_jax.parallel.data import demo_problem, even_counts, flatten, make_dp_step, pad_shards
     from mlsys_jax.parallel.mesh import make_mesh
 
     params, x, y = demo_problem(seed, batch, sizes)
     mesh = make_mesh({"data": jax.device_count()}) if mesh is None else mesh
     n = mesh.devices.size
-    xp, yp, mask = pad_shards(x, y, _counts(batch, n))
+    xp, yp, mask = pad_shards(x, y, even_counts(batch, n))
     # each process hands over only the rows its own devices hold
     rows = len(xp) // jax.process_count()
     mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
@@ -55,15 +56,9 @@ def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) 
     for _ in range(steps):
         params, opt_state, loss, grads = step(params, opt_state, xs, ys, ms)
         losses.append(_local(loss).item())
-    flat = lambda tree: ravel_pytree(jax.tree.map(_local, tree))[0].tolist()
+    flat = lambda tree: flatten(jax.tree.map(_local, tree)).tolist()
     return {"losses": losses, "params": flat(params), "grads": flat(grads),
             "devices": n, "processes": jax.process_count()}
-
-
-def _counts(batch: int, devices: int):
-    from mlsys_jax.parallel.data import even_counts
-
-    return even_counts(batch, devices)
 
 
 def _local(a):
