@@ -1,0 +1,87 @@
+"""``mlsys-jax optimize``: before/after tables, rewrites, verification; bad input is one line."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from mlsys_jax import cli
+
+USER = textwrap.dedent('''
+    import numpy as np
+    import jax.numpy as jnp
+    from mlsys_jax import models
+
+    rng = np.random.default_rng(0)
+    C = 8
+
+    def _bn():
+        return {k: jnp.asarray(v, jnp.float32) for k, v in (
+            ("gamma", 1 + 0.1 * rng.standard_normal(C)), ("beta", 0.1 * rng.standard_normal(C)),
+            ("mean", 0.1 * rng.standard_normal(C)), ("var", 1 + 0.1 * rng.random(C)))}
+
+    PARAMS = {"w3": jnp.asarray(rng.standard_normal((C, C, 3, 3)) * 0.1, jnp.float32),
+              "w1": jnp.asarray(rng.standard_normal((C, C, 1, 1)) * 0.3, jnp.float32),
+              "bn3": _bn(), "bn1": _bn()}
+
+    def block(x):
+        return models.resnet_block(PARAMS, x)
+''')
+
+
+@pytest.fixture()
+def target(tmp_path):
+    path = tmp_path / "userblock.py"
+    path.write_text(USER)
+    return f"{path}:block"
+
+
+def _json(capsys, argv):
+    rc = cli.main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_optimize_json_default_pipeline(target, capsys):
+    rc, out = _json(capsys, ["optimize", target, "--arg", "f32[2,8,10,10]", "--json"])
+    assert rc == 0 and out["verified"]
+    assert out["before"]["kernels"] == 6 and out["after"]["kernels"] == 4
+    assert [r["rule"] for r in out["rewrites"]] == ["fold_conv_bn", "fold_conv_bn"]
+    assert "3×3 vs 1×1" in out["refusals"][0]["reason"]
+    assert out["max_abs_diff"] < 1e-5
+    assert out["after"]["primitives"]["conv_general_dilated"] == 2
+
+
+def test_optimize_search_reaches_two_kernels(target, capsys):
+    rc, out = _json(capsys, ["optimize", target, "--arg", "f32[32,8,28,28]", "--search",
+                             "--dtype", "bf16", "--json"])
+    assert rc == 0 and out["after"]["kernels"] == 2
+    assert "enlarge_conv_kernel" in [r["rule"] for r in out["rewrites"]]
+    assert out["max_abs_diff"] < 1e-4
+
+
+def test_optimize_text_output(target, capsys):
+    assert cli.main(["optimize", target, "--arg", "f32[2,8,10,10]",
+                     "--passes", "fold_conv_bn,dce"]) == 0
+    text = capsys.readouterr().out
+    assert "[before: 6 kernels" in text and "[after: 4 kernels" in text and "verified: yes" in text
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--passes", "dce,bogus"], "unknown pass"),
+    (["--passes", ","], "--passes is empty"),
+    (["--search", "--alpha", "0.5"], "--alpha"),
+    (["--search", "--passes", "dce"], "drop --passes"),
+    (["--hw", "tpu9"], "unknown hardware"),
+])
+def test_optimize_bad_input_is_one_line(target, capsys, extra, needle):
+    assert cli.main(["optimize", target, "--arg", "f32[2,8,10,10]", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_optimize_bad_spec_and_target(target, capsys):
+    assert cli.main(["optimize", target, "--arg", "f32[2,8,"]) == 2
+    assert "malformed shape spec" in capsys.readouterr().err
+    assert cli.main(["optimize", target.replace(":block", ":nope"), "--arg", "f32[2]"]) == 2
+    assert "no function 'nope'" in capsys.readouterr().err
