@@ -231,3 +231,19 @@ def test_foreign_tracer_and_bad_arguments():
         capture(lambda x, d: x)(x, {1, 2})
     with pytest.raises(MlsysError, match="callable"):
         capture(3)
+
+
+def test_exact_mode_keeps_eager_rounding_where_fusion_would_not():
+    # XLA fuses x * 3 + 1 into one FMA under jit (one rounding); eager rounds twice.
+    x, w1, _ = _data()
+
+    def f(x, w1):
+        h = jnp.tanh(x @ w1) * 3 + 1
+        return jax.nn.gelu(h) + jax.nn.logsumexp(h, axis=1, keepdims=True) * 0.5
+
+    assert same_bits(capture(f)(x, w1), f(x, w1))
+    fma = lambda v: v * 3 + 1  # noqa: E731
+    v = jnp.linspace(-7.0, 7.0, 4096, dtype=jnp.float32)
+    assert not same_bits(jax.jit(fma)(v), fma(v))  # the premise: jit's FMA rounds once
+    assert same_bits(capture(fma)(v), fma(v))
+    np.testing.assert_allclose(capture(fma, exact=False)(v), fma(v), rtol=1e-6)  # fused: close

@@ -160,6 +160,13 @@ def user_frame() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}: {code}"
 
 
+# Fusion is where a compiled program parts from eager bits: XLA:CPU contracts a ``mul`` feeding an
+# ``add`` into one FMA (one rounding instead of eager's two); optimization barriers do not stop it
+# (XLA removes them before fusion). Turning off XLA's fusion pass for a segment keeps every
+# primitive its own kernel, rounded as eager dispatch rounds it, in one compiled call.
+EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
+
+
 def replay(eqns, consts, in_slots, out_slots):
     """A Python function that binds the recorded equations: what jax.jit compiles per segment."""
 

@@ -19,8 +19,11 @@ that records different operations on the same inputs and guard values. Printing 
 is a break whose *text* Python consumes, so a path containing one is never replayed: such calls
 re-run the Python (reusing the compiled segments), and the print happens every time, as eager.
 
-Results equal eager JAX bitwise on the functions tested (tests/test_capture.py): each segment is
-a compiled XLA program of the same primitives eager dispatch runs one by one.
+Results equal eager JAX bitwise (tests/test_capture.py): each segment is one compiled XLA program
+of the primitives eager dispatch runs one by one, compiled without XLA's fusion pass (fusion
+contracts mul+add into FMAs: one rounding instead of eager's two). Known limit: a composite jnp
+function that eager runs as one fused executable (``jnp.var``) is recorded primitive by primitive,
+and may differ from eager in the last bit. ``exact=False`` lets XLA fuse, as ``jax.jit`` does.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ import numpy as np
 
 from mlsys_jax.compat import Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._record import DeferredTracer, Eqn, RecordTrace, replay, segment_jaxpr, user_frame
+from mlsys_jax.execute._record import (EXACT_OPTIONS, DeferredTracer, Eqn, RecordTrace, replay,
+                                      segment_jaxpr, user_frame)
 
 _CONVERT = {  # bool/int/float through NumPy: the same value, ~6 µs cheaper than jax.Array's
     "bool": lambda v, *a: bool(np.asarray(v)), "int": lambda v, *a: int(np.asarray(v)),
@@ -106,8 +110,8 @@ def _const_key(c):
 class _Run:
     """One cold call: records segments, breaks at concrete-value requests, fills the guard tree."""
 
-    def __init__(self, cache, node):
-        self.cache, self.node = cache, node
+    def __init__(self, cache, node, exact=True):
+        self.cache, self.node, self.exact = cache, node, exact
         self.trace = RecordTrace(self)
         self.next_slot = 0
         self.env: dict[int, Any] = {}
@@ -161,7 +165,9 @@ class _Run:
         sig = (tuple((e.prim, tuple(sorted(e.params.items())),
                       tuple(local[r] if r >= 0 else r for r in e.ins)) for e in eqns),
                tuple(_const_key(c) for c in consts), tuple(local[s] for s in out_slots))
-        fn = self.cache.setdefault(sig, None) or jax.jit(replay(eqns, consts, in_slots, out_slots))
+        fn = self.cache.setdefault(sig, None) or jax.jit(
+            replay(eqns, consts, in_slots, out_slots),
+            compiler_options=EXACT_OPTIONS if self.exact else None)
         self.cache[sig] = fn
         in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
         seg = Segment(fn, in_slots, out_slots, sig, eqns, consts, in_avals)
@@ -246,10 +252,10 @@ def _leaf_key(x):
 class Captured:
     """``fn`` with graph-break capture and guarded replay of its compiled segments (see module doc)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, exact: bool = True):
         if not callable(fn):
             raise MlsysError(f"capture: expected a callable, got {type(fn).__name__}")
-        self.fn = fn
+        self.fn, self.exact = fn, exact
         self.roots: dict = {}  # input key -> Node
         self.cache: dict = {}  # segment signature -> jitted segment (shared across the tree)
         self.stats = {"cold": 0, "warm": 0}
@@ -286,7 +292,7 @@ class Captured:
     def run_cold(self, key, leaves, tree):
         """Run the Python on deferred values, filling the guard tree; returns (result, run)."""
         self.stats["cold"] += 1
-        run = _Run(self.cache, self.roots.setdefault(key, Node()))
+        run = _Run(self.cache, self.roots.setdefault(key, Node()), self.exact)
         vals = [run.input(x) if isinstance(x, (jax.Array, np.ndarray)) else x for x in leaves]
         args, kwargs = jax.tree_util.tree_unflatten(tree, vals)
         del vals
@@ -303,8 +309,13 @@ class Captured:
 _MISS = object()
 
 
-def capture(fn: Callable) -> Captured:
+def capture(fn: Callable, exact: bool = True) -> Captured:
     """Wrap ``fn`` for graph-break capture; ``capture(fn)(*args)`` equals ``fn(*args)``.
+
+    ``exact=True`` (default) keeps eager's rounding: XLA does not fuse the recorded primitives (a
+    ``mul`` feeding an ``add`` would become one FMA), so each rounds as eager dispatch rounds it.
+    ``exact=False`` lets XLA fuse each segment like ``jax.jit`` — faster for long elementwise
+    chains, equal to eager only up to rounding.
 
     Example::
 
