@@ -27,9 +27,7 @@ and may differ from eager in the last bit. ``exact=False`` lets XLA fuse, as ``j
 """
 from __future__ import annotations
 
-import gc
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -37,201 +35,10 @@ import numpy as np
 
 from mlsys_jax.compat import Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._record import (EXACT_OPTIONS, DeferredTracer, Eqn, RecordTrace, replay,
-                                      segment_jaxpr, user_frame)
+from mlsys_jax.execute._segments import (CONVERT, TEXT_KINDS, BreakReason, ColdRun, Node,
+                                        guard_key)
 
-_CONVERT = {  # bool/int/float through NumPy: the same value, ~6 µs cheaper than jax.Array's
-    "bool": lambda v, *a: bool(np.asarray(v)), "int": lambda v, *a: int(np.asarray(v)),
-    "float": lambda v, *a: float(np.asarray(v)),
-    "complex": lambda v, *a: complex(v), "index": lambda v, *a: v.__index__(),
-    "item": lambda v, *a: v.item(*a), "tolist": lambda v, *a: v.tolist(),
-    "array": lambda v, *a: np.asarray(v),
-    "str": lambda v, *a: str(v), "repr": lambda v, *a: repr(v), "format": lambda v, *a: format(v, *a),
-}
-_TEXT = frozenset({"str", "repr", "format"})  # Python consumes text: not replayable
-
-
-def _guard(kind, py):
-    """The cache key of a break's concrete value (arrays by bytes, text kinds not replayable)."""
-    if kind in _TEXT:
-        return (kind, None)
-    if kind == "array":
-        return (kind, py.shape, py.dtype.str, py.tobytes())
-    if kind == "tolist":
-        return (kind, repr(py))
-    return (kind, py)
-
-
-@dataclass
-class Segment:
-    """One compiled graph: reads ``in_slots``, writes ``out_slots``; ``fn`` is its jax.jit."""
-
-    fn: Callable
-    in_slots: tuple
-    out_slots: tuple
-    signature: tuple
-    eqns: tuple
-    consts: tuple
-    in_avals: tuple
-
-    def jaxpr(self):
-        return segment_jaxpr(self.eqns, self.consts, self.in_slots, self.out_slots, self.in_avals)
-
-
-@dataclass
-class Node:
-    """A point of the guard tree: the segment run here, then a break (kind, slot) or the return."""
-
-    seg: Segment | None = None
-    kind: str | None = None
-    slot: int | None = None
-    extra: tuple = ()
-    children: dict = field(default_factory=dict)
-    final: tuple | None = None  # (out_tree, specs): ('slot', s) or ('const', value) per leaf
-
-
-@dataclass(frozen=True)
-class BreakReason:
-    """Why the graph broke: what needed a concrete value, and the user's source line."""
-
-    reason: str
-    source: str
-
-
-def _const_key(c):
-    if isinstance(c, (bool, int, float, complex)):
-        return (type(c).__name__, c)
-    arr = np.asarray(c) if not isinstance(c, jax.Array) or c.size <= 64 else None
-    if arr is not None and arr.size <= 64:
-        return (arr.dtype.str, arr.shape, getattr(c, "weak_type", False), arr.tobytes())
-    return ("id", id(c))  # large constants: the cached segment keeps the object alive
-
-
-class _Run:
-    """One cold call: records segments, breaks at concrete-value requests, fills the guard tree."""
-
-    def __init__(self, cache, node, exact=True):
-        self.cache, self.node, self.exact = cache, node, exact
-        self.trace = RecordTrace(self)
-        self.next_slot = 0
-        self.env: dict[int, Any] = {}
-        self.pending: list[Eqn] = []
-        self.consts: list = []
-        self.live: dict[int, weakref.ref] = {}
-        self.all_refs: list[weakref.ref] = []
-        self.segments: list[Segment] = []
-        self.breaks: list[BreakReason] = []
-        self.finished = False
-
-    def input(self, value):
-        t = DeferredTracer(self.trace, jax.typeof(value), self.next_slot)
-        t.val = self.env[t.slot] = value
-        self.next_slot += 1
-        self.all_refs.append(weakref.ref(t))
-        return t
-
-    def record(self, prim, params, args, out_avals):
-        ins = []
-        for a in args:
-            if isinstance(a, DeferredTracer):
-                ins.append(a.slot)
-            else:
-                ids = [i for i, c in enumerate(self.consts) if c is a]
-                if not ids:
-                    self.consts.append(a)
-                ins.append(-1 - (ids[0] if ids else len(self.consts) - 1))
-        outs = []
-        for aval in out_avals:
-            t = DeferredTracer(self.trace, aval, self.next_slot)
-            self.next_slot += 1
-            self.live[t.slot] = weakref.ref(t)
-            self.all_refs.append(self.live[t.slot])
-            outs.append(t)
-        self.pending.append(Eqn(prim, dict(params), tuple(ins), tuple(t.slot for t in outs)))
-        return outs
-
-    def flush(self, needed=()):
-        """Compile (or reuse) and run the pending segment; materialize every value still alive."""
-        eqns, consts = tuple(self.pending), tuple(self.consts)
-        self.pending, self.consts = [], []
-        if not eqns:
-            self._set_segment(None)
-            return
-        made = {s for e in eqns for s in e.outs}
-        in_slots = tuple(dict.fromkeys(r for e in eqns for r in e.ins if r >= 0 and r not in made))
-        alive = {s for s, ref in self.live.items() if ref() is not None}
-        out_slots = tuple(sorted(alive | {s for s in needed if s in made}))
-        local = {s: i for i, s in enumerate(in_slots + tuple(s for e in eqns for s in e.outs))}
-        sig = (tuple((e.prim, tuple(sorted(e.params.items())),
-                      tuple(local[r] if r >= 0 else r for r in e.ins)) for e in eqns),
-               tuple(_const_key(c) for c in consts), tuple(local[s] for s in out_slots))
-        fn = self.cache.setdefault(sig, None) or jax.jit(
-            replay(eqns, consts, in_slots, out_slots),
-            compiler_options=EXACT_OPTIONS if self.exact else None)
-        self.cache[sig] = fn
-        in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
-        seg = Segment(fn, in_slots, out_slots, sig, eqns, consts, in_avals)
-        with set_current_trace(eval_trace):  # run the segment for real, not into the recording
-            outs = fn(*[self.env[s] for s in in_slots])
-        self.env.update(zip(out_slots, outs))
-        for s in out_slots:
-            t = self.live[s]()
-            if t is not None:
-                t.val = self.env[s]
-        self.live.clear()
-        self.segments.append(seg)
-        self._set_segment(seg)
-
-    def _set_segment(self, seg):
-        old = self.node.seg
-        if old is not None and (seg is None or old.signature != seg.signature
-                                or old.in_slots != seg.in_slots):
-            raise MlsysError(
-                "capture: the function recorded different operations on the same input shapes "
-                "and branch values than on an earlier call: it depends on state outside its "
-                "arguments (a global, a counter, randomness), so cached segments cannot be "
-                "replayed. Make it pure (pass that state as an argument) or call it eagerly.")
-        self.node.seg = seg
-
-    def graph_break(self, tracer, kind, *extra):
-        if self.finished:
-            raise MlsysError(
-                f"capture: a deferred value ({tracer.aval.str_short()}) was used after its call "
-                "returned: it was stored outside the function. Return it instead.")
-        self.breaks.append(BreakReason(
-            f"{kind}() of a deferred {tracer.aval.str_short()}", user_frame()))
-        with set_current_trace(eval_trace):
-            self.flush(needed=(tracer.slot,) if tracer.val is None else ())
-            py = _CONVERT[kind](tracer.val, *extra)
-        node = self.node
-        if node.kind is None:
-            node.kind, node.slot, node.extra = kind, tracer.slot, extra
-        self.node = node.children.setdefault(_guard(kind, py), Node())
-        return py
-
-    def finish(self, out):
-        leaves, out_tree = jax.tree_util.tree_flatten(out)
-        self.flush(needed=[x.slot for x in leaves if isinstance(x, DeferredTracer)])
-        specs = tuple(("slot", x.slot) if isinstance(x, DeferredTracer) else ("const", x)
-                      for x in leaves)
-        self.node.final = (out_tree, specs)
-        self.finished = True
-        return jax.tree_util.tree_unflatten(
-            out_tree, [self.env[s[1]] if s[0] == "slot" else s[1] for s in specs])
-
-    def check_escapes(self):
-        """Deferred values still referenced after the call (outputs are concrete) were stored away."""
-        escaped = [r() for r in self.all_refs if r() is not None]
-        if escaped:
-            del escaped
-            gc.collect()  # reference cycles inside the function's own locals are not escapes
-            escaped = [r() for r in self.all_refs if r() is not None]
-        if escaped:
-            raise MlsysError(
-                f"capture: {len(escaped)} deferred value(s) (e.g. {escaped[0].aval.str_short()}) "
-                "escaped the captured function (stored in a global, a list or an attribute). "
-                "Warm calls replay compiled segments without running Python, so that side effect "
-                "would not happen again. Return the values instead.")
+__all__ = ["BreakReason", "Captured", "ExplainOutput", "capture", "explain"]
 
 
 def _leaf_key(x):
@@ -282,9 +89,9 @@ class Captured:
                 tree, specs = node.final
                 return jax.tree_util.tree_unflatten(
                     tree, [env[v] if k == "slot" else v for k, v in specs])
-            if node.kind is None or node.kind in _TEXT:
+            if node.kind is None or node.kind in TEXT_KINDS:
                 return _MISS
-            guard = _guard(node.kind, _CONVERT[node.kind](env[node.slot], *node.extra))
+            guard = guard_key(node.kind, CONVERT[node.kind](env[node.slot], *node.extra))
             node = node.children.get(guard)
             if node is None:
                 return _MISS
@@ -292,7 +99,7 @@ class Captured:
     def run_cold(self, key, leaves, tree):
         """Run the Python on deferred values, filling the guard tree; returns (result, run)."""
         self.stats["cold"] += 1
-        run = _Run(self.cache, self.roots.setdefault(key, Node()), self.exact)
+        run = ColdRun(self.cache, self.roots.setdefault(key, Node()), self.exact)
         vals = [run.input(x) if isinstance(x, (jax.Array, np.ndarray)) else x for x in leaves]
         args, kwargs = jax.tree_util.tree_unflatten(tree, vals)
         del vals
