@@ -15,6 +15,7 @@ import optax
 
 from mlsys_jax import runtime
 from mlsys_jax.cost import estimate
+from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import Graph, explain, grad_graph, make_graph, run as run_graph
 from mlsys_jax.execute import tape as T
 from mlsys_jax.ir import op_view, primitive_counts, trace
@@ -262,6 +263,10 @@ def exercises(s):
 
 def run(**overrides) -> Result:
     s = resolve_overrides(ID, DEFAULTS, overrides)
+    for key in ("batch", "steps", "fusion_batch"):
+        if s[key] < 1:
+            raise MlsysError(f"experiment 01: {key} must be ≥ 1, got {s[key]}; e.g. --set {key}="
+                             f"{DEFAULTS[key]}")
     runtime.enable_x64()
     counts, per_step, equality, losses = demo1(s)
     partial, fusion, cse_info = demo2(s)

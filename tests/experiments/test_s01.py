@@ -2,6 +2,7 @@
 import pytest
 
 import experiments.s01_autodiff as s01
+from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import OverrideError
 
 
@@ -40,3 +41,5 @@ def test_losses_equal_across_modes(result):
 def test_bad_setting():
     with pytest.raises(OverrideError):
         s01.run(stepz=3)
+    with pytest.raises(MlsysError, match="steps must be"):
+        s01.run(steps=0)
