@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from mlsys_jax import runtime
-from mlsys_jax.cost import estimate
+from mlsys_jax.cost import estimate, liveness
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import Graph, explain, grad_graph, make_graph, run as run_graph
 from mlsys_jax.execute import tape as T
@@ -133,7 +133,7 @@ def with_aux(params, x, y):
 
 def demo2(s):
     """Partial execution, CSE of the duplicated x @ W1, fusion at batch 8192 on the H100 model."""
-    from mlsys_jax.passes import cse, run as run_passes
+    from mlsys_jax.passes import cse, prune_outputs, run as run_passes
 
     params, x, y = numpy_init(s["seed"], s["batch"])
     g = make_graph(with_aux, params, x, y)
@@ -142,12 +142,17 @@ def demo2(s):
     both = run_graph(g, ["loss", "aux"], feed)
     deduped = run_passes(cse(), g.closed).jaxpr
     after = run_graph(Graph(deduped, g.input_names, g.output_names), ["loss", "aux"], feed)
+    i_loss = g.output_names.index("loss")
+    # the executor's peak vs the liveness analysis of the same (pruned) graph
+    live = [liveness(prune_outputs(g.closed, [i_loss])).peak_bytes, liveness(g.closed).peak_bytes,
+            liveness(deduped).peak_bytes]
     partial = [{"fetch": "loss", "ops": only.stats.ops_executed, "lecture": LECTURE["partial"][0],
-                "peak_bytes": only.stats.peak_bytes},
+                "peak_bytes": only.stats.peak_bytes, "liveness_peak_bytes": live[0]},
                {"fetch": "loss + aux", "ops": both.stats.ops_executed, "lecture": LECTURE["partial"][1],
-                "peak_bytes": both.stats.peak_bytes},
+                "peak_bytes": both.stats.peak_bytes, "liveness_peak_bytes": live[1]},
                {"fetch": "loss + aux after CSE", "ops": after.stats.ops_executed,
-                "lecture": LECTURE["cse"][1], "peak_bytes": after.stats.peak_bytes}]
+                "lecture": LECTURE["cse"][1], "peak_bytes": after.stats.peak_bytes,
+                "liveness_peak_bytes": live[2]}]
     same = all(np.array_equal(a, b) for a, b in zip(after.values, both.values))
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731  (shapes only)
     big = trace(mlp_loss, {k: spec(*v.shape) for k, v in params.items()},
@@ -323,6 +328,9 @@ def check(result: Result) -> list[Check]:
               ops["tape"] < ops["tape all"], (ops["tape"], ops["tape all"]), (20, 22)),
         Check("partial execution: loss-only runs fewer ops than loss + aux",
               partial[0]["ops"] < partial[1]["ops"], (partial[0]["ops"], partial[1]["ops"]), LECTURE["partial"]),
+        Check("executor peak bytes = liveness analysis of the same graph",
+              all(r["peak_bytes"] == r["liveness_peak_bytes"] for r in partial),
+              [r["peak_bytes"] for r in partial]),
         Check("CSE removes exactly the duplicated x @ W1", d["cse"]["cse_removed"] == ["matmul"]
               and partial[2]["ops"] == partial[1]["ops"] - 1 and d["cse"]["cse_same_values"],
               (partial[1]["ops"], partial[2]["ops"]), LECTURE["cse"]),

@@ -14,7 +14,7 @@ def result():
 def test_every_claim_holds(result):
     checks = s01.check(result)
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
-    assert len(checks) >= 15
+    assert len(checks) >= 16
 
 
 def test_lecture_figures(result):
