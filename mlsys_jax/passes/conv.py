@@ -16,7 +16,8 @@ from mlsys_jax.compat import Literal, Var
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.passes.affine import Refuse, affine_chain
 from mlsys_jax.passes.basic import dce_jaxpr
-from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference,
+from mlsys_jax.ir.walk import walk
+from mlsys_jax.passes.convsites import (CONV, Consts, Site, attribute_difference,
                                         emit_conv, find_sites, users_of)
 from mlsys_jax.passes.core import Log, Pass, PassResult, is_concrete, transform
 
@@ -50,6 +51,8 @@ def _conv_pass(name: str, plan_fn, only=None, **options) -> Pass:
 
     def fn(closed):
         log = Log(name)
+        if not any(e.primitive.name == CONV for _, e in walk(closed)):
+            return PassResult(closed, False)  # nothing to match: skip the re-trace
         new = transform(closed, make_rule, log, recurse=only is None)
         if new is not closed:
             new = dce_jaxpr(new)
@@ -139,13 +142,15 @@ def _merge_plans(jaxpr, consts, log, path, concat=True):
     users = users_of(jaxpr)
     sites = find_sites(jaxpr)
     by_out = {s.out: s for s in sites}
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars} if sites else {}
     plans, used = {}, set()
     for i, e in enumerate(jaxpr.eqns):  # §4.1 rule (2): Conv(X,W1) + Conv(X,W2) = Conv(X,W1+W2)
         if e.primitive.name not in ("add", "add_any") or len(e.invars) != 2:
             continue
         a, b = (by_out.get(v) if isinstance(v, Var) else None for v in e.invars)
         if a is None or b is None:
-            _explain_nonlinear(jaxpr, e, i, by_out, users, log, path)
+            if by_out:
+                _explain_nonlinear(producer, e, i, by_out, log, path)
             continue
         if a is b or a.x is not b.x or a.index in used or b.index in used:
             continue
@@ -174,15 +179,14 @@ def _merge_plans(jaxpr, consts, log, path, concat=True):
     return plans
 
 
-def _explain_nonlinear(jaxpr, add, i, by_out, users, log, path):
+def _explain_nonlinear(producer, add, i, by_out, log, path):
     """Refuse rule (2) loudly when a nonlinear op sits between parallel convs and their add."""
-    producer = {v: (k, e) for k, e in enumerate(jaxpr.eqns) for v in e.outvars}
     found = []
     for v in add.invars:
         site = by_out.get(v) if isinstance(v, Var) else None
         op = None
         if site is None and v in producer:
-            _, e = producer[v]
+            e = producer[v]
             ins = [x for x in e.invars if isinstance(x, Var)]
             if len(ins) == 1 and ins[0] in by_out:
                 site, op = by_out[ins[0]], op_name(e)

@@ -69,36 +69,51 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
                          f"{type(pipeline).__name__}")
     require_static_shapes(closed, "passes.run")
     log: list = []
-    out = _run(pipeline, closed, verify, log, (hw, dtype) if cost else None)
+    out = _run(pipeline, closed, verify, log, (hw, dtype) if cost else None, _Hashes())
     return RunResult(out, tuple(log))
 
 
-def _run(p: Pass, closed, verify, log, costing):
+class _Hashes:
+    """Structural hashes of the graphs of one run (a graph is hashed once; references are held
+    so ids stay unique)."""
+
+    def __init__(self):
+        self.table: dict = {}
+
+    def __call__(self, closed) -> str:
+        hit = self.table.get(id(closed))
+        if hit is None:
+            hit = self.table[id(closed)] = (closed, structural_hash(closed))
+        return hit[1]
+
+
+def _run(p: Pass, closed, verify, log, costing, hashes):
     if p.kind == "chain":
         for part in p.parts:
-            closed = _run(part, closed, verify, log, costing)
+            closed = _run(part, closed, verify, log, costing, hashes)
         return closed
     if p.kind == "fixpoint":
-        seen = {structural_hash(closed)}
+        seen = {hashes(closed)}
         for _ in range(p.max_iter):
             n = len(log)
-            closed = _run(p.parts[0], closed, verify, log, costing)
+            closed = _run(p.parts[0], closed, verify, log, costing, hashes)
             if not any(e.changed for e in log[n:]):
                 return closed
-            h = structural_hash(closed)
+            h = hashes(closed)
             if h in seen:
                 raise FixpointError(f"{p.name}: rewrite cycle — a graph came back")
             seen.add(h)
         raise FixpointError(f"{p.name}: no fixpoint within {p.max_iter} rounds")
-    before_hash = structural_hash(closed) if verify else None
+    before_hash = hashes(closed) if verify else None
     cost_before = cost_summary(closed, *costing) if costing else None
     t0 = time.perf_counter()
     result: PassResult = p(closed)
     seconds = time.perf_counter() - t0
     if verify:
-        after_hash = structural_hash(result.jaxpr)
+        input_now = structural_hash(closed)  # was the input mutated?
+        after_hash = input_now if result.jaxpr is closed else hashes(result.jaxpr)
         verify_step(p.name, closed, result.jaxpr, result.changed, before_hash, after_hash,
-                    structural_hash(closed))
+                    input_now)
     cost_after = (cost_summary(result.jaxpr, *costing) if costing and result.changed
                   else cost_before)
     log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals, cost_before,
