@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 from jax.extend.core import Primitive
 
-from mlsys_jax import ir, passes as P
+from mlsys_jax import ir, models, passes as P
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.verify import VerificationError, effect_multiset, signature
 
@@ -87,8 +87,10 @@ PROGRAMS = {"jit": prog_jit, "cond": prog_cond, "scan": prog_scan, "while": prog
             "checkpoint": prog_checkpoint, "custom": prog_custom, "print": prog_print,
             "opaque": prog_opaque, "weak": prog_weak}
 X = jnp.array([0.5, -1.0, 2.0, 3.0], F32)
-STRUCTURAL = {"dce": P.dce, "cse": P.cse, "inline": P.inline}
-ALL = {**STRUCTURAL, "fold_constants": P.fold_constants,
+STRUCTURAL = {"dce": P.dce, "cse": P.cse}  # bitwise tier (TESTING.md §3)
+# inline: XLA compiles a call as a unit (it may contract z*s + t into an FMA), so inlined
+# primitives can round differently: the numeric tier applies.
+ALL = {**STRUCTURAL, "inline": P.inline, "fold_constants": P.fold_constants,
        "pipeline": lambda: P.chain(P.inline(), P.fold_constants(), P.cse(), P.dce())}
 
 
@@ -229,3 +231,56 @@ def test_prune_outputs_is_partial_execution():
     assert len(only_second.jaxpr.outvars) == 1
     assert ir.primitive_counts(only_second)["jit"] == 0
     np.testing.assert_array_equal(ir.interpret(only_second, X)[0], X * 3.0)
+
+
+def _model_programs():
+    rng = np.random.default_rng(0)
+    mlp = {"W1": jnp.asarray(rng.standard_normal((16, 8)) / 4, F32), "b1": jnp.zeros(8, F32),
+           "W2": jnp.asarray(rng.standard_normal((8, 4)) / 3, F32), "b2": jnp.zeros(4, F32)}
+    x = jnp.asarray(rng.standard_normal((5, 16)), F32)
+    y = jax.nn.one_hot(jnp.arange(5) % 4, 4, dtype=F32)
+    c = 4
+    bn = lambda: {k: jnp.asarray(v, F32) for k, v in (  # noqa: E731
+        ("gamma", 1 + 0.1 * rng.standard_normal(c)), ("beta", 0.1 * rng.standard_normal(c)),
+        ("mean", 0.1 * rng.standard_normal(c)), ("var", 1 + 0.1 * rng.random(c)))}
+    block = {"w3": jnp.asarray(rng.standard_normal((c, c, 3, 3)) / 6, F32),
+             "w1": jnp.asarray(rng.standard_normal((c, c, 1, 1)) / 2, F32), "bn3": bn(), "bn1": bn()}
+    xb = jnp.asarray(rng.standard_normal((2, c, 6, 6)), F32)
+    return {"mlp_loss": (lambda x, y: models.mlp_loss(mlp, x, y), (x, y)),
+            "mlp_grad": (jax.grad(lambda p, x, y: models.mlp_loss(p, x, y)), (mlp, x, y)),
+            "resnet_block": (lambda x: models.resnet_block(block, x), (xb,))}
+
+
+CONV_PASSES = {"fold_conv_bn": P.fold_conv_bn, "merge_parallel_convs": P.merge_parallel_convs,
+               "enlarge_conv_kernel": P.enlarge_conv_kernel}
+
+
+@pytest.mark.parametrize("name", sorted({**ALL, **CONV_PASSES}))
+def test_every_pass_on_the_project_models(name):
+    for label, (fn, args) in _model_programs().items():
+        closed = ir.trace(fn, *args)
+        flat = jax.tree_util.tree_leaves(args)
+        res = P.run({**ALL, **CONV_PASSES}[name](), closed, cost=False)
+        assert signature(res.jaxpr) == signature(closed), label
+        for a, b in zip(ir.interpret(closed, *flat), ir.interpret(res.jaxpr, *flat)):
+            if name in STRUCTURAL:
+                np.testing.assert_array_equal(a, b, err_msg=label)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1.3e-6, atol=1e-5, err_msg=label)
+        assert not P.run({**ALL, **CONV_PASSES}[name](), res.jaxpr, cost=False).changed, label
+
+
+def test_nan_unsafe_algebra_is_left_alone():
+    f = lambda x: (x * 0.0, x - x, x / x)  # noqa: E731  — not 0, 0, 1 when x is inf or nan
+    closed = ir.trace(f, X)
+    new = P.run(ALL["pipeline"](), closed).jaxpr
+    bad = jnp.array([jnp.inf, jnp.nan, 0.0, 1.0], F32)
+    for a, b in zip(ir.interpret(closed, bad), ir.interpret(new, bad)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_symbolic_shapes_are_refused():
+    (b,) = jax.export.symbolic_shape("b")
+    closed = jax.make_jaxpr(lambda x: x * 2.0)(jax.ShapeDtypeStruct((b, 4), F32))
+    with pytest.raises(MlsysError, match="symbolic"):
+        P.run(P.dce(), closed)
