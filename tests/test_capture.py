@@ -247,3 +247,19 @@ def test_exact_mode_keeps_eager_rounding_where_fusion_would_not():
     assert not same_bits(jax.jit(fma)(v), fma(v))  # the premise: jit's FMA rounds once
     assert same_bits(capture(fma)(v), fma(v))
     np.testing.assert_allclose(capture(fma, exact=False)(v), fma(v), rtol=1e-6)  # fused: close
+
+
+def test_cold_reruns_of_a_pure_function_are_not_called_impure(capsys):
+    # Printing forces every call through the Python; fresh constants and fresh lax.cond lambdas
+    # each call are the same program, not a side effect.
+    x, _, _ = _data()
+
+    def f(x):
+        y = x + jnp.ones((100,), jnp.float32)[:16]
+        print(y.sum())
+        return jax.lax.cond(y.sum() > 0, lambda v: v * 2, lambda v: v - 1, y)
+
+    c = capture(f)
+    outs = [c(x) for _ in range(3)]
+    assert all(same_bits(o, f(x)) for o in outs) and c.stats == {"cold": 3, "warm": 0}
+    assert len(c.cache) == 2  # the second and third calls reuse the compiled segments

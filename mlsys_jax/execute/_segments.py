@@ -7,6 +7,8 @@ concrete value Python asked for. Warm calls (``capture.py``) walk the same tree 
 from __future__ import annotations
 
 import gc
+import hashlib
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -48,7 +50,7 @@ class Segment:
     fn: Callable
     in_slots: tuple
     out_slots: tuple
-    signature: tuple
+    structure: tuple  # primitives (params as text), wiring, constants by value
     eqns: tuple
     consts: tuple
     in_avals: tuple
@@ -78,12 +80,17 @@ class BreakReason:
 
 
 def const_key(c):
+    """A constant by value (cold path only): a fresh ``jnp.ones`` each call is the same constant."""
     if isinstance(c, (bool, int, float, complex)):
         return (type(c).__name__, c)
-    arr = np.asarray(c) if not isinstance(c, jax.Array) or c.size <= 64 else None
-    if arr is not None and arr.size <= 64:
-        return (arr.dtype.str, arr.shape, getattr(c, "weak_type", False), arr.tobytes())
-    return ("id", id(c))  # large constants: the cached segment keeps the object alive
+    arr = np.asarray(c)
+    digest = hashlib.sha1(arr.tobytes()).hexdigest()
+    return (arr.dtype.str, arr.shape, bool(getattr(c, "weak_type", False)), digest)
+
+
+def _params_text(params) -> str:
+    # Re-traced bodies (a lax.cond of fresh lambdas) are new objects with the same text.
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(sorted(params.items())))
 
 
 class ColdRun:
@@ -141,15 +148,24 @@ class ColdRun:
         alive = {s for s, ref in self.live.items() if ref() is not None}
         out_slots = tuple(sorted(alive | {s for s in needed if s in made}))
         local = {s: i for i, s in enumerate(in_slots + tuple(s for e in eqns for s in e.outs))}
-        sig = (tuple((e.prim, tuple(sorted(e.params.items())),
-                      tuple(local[r] if r >= 0 else r for r in e.ins)) for e in eqns),
-               tuple(const_key(c) for c in consts), tuple(local[s] for s in out_slots))
-        fn = self.cache.setdefault(sig, None) or jax.jit(
-            replay(eqns, consts, in_slots, out_slots),
-            compiler_options=EXACT_OPTIONS if self.exact else None)
-        self.cache[sig] = fn
-        in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
-        seg = Segment(fn, in_slots, out_slots, sig, eqns, consts, in_avals)
+        wiring = tuple(tuple(local[r] if r >= 0 else r for r in e.ins) for e in eqns)
+        ckeys, outs_local = tuple(const_key(c) for c in consts), tuple(local[s] for s in out_slots)
+        structure = (tuple((e.prim.name, _params_text(e.params)) for e in eqns), wiring, ckeys)
+        old = self.node.seg
+        if old is not None:  # a later cold call on a known path: same structure, reuse the program
+            if (old.structure != structure or old.in_slots != in_slots
+                    or not set(out_slots) <= set(old.out_slots)):
+                self._impure()
+            seg, out_slots = old, old.out_slots
+        else:
+            sig = (tuple((e.prim, tuple(sorted(e.params.items()))) for e in eqns), wiring, ckeys,
+                   outs_local)
+            fn = self.cache.get(sig) or jax.jit(replay(eqns, consts, in_slots, out_slots),
+                                                compiler_options=EXACT_OPTIONS if self.exact else None)
+            self.cache[sig] = fn
+            in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
+            seg = Segment(fn, in_slots, out_slots, structure, eqns, consts, in_avals)
+        fn = seg.fn
         with set_current_trace(eval_trace):  # run the segment for real, not into the recording
             outs = fn(*[self.env[s] for s in in_slots])
         self.env.update(zip(out_slots, outs))
@@ -162,15 +178,16 @@ class ColdRun:
         self._set_segment(seg)
 
     def _set_segment(self, seg):
-        old = self.node.seg
-        if old is not None and (seg is None or old.signature != seg.signature
-                                or old.in_slots != seg.in_slots):
-            raise MlsysError(
-                "capture: the function recorded different operations on the same input shapes "
-                "and branch values than on an earlier call: it depends on state outside its "
-                "arguments (a global, a counter, randomness), so cached segments cannot be "
-                "replayed. Make it pure (pass that state as an argument) or call it eagerly.")
+        if self.node.seg is not None and seg is not self.node.seg:
+            self._impure()
         self.node.seg = seg
+
+    def _impure(self):
+        raise MlsysError(
+            "capture: the function recorded different operations on the same input shapes and "
+            "branch values than on an earlier call: it depends on state outside its arguments "
+            "(a global, a counter, randomness), so cached segments cannot be replayed. Make it "
+            "pure (pass that state as an argument) or call it eagerly.")
 
     def graph_break(self, tracer, kind, *extra):
         if self.finished:
