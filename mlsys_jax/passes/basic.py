@@ -14,7 +14,8 @@ import numpy as np
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, bind_equation, dce_jaxpr_consts
 from mlsys_jax.ir import eval_jaxpr, input_structs, interpret, structural_hash
 from mlsys_jax.ir.walk import walk
-from mlsys_jax.passes.core import Log, Pass, PassResult, is_concrete, is_pure, simple_pass
+from mlsys_jax.passes.core import (Log, Pass, PassResult, default_outputs, is_concrete, is_pure,
+                                   simple_pass)
 
 FOLD_MAX_ELEMENTS = 1024  # a folded value may exceed its largest input only up to this size
 
@@ -100,7 +101,7 @@ def cse(param_blind: bool = False) -> Pass:
                 rep.update(zip(eqn.outvars, first_vars))
                 log.fired(here, f"{eqn.primitive.name} = equation {first}")
                 return outs
-            outs = bind_equation(eqn, invals)
+            outs = default_outputs(eqn, invals, make_rule, log, here)  # CSE inside bodies too
             table[key] = (outs, here, eqn.outvars)
             return outs
         return rule

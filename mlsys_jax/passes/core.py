@@ -193,6 +193,13 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
     return new if len(log.rewrites) > before else closed
 
 
+def default_outputs(eqn, invals, make_rule, log, here) -> list:
+    """What ``transform`` does with an equation its rule keeps: rewrite nested bodies, else bind
+    (for rules that must see an equation's outputs, like CSE's table)."""
+    outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
+    return bind_equation(eqn, invals) if outs is None else outs
+
+
 def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
     """Apply the pass to every nested body; rebind with the new bodies when their signatures are
     unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
