@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, Tracer, bind_equation, nested_jaxprs
+from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, nested_jaxprs
 from mlsys_jax.ir import eval_jaxpr, input_structs
 from mlsys_jax.ir.opview import CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY
 from mlsys_jax.cost.rules import MOVEMENT

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mlsys_jax.compat import ClosedJaxpr, Jaxpr, check_jaxpr, nested_jaxprs
+from mlsys_jax.compat import ClosedJaxpr, check_jaxpr, nested_jaxprs
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.walk import walk
 
