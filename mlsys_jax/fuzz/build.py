@@ -1,0 +1,206 @@
+"""Spec → Python function → traced jaxpr (TESTING.md §2: real programs' features come for free).
+
+``make_function(spec)`` writes the program with ordinary jnp/lax code, so the jaxpr has what user
+code has: nested jit (``jnp.where``), ``custom_jvp_call[relu]``, weak literals, captured constants,
+``stop_gradient``. ``make_function(spec, "f64")`` is the same program in float64 — the reference
+of the numeric oracles — with the *same* constant and input values (drawn, rounded to the
+program's dtype, then widened).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mlsys_jax.compat import ClosedJaxpr
+from mlsys_jax.fuzz.opaque import opaque
+from mlsys_jax.fuzz.spec import Spec
+from mlsys_jax.ir.trace import DTYPES
+from mlsys_jax.models.resnet import batch_norm
+
+CONV_DIMS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}
+
+
+def _debug_sink(*_):
+    """The host side of the generated debug callbacks (a print without the output)."""
+
+
+def _drawn(seed: int, shape, program_dtype, eval_dtype, *, kind: str = "normal"):
+    rng = np.random.default_rng(seed)
+    if kind == "positive":
+        val = rng.uniform(0.5, 2.0, shape)
+    elif kind == "tiny":
+        val = rng.uniform(1e-7, 1e-5, shape)
+    else:
+        val = rng.standard_normal(shape)
+    return np.asarray(np.asarray(val, program_dtype), eval_dtype)
+
+
+def make_inputs(spec: Spec, seed: int, dtype: str | None = None) -> list:
+    """Seeded inputs: standard normal values rounded to the program's dtype, cast to ``dtype``."""
+    prog, ev = DTYPES[spec.dtype], DTYPES[dtype or spec.dtype]
+    return [jnp.asarray(_drawn(seed * 7919 + i, s, prog, ev)) for i, s in enumerate(spec.inputs)]
+
+
+def input_structs(spec: Spec, dtype: str | None = None) -> list:
+    return [jax.ShapeDtypeStruct(tuple(s), DTYPES[dtype or spec.dtype]) for s in spec.inputs]
+
+
+class _Ops:
+    """The meaning of each node op, for one program dtype and one evaluation dtype."""
+
+    def __init__(self, spec: Spec, eval_dtype):
+        self.spec, self.prog, self.dt = spec, DTYPES[spec.dtype], eval_dtype
+        self.axis = 1 if spec.layout == "nchw" else -1
+
+    def const(self, seed, shape, kind="normal", scale=1.0):
+        return _drawn(seed, shape, self.prog, self.dt, kind=kind) * np.asarray(scale, self.dt)
+
+    def channel(self, v, z):  # a per-channel vector broadcast along the channel axis
+        return v.reshape(1, -1, 1, 1) if self.axis == 1 else v
+
+    def run(self, nodes, env: list) -> list:
+        for node in nodes:
+            args = [env[a] for a in node["args"]]
+            env.append(getattr(self, "op_" + node["op"])(node, *args))
+        return env
+
+    # -- elementwise -------------------------------------------------------------------------
+    def op_unary(self, n, x):
+        f = n["fn"]
+        table = {"neg": jnp.negative, "sin": jnp.sin, "tanh": jnp.tanh, "abs": jnp.abs,
+                 "square": jnp.square, "cos": jnp.cos, "logistic": jax.nn.sigmoid,
+                 "exp_tanh": lambda x: jnp.exp(jnp.tanh(x)), "log1p_sq": lambda x: jnp.log1p(x * x),
+                 "relu": jax.nn.relu, "where_relu": lambda x: jnp.where(x > 0, x, 0.0),
+                 "stop_gradient": lax.stop_gradient}
+        return table[f](x)
+
+    def op_binary(self, n, a, b):
+        f = n["fn"]
+        if f == "div":
+            return a / (1.0 + b * b)  # a denominator that is never 0 (precondition)
+        return {"add": jnp.add, "mul": jnp.multiply, "sub": jnp.subtract,
+                "max": jnp.maximum}[f](a, b)
+
+    def op_scalar(self, n, x):
+        c = n["c"]  # a Python float: a weak-typed literal
+        return {"add": lambda: x + c, "mul": lambda: x * c, "sub": lambda: x - c}[n["fn"]]()
+
+    def op_pow(self, n, x):
+        return x ** n["y"]
+
+    def op_reduce(self, n, x):
+        return jnp.sum(x, axis=n["axis"], keepdims=True)
+
+    def op_nan_unsafe(self, n, x):
+        return {"mul0": lambda: x * 0.0, "sub_self": lambda: x - x, "div_self": lambda: x / x}[n["fn"]]()
+
+    # -- constants ---------------------------------------------------------------------------
+    def op_const(self, n):
+        c = jnp.asarray(self.const(n["seed"], n["shape"]))
+        return {"sin": lambda: jnp.sin(c) * 2.0, "affine": lambda: c * 0.5 + 1.0,
+                "square": lambda: c * c}[n["fn"]]()
+
+    def op_wconst(self, n):
+        s = jnp.asarray(n["c"])  # weak-typed scalar (a Python float)
+        return jnp.cos(s) if n["fn"] == "cos" else jnp.exp(s)
+
+    # -- contractions ------------------------------------------------------------------------
+    def op_matmul(self, n, x):
+        k = x.shape[-1]
+        return x @ self.const(n["seed"], (k, n["n"]), scale=k ** -0.5)
+
+    def op_conv(self, n, x):
+        layout = self.spec.layout
+        cin = x.shape[1 if layout == "nchw" else 3]
+        k, g, out = n["k"], n["groups"], n["out"]
+        shape = (out, cin // g, k, k) if layout == "nchw" else (k, k, cin // g, out)
+        w = self.const(n["seed"], shape, scale=(k * k * cin // g) ** -0.5)
+        pad = n["pad"] if isinstance(n["pad"], str) else [tuple(p) for p in n["pad"]]
+        prec = lax.Precision.HIGHEST if n["precision"] == "highest" else None
+        return lax.conv_general_dilated(x, w, (n["stride"],) * 2, pad, rhs_dilation=(n["dil"],) * 2,
+                                        dimension_numbers=CONV_DIMS[layout],
+                                        feature_group_count=g, precision=prec)
+
+    def op_bn(self, n, z):
+        c, s, eps = z.shape[self.axis], n["seed"], n["eps"]
+        gamma = self.const(s, (c,), "positive") * (-1.0 if n["neg_gamma"] else 1.0)
+        beta, mean = self.const(s + 1, (c,)), self.const(s + 2, (c,))
+        var = self.const(s + 3, (c,), "tiny" if n["var"] == "tiny" else "positive")
+        form, ch = n["form"], (lambda v: self.channel(v, z))
+        if form == "named":  # the library's jitted batch_norm (NCHW, its own eps)
+            return batch_norm(z, gamma, beta, mean, var)
+        if form == "rsqrt":
+            return ch(gamma) * (z - ch(mean)) * lax.rsqrt(ch(var) + eps) + ch(beta)
+        if form == "div":
+            return (z - ch(mean)) / jnp.sqrt(ch(var) + eps) * ch(gamma) + ch(beta)
+        scale = gamma / np.sqrt(var + eps)  # a general per-channel affine, scale and shift given
+        return z * ch(jnp.asarray(scale)) + ch(jnp.asarray(beta - mean * scale))
+
+    def op_train_bn(self, n, z):
+        axes = (0, 2, 3) if self.axis == 1 else (0, 1, 2)
+        mean = jnp.mean(z, axis=axes, keepdims=True)  # batch statistics: must not be folded
+        var = jnp.var(z, axis=axes, keepdims=True)
+        return (z - mean) * lax.rsqrt(var + 1e-3)
+
+    # -- effects and opaque ops --------------------------------------------------------------
+    def op_debug(self, n, x):
+        jax.debug.callback(_debug_sink, jnp.sum(x))
+        return x
+
+    def op_opaque(self, n, x):
+        return opaque(x)
+
+    # -- wrappers ----------------------------------------------------------------------------
+    def body(self, n):
+        def fn(x):
+            return self.run(n["body"], [x])[-1]
+        fn.__name__ = fn.__qualname__ = n["name"]
+        return fn
+
+    def op_jit(self, n, x):
+        return jax.jit(self.body(n))(x)
+
+    def op_checkpoint(self, n, x):
+        policy = getattr(jax.checkpoint_policies, n["policy"]) if n.get("policy") else None
+        return jax.checkpoint(self.body(n), policy=policy)(x)
+
+    def op_cond(self, n, x):
+        return lax.cond(jnp.sum(x) > 0, self.body(n), jnp.negative, x)
+
+    def op_scan(self, n, x):
+        fn = self.body(n)
+        return lax.scan(lambda c, _: (fn(c), None), x, None, length=2)[0]
+
+    def op_while(self, n, x):
+        fn = self.body(n)
+        return lax.while_loop(lambda s: s[0] < 2, lambda s: (s[0] + 1, fn(s[1])),
+                              (jnp.int32(0), x))[1]
+
+    def op_custom_jvp(self, n, x):
+        fn = self.body(n)
+        f = jax.custom_jvp(fn)
+        f.defjvp(lambda primals, tangents: jax.jvp(fn, primals, tangents))
+        return f(x)
+
+    def op_custom_vjp(self, n, x):
+        fn = self.body(n)
+        f = jax.custom_vjp(fn)
+        f.defvjp(lambda x: jax.vjp(fn, x), lambda vjp_fn, g: vjp_fn(g))
+        return f(x)
+
+
+def make_function(spec: Spec, dtype: str | None = None):
+    """The program as a Python function ``f(*inputs) -> tuple of outputs``."""
+    ops = _Ops(spec, DTYPES[dtype or spec.dtype])
+
+    def program(*inputs):
+        env = ops.run(spec.nodes, list(inputs))
+        return tuple(env[o] for o in spec.outputs)
+    return program
+
+
+def build(spec: Spec, dtype: str | None = None) -> ClosedJaxpr:
+    """The traced ClosedJaxpr of the program (in the program's dtype unless ``dtype`` is given)."""
+    return jax.make_jaxpr(make_function(spec, dtype))(*input_structs(spec, dtype))

@@ -1,0 +1,186 @@
+"""Deliberately broken passes (TESTING.md §4) and the mutation score.
+
+Each mutant wraps or alters the *real* pass at call time — an option it exposes, a module attribute
+patched for the duration of one call, or a post-processing step — never by editing its source. The
+score is the fraction of mutants that the same campaign (same generator, same oracles) catches, and
+after how many programs.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mlsys_jax.fuzz.campaign import check_program, make_passes
+from mlsys_jax.fuzz.spec import generate_seeded, program_seed
+
+
+@contextlib.contextmanager
+def patched(obj, name: str, value):
+    """Temporarily replace ``obj.name`` (restored even on error)."""
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _during(real, *patches):
+    """A Pass running ``real`` with ``patches`` [(obj, name, value)] applied."""
+    from mlsys_jax.passes import Pass
+
+    def fn(closed):
+        with contextlib.ExitStack() as stack:
+            for obj, name, value in patches:
+                stack.enter_context(patched(obj, name, value))
+            return real(closed)
+    return Pass(real.name, fn)
+
+
+# ---- the mutants -----------------------------------------------------------------------------
+
+def cse_ignoring_params():
+    from mlsys_jax.passes import basic, cse
+
+    if "param_blind" in inspect.signature(cse).parameters:
+        return cse(param_blind=True)
+    return _during(cse(), (basic, "param_key", lambda value: ""))
+
+
+def dce_dropping_effects():
+    """DCE that also deletes effectful equations with no outputs (debug prints, callbacks)."""
+    from mlsys_jax.ir import rebuild
+    from mlsys_jax.passes import Pass, PassResult, dce
+
+    real = dce()
+
+    def fn(closed):
+        r = real(closed)
+        drop = lambda eqn, invals: [] if eqn.effects and not eqn.outvars else None  # noqa: E731
+        new = rebuild(r.jaxpr, handler=drop)
+        return PassResult(new, True, r.rewrites, r.refusals)
+    return Pass("dce", fn)
+
+
+def folding_clearing_weak_type():
+    from mlsys_jax.passes import basic, fold_constants
+
+    if "keep_weak" in inspect.signature(fold_constants).parameters:
+        return fold_constants(keep_weak=False)
+    strong = lambda eqn, invals: [np.asarray(o) for o in basic.bind_equation(eqn, invals)]  # noqa
+    return _during(fold_constants(), (basic, "bind_equation", strong))
+
+
+def conv_bn_wrong_channel_axis():
+    """fold_conv_bn scaling W along its *input*-feature axis instead of the output one."""
+    from mlsys_jax.passes import conv
+
+    def wrong(w, vec, site):
+        shape = [1] * w.ndim
+        shape[site.dims.rhs_spec[1]] = -1
+        return (np.asarray(w, np.float64) * vec.reshape(shape)).astype(np.asarray(w).dtype)
+    return _during(conv.fold_conv_bn(), (conv, "_channel_scale", wrong))
+
+
+def conv_bn_without_eps():
+    """fold_conv_bn whose constant analysis drops a small literal added to a constant (the eps)."""
+    from mlsys_jax.compat import Literal
+    from mlsys_jax.passes import conv, convsites
+
+    real_value = convsites.Consts.value
+
+    def value(self, v):
+        eqn = self.producer.get(v) if not isinstance(v, Literal) else None
+        if eqn is not None and eqn.primitive.name == "add":
+            lits = [x for x in eqn.invars if isinstance(x, Literal)]
+            others = [x for x in eqn.invars if not isinstance(x, Literal)]
+            if len(lits) == 1 and len(others) == 1 and 0 < abs(float(lits[0].val)) <= 0.1:
+                other = real_value(self, others[0])
+                if other is not None:
+                    return other
+        return real_value(self, v)
+    return _during(conv.fold_conv_bn(), (convsites.Consts, "value", value))
+
+
+def merge_concatenating_wrong_axis():
+    """merge_parallel_convs concatenating the weights on the axis after the output-feature one."""
+    from mlsys_jax.passes import conv
+
+    def proxy(module):
+        def concatenate(arrays, axis=0, **kw):
+            nd = np.ndim(arrays[0])
+            return module.concatenate(arrays, axis=(axis + 1) % nd if nd > 1 else axis, **kw)
+        ns = types.SimpleNamespace(**{k: getattr(module, k) for k in dir(module)
+                                      if not k.startswith("__")})
+        ns.concatenate = concatenate
+        return ns
+    return _during(conv.merge_parallel_convs(), (conv, "np", proxy(conv.np)),
+                   (conv, "jnp", proxy(conv.jnp)))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A broken variant: its name, the pass it replaces (or 'data_parallel'), how to build it."""
+
+    name: str
+    target: str
+    make: Callable
+    what: str
+
+
+MUTANTS = (
+    Mutant("cse_ignores_params", "cse", cse_ignoring_params, "CSE keyed without params"),
+    Mutant("dce_drops_effects", "dce", dce_dropping_effects, "DCE deleting debug callbacks"),
+    Mutant("fold_clears_weak_type", "fold_constants", folding_clearing_weak_type,
+           "constant folding that makes weak-typed results strong"),
+    Mutant("conv_bn_wrong_channel_axis", "fold_conv_bn", conv_bn_wrong_channel_axis,
+           "BN scale applied along W's input-feature axis"),
+    Mutant("conv_bn_no_eps", "fold_conv_bn", conv_bn_without_eps, "BN folded without eps"),
+    Mutant("merge_concat_wrong_axis", "merge_parallel_convs", merge_concatenating_wrong_axis,
+           "parallel convs concatenated on the wrong weight axis"),
+    Mutant("dp_double_psum", "data_parallel", None,
+           "data-parallel step that psums the already-summed gradient"),
+)
+
+
+def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
+    """Run the campaign's programs against one mutant until it is caught (or ``limit``)."""
+    from mlsys_jax.fuzz.systems import dp_case
+
+    t0 = time.perf_counter()
+    broken = None if mutant.target == "data_parallel" else {mutant.target: mutant.make()}
+    real = None if broken is None else make_passes([mutant.target])
+    for i in range(limit):
+        pseed = program_seed(seed, i)
+        if broken is None:
+            fails = dp_case(pseed, "double_psum")
+            message = fails[0] if fails else None
+        else:
+            spec = generate_seeded(pseed)
+            out = check_program(spec, broken, pseed, gradients=False)
+            message = (f"{out.failures[0].kind}: {out.failures[0].message}"
+                       if out.failures else None)
+            # a catch counts only where the real pass is clean (else the real pass failed)
+            if message and check_program(spec, real, pseed, gradients=False).failures:
+                message = None
+        if message:
+            return {"mutant": mutant.name, "target": mutant.target, "caught": True,
+                    "programs": i + 1, "how": message[:200],
+                    "seconds": round(time.perf_counter() - t0, 2)}
+    return {"mutant": mutant.name, "target": mutant.target, "caught": False, "programs": limit,
+            "how": None, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def mutation_score(seed: int = 0, limit: int = 300, names=None) -> dict:
+    """Hunt every mutant; the score is caught / total."""
+    chosen = [m for m in MUTANTS if names is None or m.name in names]
+    rows = [hunt(m, seed, limit) for m in chosen]
+    caught = sum(r["caught"] for r in rows)
+    return {"mutants": rows, "caught": caught, "total": len(rows),
+            "score": caught / len(rows) if rows else 0.0, "seed": seed, "limit": limit}

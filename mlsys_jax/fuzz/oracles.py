@@ -1,0 +1,176 @@
+"""Oracles in tiers (TESTING.md §3): bitwise, float64-referenced error ratio, types, gradients.
+
+A :class:`Reference` is computed once per program (outputs, the float64 program's outputs, and a
+derivative probe); :func:`compare` then judges any rewritten jaxpr against it. Programs are
+evaluated equation by equation (eager, not one fused XLA program), so "bitwise" means the rewrite
+did not change any value — not that two compilations happen to agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.fuzz.build import build, make_inputs
+from mlsys_jax.fuzz.spec import Spec, derivative_mode
+from mlsys_jax.fuzz import evaluate
+
+RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (TESTING.md §3)
+FLOOR = ATOL / 2                   # err(new) <= k*err(orig) + 1e-5  <=>  ratio <= k
+BITWISE, NUMERIC = "bitwise", "numeric"
+TIERS = {"rebuild": BITWISE, "dce": BITWISE, "cse": BITWISE, "inline": BITWISE,
+         "remat": BITWISE, "fold_constants": NUMERIC, "fold_conv_bn": NUMERIC,
+         "merge_parallel_convs": NUMERIC, "enlarge_conv_kernel": NUMERIC}
+
+
+class Rejected(Exception):
+    """The program is not a valid test case (e.g. its reference output is not finite)."""
+
+
+@dataclass
+class Reference:
+    """What the original program computes, once, for every pass to be judged against."""
+
+    spec: Spec
+    closed: object
+    inputs: list
+    outputs: list
+    seed: int
+    mode: str                      # derivative: 'vjp' | 'jvp' | 'none'
+    probe: list = field(default_factory=list)
+    derivative: list | None = None
+    _ref64: dict = field(default_factory=dict, repr=False)
+
+    # float64 twins are computed only when a float32 comparison is not close: most rewrites are,
+    # and each float64 evaluation compiles its own kernels.
+    @property
+    def ref64(self) -> list:
+        if "out" not in self._ref64:
+            self._ref64["out"] = evaluate.evaluate(build(self.spec, "f64"),
+                                                   *make_inputs(self.spec, self.seed, "f64"))
+        return self._ref64["out"]
+
+    @property
+    def derivative64(self) -> list:
+        if "d" not in self._ref64:
+            self._ref64["d"] = derivative(build(self.spec, "f64"),
+                                          make_inputs(self.spec, self.seed, "f64"),
+                                          self.mode, self.probe)
+        return self._ref64["d"]
+
+
+def _np(xs) -> list:
+    return [np.asarray(x) for x in xs]
+
+
+def _finite(xs) -> bool:
+    return all(np.all(np.isfinite(np.asarray(x, np.float64))) for x in xs)
+
+
+def _is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def derivative(closed, inputs, mode: str, probe: list) -> list:
+    return evaluate.derivative(closed, mode, inputs, probe)
+
+
+def reference(spec: Spec, closed, seed: int = 0, gradients: bool = True) -> Reference:
+    """Evaluate the program and (with ``gradients``) a derivative probe; Rejected if non-finite."""
+    inputs = make_inputs(spec, seed)
+    outputs = evaluate.evaluate(closed, *inputs)
+    if not _finite(outputs):
+        raise Rejected("non-finite output")
+    ref = Reference(spec, closed, inputs, outputs, seed,
+                    derivative_mode(spec) if gradients else "none")
+    if ref.mode == "none":
+        return ref
+    rng = np.random.default_rng(seed + 1)
+    shapes = [o.shape for o in outputs] if ref.mode == "vjp" else [x.shape for x in inputs]
+    ref.probe = [rng.standard_normal(s) for s in shapes]
+    d = derivative(closed, inputs, ref.mode, ref.probe)
+    if _finite(d):
+        ref.derivative = d
+    return ref
+
+
+@dataclass
+class Verdict:
+    """The judgement of one rewritten jaxpr: failures (empty = pass) and the worst error ratio."""
+
+    failures: list = field(default_factory=list)
+    error_ratio: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def types_of(closed) -> list:
+    return [(tuple(v.aval.shape), str(v.aval.dtype), bool(getattr(v.aval, "weak_type", False)))
+            for v in closed.jaxpr.outvars]
+
+
+def error_ratio(new, orig, ref) -> float:
+    """err(new) / (err(orig) + 5e-6), errors measured against the float64 reference."""
+    ref = np.asarray(ref, np.float64)
+    err_new = float(np.max(np.abs(np.asarray(new, np.float64) - ref), initial=0.0))
+    err_orig = float(np.max(np.abs(np.asarray(orig, np.float64) - ref), initial=0.0))
+    return err_new / (err_orig + FLOOR)
+
+
+def allowed_ratio(x) -> float:
+    """2, or 3 for tiny tensors and 16-bit floats (TESTING.md §3)."""
+    return 3.0 if x.size <= 16 or np.dtype(x.dtype).itemsize <= 2 else 2.0
+
+
+def _compare_values(what, tier, news, origs, refs, verdict: Verdict):
+    for i, (new, orig) in enumerate(zip(news, origs)):
+        if new.shape != orig.shape or new.dtype != orig.dtype:
+            verdict.failures.append(f"{what} {i}: {new.dtype}{list(new.shape)} != "
+                                    f"{orig.dtype}{list(orig.shape)}")
+            continue
+        if tier == BITWISE:
+            if new.tobytes() != orig.tobytes():
+                diff = np.max(np.abs(new.astype(np.float64) - orig.astype(np.float64)))
+                verdict.failures.append(f"{what} {i}: not bitwise equal (max |diff| {diff:.3g})")
+            continue
+        if not _finite([new]):
+            verdict.failures.append(f"{what} {i}: non-finite values")
+            continue
+        if np.allclose(new.astype(np.float64), orig.astype(np.float64), rtol=RTOL, atol=ATOL):
+            continue
+        if not _finite([refs()[i]]):
+            verdict.failures.append(f"{what} {i}: not close, and the float64 reference is not finite")
+            continue
+        ratio = error_ratio(new, orig, refs()[i])
+        verdict.error_ratio = max(verdict.error_ratio, ratio)
+        if ratio > allowed_ratio(orig):
+            verdict.failures.append(f"{what} {i}: error ratio {ratio:.3g} vs float64 reference "
+                                    f"(allowed {allowed_ratio(orig):g})")
+
+
+def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Verdict:
+    """Judge ``new_closed`` against the original program under ``tier``."""
+    verdict = Verdict()
+    if types_of(new_closed) != types_of(ref.closed):
+        verdict.failures.append(f"output types {types_of(new_closed)} != {types_of(ref.closed)}")
+        return verdict
+    try:
+        news = evaluate.evaluate(new_closed, *ref.inputs)
+    except Exception as e:  # a rewritten program that cannot run is a mismatch, not a crash
+        verdict.failures.append(f"rewritten program failed to run: {type(e).__name__}: {e}"[:300])
+        return verdict
+    _compare_values("output", tier, news, ref.outputs, lambda: ref.ref64, verdict)
+    if gradients and ref.derivative is not None and verdict.ok:
+        try:
+            d = derivative(new_closed, ref.inputs, ref.mode, ref.probe)
+        except Exception as e:
+            verdict.failures.append(f"derivative failed: {type(e).__name__}: {e}"[:300])
+            return verdict
+        # Derivatives always take the numeric tier: merging two uses of a value (CSE) or removing
+        # a call boundary (inline) reorders the sum of cotangents (add_any), which moves the last
+        # bit — rounding, not a wrong derivative (measured: 1-4 ulp at f32).
+        _compare_values(f"{ref.mode}", NUMERIC, d, ref.derivative, lambda: ref.derivative64, verdict)
+    return verdict

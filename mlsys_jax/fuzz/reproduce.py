@@ -1,0 +1,141 @@
+"""Shrinking a failing program and saving it as a pytest reproducer (TESTING.md §4).
+
+Shrinking is greedy: drop outputs, drop nodes (their uses rewired to the node's first argument),
+drop wrapper-body nodes — keeping each step only if the same pass still fails the same way.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import pprint
+
+from mlsys_jax.fuzz.spec import Spec
+
+MAX_ATTEMPTS = 200
+
+
+def replay(spec, pass_name: str, seed: int, gradients: bool = True) -> list:
+    """Failures of ``pass_name`` on one program: ``[(kind, message), ...]`` (empty: it passes)."""
+    from mlsys_jax.fuzz.campaign import check_program, make_passes
+
+    spec = spec if isinstance(spec, Spec) else Spec.from_json(spec)
+    passes = make_passes([pass_name]) if pass_name != "rebuild" else {}
+    out = check_program(spec, passes, seed, gradients)
+    if out.rejected:
+        return [("rejected", out.rejected)]
+    return [(f.kind, f.message) for f in out.failures if f.pass_name == pass_name]
+
+
+def _drop_value(nodes: list, n_in: int, k: int, outputs: list):
+    """Nodes and outputs without node ``k``: uses of its value go to its first argument."""
+    vid, node = n_in + k, nodes[k]
+    if not node["args"]:
+        return None
+    sub = node["args"][0]
+
+    def remap(a):
+        a = sub if a == vid else a
+        return a - 1 if a > vid else a
+    new_nodes = []
+    for i, n in enumerate(nodes):
+        if i == k:
+            continue
+        n = dict(n, args=[remap(a) for a in n["args"]])
+        new_nodes.append(n)
+    new_outputs = []
+    for o in outputs:
+        o = remap(o)
+        if o not in new_outputs and o >= n_in:
+            new_outputs.append(o)
+    return (new_nodes, new_outputs) if new_outputs else None
+
+
+def _candidates(spec: Spec):
+    n_in = len(spec.inputs)
+    for j in range(len(spec.outputs)):
+        if len(spec.outputs) > 1:
+            yield Spec(spec.layout, spec.dtype, spec.inputs, spec.nodes,
+                       spec.outputs[:j] + spec.outputs[j + 1:])
+    for k in range(len(spec.nodes) - 1, -1, -1):
+        r = _drop_value(spec.nodes, n_in, k, spec.outputs)
+        if r is not None:
+            yield Spec(spec.layout, spec.dtype, spec.inputs, r[0], r[1])
+    for k, node in enumerate(spec.nodes):
+        body = node.get("body")
+        for b in range(len(body or ()) - 1, -1, -1):
+            r = _drop_value(body, 1, b, [len(body)])
+            if r is not None and r[1] == [len(body) - 1]:
+                nodes = copy.deepcopy(spec.nodes)
+                nodes[k]["body"] = r[0]
+                yield Spec(spec.layout, spec.dtype, spec.inputs, nodes, spec.outputs)
+    if len(spec.inputs) > 1 and all(a != 1 for n in spec.nodes for a in n["args"]):
+        shift = lambda a: a - 1 if a > 1 else a  # noqa: E731
+        yield Spec(spec.layout, spec.dtype, spec.inputs[:1],
+                   [dict(n, args=[shift(a) for a in n["args"]]) for n in spec.nodes],
+                   [shift(o) for o in spec.outputs])
+
+
+def shrink(failure, passes=None):
+    """A smaller program on which ``failure.pass_name`` still fails with the same kind."""
+    spec, attempts = failure.spec, 0
+
+    def still_fails(candidate) -> bool:
+        try:
+            got = replay(candidate, failure.pass_name, failure.seed)
+        except Exception:
+            return False
+        return any(kind == failure.kind for kind, _ in got)
+
+    progress = True
+    while progress and attempts < MAX_ATTEMPTS:
+        progress = False
+        for cand in _candidates(spec):
+            attempts += 1
+            if attempts > MAX_ATTEMPTS:
+                break
+            if still_fails(cand):
+                spec, progress = cand, True
+                break
+    got = replay(spec, failure.pass_name, failure.seed)
+    message = next((m for k, m in got if k == failure.kind), failure.message)
+    return type(failure)(failure.pass_name, failure.kind, message, spec, failure.seed,
+                         failure.program)
+
+
+TEMPLATE = '''"""Fuzz reproducer: {kind} in pass {pass_name!r} (campaign program {program}).
+
+{message}
+"""
+import pytest
+
+from mlsys_jax.fuzz.reproduce import replay
+
+SPEC = {spec}
+PASS = {pass_name!r}
+SEED = {seed}
+
+{marker}def test_reproducer():
+    assert replay(SPEC, PASS, SEED) == []
+'''
+
+
+def reproducer_source(failure, xfail_reason: str | None = None) -> str:
+    spec = json.loads(failure.spec.to_json())
+    marker = (f"@pytest.mark.xfail(strict=True, reason={xfail_reason!r})\n"
+              if xfail_reason else "")
+    return TEMPLATE.format(kind=failure.kind, pass_name=failure.pass_name,
+                           program=failure.program, message=failure.message.replace('"""', "'''"),
+                           spec=pprint.pformat(spec, width=96, sort_dicts=True),
+                           seed=failure.seed, marker=marker)
+
+
+def save_reproducer(failure, out_dir: str, xfail_reason: str | None = None) -> str:
+    """Write ``test_fuzz_<pass>_<kind>_<hash>.py`` into ``out_dir``; returns its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    digest = hashlib.sha256(failure.spec.to_json().encode()).hexdigest()[:8]
+    path = os.path.join(out_dir, f"test_fuzz_{failure.pass_name}_{failure.kind}_{digest}.py")
+    with open(path, "w") as f:
+        f.write(reproducer_source(failure, xfail_reason))
+    return path
