@@ -284,7 +284,7 @@ def run(**overrides) -> Result:
         f"graph vs tape gradients bitwise equal: {equality['graph_vs_tape_bitwise']} (max |diff| "
         f"{equality['graph_vs_tape_max']:.3g}): both run the same JAX VJP primitives one at a time; "
         f"jax.value_and_grad under jit differs by {equality['graph_vs_jit_max']:.3g} (XLA compiles "
-        "the whole step, so its reductions may round differently)",
+        "and fuses the whole step, e.g. contracting mul+add into FMAs, so it rounds differently)",
         "ops per step: graph mode counts relu's mask (gt) as its own forward op; tape mode computes "
         "it inside relu's VJP forward. Differentiating x too costs one more matmul here, not the "
         "lecture's two: JAX's dot_general transpose rule contracts against W directly, no transpose",
