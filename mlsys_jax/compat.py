@@ -35,10 +35,6 @@ def backend_started() -> bool:
     return bool(getattr(_xla_bridge, "_backends", None))
 
 
-def get_aval(x):
-    return _core.get_aval(x)
-
-
 def bind_equation(eqn, invals):
     """Bind ``eqn``'s primitive to ``invals`` with its params, as JAX itself would re-bind it.
 

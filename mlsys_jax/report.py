@@ -14,6 +14,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from mlsys_jax.errors import MlsysError
+
 
 @dataclass(frozen=True)
 class Check:
@@ -50,7 +52,7 @@ class Result:
                 "notes": list(self.notes)}
 
 
-class OverrideError(ValueError):
+class OverrideError(MlsysError):
     """A ``--set KEY=VALUE`` that the experiment does not accept."""
 
 
