@@ -80,3 +80,46 @@ def stacked_bars(path: str, groups: Sequence[str], stacks: Mapping[str, Sequence
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper right", ncol=2, fontsize="small")  # above the bars (headroom from ylim)
     return _save(fig, path)
+
+
+def schedule_grid(path: str, tables: Mapping[str, Sequence[Sequence[str | None]]], *,
+                  title: str) -> str | None:
+    """Pipeline timelines as coloured grids: per schedule, rows = stages, columns = time steps;
+    cells are "F<i>"/"B<i>" (forward/backward of microbatch i) or None (a bubble)."""
+    if unavailable_reason():
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(tables), 1, figsize=(8, 1.3 + 1.1 * sum(len(t[0]) for t in tables.values())),
+                             squeeze=False)
+    for ax, (name, table) in zip(axes[:, 0], tables.items()):
+        steps, stages = len(table), len(table[0])
+        for t, row in enumerate(table):
+            for s, cell in enumerate(row):
+                color = "#eeeeee" if cell is None else ("#4c72b0" if cell.startswith("F") else "#dd8452")
+                ax.add_patch(plt.Rectangle((t, stages - 1 - s), 1, 1, facecolor=color, edgecolor="white"))
+                ax.text(t + 0.5, stages - 0.5 - s, cell or "·", ha="center", va="center",
+                        color="white" if cell else "gray", fontsize=8)
+        ax.set(xlim=(0, steps), ylim=(0, stages), xlabel="time step", title=name,
+               yticks=[stages - 0.5 - s for s in range(stages)],
+               yticklabels=[f"GPU{s + 1}" for s in range(stages)])
+        ax.set_xticks(range(0, steps + 1, max(1, steps // 12)))
+    fig.suptitle(title + "  (blue: forward, orange: backward, grey: bubble)", fontsize=9)
+    return _save(fig, path)
+
+
+def bars(path: str, labels: Sequence[str], series: Mapping[str, Sequence[float]], *,
+         ylabel: str, title: str) -> str | None:
+    """Grouped bars: one group per label, one bar per series."""
+    if unavailable_reason():
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(labels))], values, width, label=name)
+    ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)

@@ -4,9 +4,9 @@ One function per experiment id; each returns the PNG paths it wrote. matplotlib 
 """
 from __future__ import annotations
 
-from mlsys_jax.viz import plots
+import os
 
-PLOTTERS: dict = {}
+from mlsys_jax.viz import plots
 
 
 def unavailable() -> str | None:
@@ -14,6 +14,35 @@ def unavailable() -> str | None:
     return plots.unavailable_reason()
 
 
+def _remat(result, directory):
+    from experiments.s03_remat import write_plots
+
+    return write_plots(directory, result.tables)
+
+
+def _pipeline(result, directory):
+    from mlsys_jax.parallel.pipeline import make_schedule
+
+    p, m = 4, 8  # the in-flight example of §5.3 / JAX_NOTES: GPipe vs 1F1B side by side
+    grids = {}
+    for name in ("gpipe", "1f1b"):
+        sched = make_schedule(name, p, m)
+        grids[f"{name}: P={p}, M={m}, bubble {float(sched.bubble_fraction()):.1%}, "
+              f"peak in flight {list(sched.in_flight_peaks())}"] = [
+            [None if c is None else str(c) for c in row] for row in sched.table]
+    return [plots.schedule_grid(os.path.join(directory, "04_pipeline_timeline.png"), grids,
+                                title="Pipeline schedules as data (§5.3)")]
+
+
+def _dispatch(result, directory):
+    from experiments._s05_parts import write_plots
+
+    return [p for p in write_plots(directory, result.tables, result.data) if p.endswith(".png")]
+
+
+PLOTTERS = {"03": _remat, "04": _pipeline, "05": _dispatch}
+
+
 def plot(result, directory: str) -> list[str]:
     fn = PLOTTERS.get(result.id)
-    return [p for p in (fn(result, directory) if fn else []) if p]
+    return [p for p in (fn(result, directory) if fn else []) if p and str(p).endswith(".png")]
