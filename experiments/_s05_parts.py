@@ -190,11 +190,11 @@ def capture_rows(small: dict, repeats: int):
 # --- plots -----------------------------------------------------------------------------------
 
 def write_plots(directory: str, tables: dict, data: dict) -> list[str]:
+    """Write the PNGs; returns their paths ([] without matplotlib: see plots.unavailable_reason)."""
     from mlsys_jax.viz import plots
 
-    reason = plots.unavailable_reason()
-    if reason:
-        return [reason]
+    if plots.unavailable_reason():
+        return []
     rows, d = tables["dispatch_vs_size"], data["dispatch"]
     sizes = [r["elements"] for r in rows]
     written = [plots.lines(
@@ -232,4 +232,4 @@ def write_plots(directory: str, tables: dict, data: dict) -> list[str]:
         markers={"measured wall time (ours)": measured},
         ylabel="time (% of the eager total)",
         title=f"Time breakdown, {data['breakdown']['model']}"))
-    return [f"plot written: {p}" for p in written if p]
+    return [p for p in written if p]

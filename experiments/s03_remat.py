@@ -16,6 +16,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,
                              solve_chain, store_all)
 from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.viz.plots import plot_notes
 
 ID = "03"
 TITLE = "Rematerialization: schedules, exact counts, measured memory, optimal planners (§7.2)"
@@ -193,7 +194,7 @@ def run(**overrides) -> Result:
         notes += milp_notes
     notes.append(_torch_note())
     if cfg["plots"]:
-        notes += write_plots(cfg["plots"], tables)
+        notes += plot_notes(write_plots(cfg["plots"], tables))
     return Result(ID, TITLE, tables, notes, data)
 
 
@@ -262,11 +263,11 @@ def check(result: Result) -> list[Check]:
 
 
 def write_plots(directory: str, tables: dict) -> list[str]:
+    """Write the trade-off PNG; returns its path ([] without matplotlib)."""
     from mlsys_jax.viz import plots
 
-    reason = plots.unavailable_reason()
-    if reason:
-        return [reason]
+    if plots.unavailable_reason():
+        return []
     rows = tables["tradeoff"]
     ek = [r for r in rows if r["every_k_forwards"] is not None]
     path = plots.lines(os.path.join(directory, "03_tradeoff.png"),
@@ -276,7 +277,7 @@ def write_plots(directory: str, tables: dict) -> list[str]:
                                           [r["optimal_forwards"] for r in rows])},
                        xlabel="peak stored activations", ylabel="layer forwards (log-log)",
                        title="Recompute vs memory, N-layer chain (§7.2)", log=True)
-    return [f"plot written: {path}"]
+    return [path] if path else []
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from experiments._s05_parts import (FUSION_NOTES, LECTURE_FUSION_RATIO, breakdow
 from mlsys_jax import runtime, timing
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.viz.plots import plot_notes
 
 ID = "05"
 TITLE = "Dispatch and fusion: the framework–hardware gap (seed 003)"
@@ -84,7 +85,7 @@ def run(**overrides) -> Result:
     notes.append(cap_note)
 
     if cfg["plots"]:
-        notes += write_plots(cfg["plots"], tables, data)
+        notes += plot_notes(write_plots(cfg["plots"], tables, data))
     return Result(ID, TITLE, tables, notes, data)
 
 

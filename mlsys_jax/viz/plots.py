@@ -19,6 +19,12 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def plot_notes(paths: Sequence[str]) -> list[str]:
+    """Notes for an experiment's result: the PNGs written, or why none were."""
+    reason = unavailable_reason()
+    return [reason] if reason else [f"plot written: {p}" for p in paths]
+
+
 def _pyplot():
     import matplotlib
 

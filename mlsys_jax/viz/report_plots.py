@@ -37,7 +37,7 @@ def _pipeline(result, directory):
 def _dispatch(result, directory):
     from experiments._s05_parts import write_plots
 
-    return [p for p in write_plots(directory, result.tables, result.data) if p.endswith(".png")]
+    return write_plots(directory, result.tables, result.data)
 
 
 PLOTTERS = {"03": _remat, "04": _pipeline, "05": _dispatch}
@@ -45,4 +45,4 @@ PLOTTERS = {"03": _remat, "04": _pipeline, "05": _dispatch}
 
 def plot(result, directory: str) -> list[str]:
     fn = PLOTTERS.get(result.id)
-    return [p for p in (fn(result, directory) if fn else []) if p and str(p).endswith(".png")]
+    return [p for p in (fn(result, directory) if fn else []) if p]

@@ -70,14 +70,16 @@ ENTRY %main (x: f32[4], w: f32[3,3]) -> (f32[4], f32[4]) {
 def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
     from mlsys_jax.viz import plots
 
-    notes = s05.write_plots(str(tmp_path), result.tables, result.data)
+    paths = s05.write_plots(str(tmp_path), result.tables, result.data)
     if plots.unavailable_reason() is None:
         names = sorted(p.name for p in tmp_path.iterdir())
         assert names == ["05_breakdown.png", "05_chain.png", "05_dispatch_vs_size.png"]
+        assert sorted(paths) == sorted(str(tmp_path / n) for n in names)
         assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+        assert plots.plot_notes(paths) == [f"plot written: {p}" for p in paths]
     monkeypatch.setattr(plots, "unavailable_reason", lambda: "plots skipped: no matplotlib")
-    assert s05.write_plots(str(tmp_path / "none"), result.tables, result.data) == \
-        ["plots skipped: no matplotlib"]
+    assert s05.write_plots(str(tmp_path / "none"), result.tables, result.data) == []
+    assert plots.plot_notes([]) == ["plots skipped: no matplotlib"]
 
 
 @pytest.mark.parametrize("bad", [dict(sizes=(100, 10)), dict(sizes=(10,)), dict(chain_ns=(0, 5)),
