@@ -5,6 +5,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from mlsys_jax import ir, models
@@ -14,7 +15,12 @@ from mlsys_jax.passes.search import search
 
 @pytest.fixture(scope="module")
 def block():
-    p = models.resnet_block_init(jax.random.PRNGKey(0), 64)
+    rng = np.random.default_rng(0)
+    bn = lambda: {"gamma": 1 + 0.1 * rng.standard_normal(64), "beta": 0.1 * rng.standard_normal(64),  # noqa: E731
+                  "mean": 0.1 * rng.standard_normal(64), "var": 1 + 0.1 * rng.random(64)}
+    p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), {
+        "w3": rng.standard_normal((64, 64, 3, 3)) / 24, "w1": rng.standard_normal((64, 64, 1, 1)) / 8,
+        "bn3": bn(), "bn1": bn()})
     return ir.trace(partial(models.resnet_block, p),
                     jax.ShapeDtypeStruct((32, 64, 56, 56), jnp.float32))
 
