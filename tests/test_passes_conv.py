@@ -233,3 +233,13 @@ def test_rewrites_inside_nested_bodies():
     res = P.run(P.fold_conv_bn(), closed)
     assert len(res.rewrites) == 2 and res.rewrites[0].where.startswith("0/")
     _close(closed, res.jaxpr, x)
+
+
+def test_fold_into_an_existing_conv_bias_composes():
+    w, bias, bn = _kernel("NCHW", 4, 4, 3), _rand(40, (4,)), _bn(4)
+    f = lambda x: models.batch_norm(models.conv_bias(x, w, bias), **bn)  # noqa: E731
+    x = _x("NCHW")
+    closed = ir.trace(f, x)
+    res = P.run(P.fold_conv_bn(), closed)
+    assert [op.name for op in ir.op_view(res.jaxpr)] == ["conv_bias"]
+    _close(closed, res.jaxpr, x)
