@@ -7,6 +7,7 @@ runs (tests/regressions/).
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -140,10 +141,11 @@ class Summary:
 def run_campaign(programs: int = 300, seed: int = 0, passes=None, *, time_budget: float | None = None,
                  out_dir: str | None = None, gradient_every: int = 1, knobs: Knobs | None = None,
                  stop_at_first_failure: bool = False, shrink_failures: bool = True,
-                 system_every: int = 50) -> Summary:
+                 system_every: int = 50, first: int = 0) -> Summary:
     """Generate ``programs`` random programs and run every pass on each (see module doc).
 
-    Every ``system_every``-th program also runs one random remat case and one data-parallel
+    Programs are numbered from ``first`` (to split one campaign over processes). Every
+    ``system_every``-th program also runs one random remat case and one data-parallel
     step against their oracles (:mod:`mlsys_jax.fuzz.systems`); 0 turns that off."""
     if not isinstance(programs, int) or programs < 1:
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {programs!r}")
@@ -151,8 +153,8 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *, time_budget
         raise MlsysError(f"fuzz: --time-budget must be positive seconds, got {time_budget!r}")
     passes = passes if isinstance(passes, dict) else make_passes(passes)
     s = Summary(seed, list(passes), per_pass={n: {"fired": 0, "rewrites": 0} for n in passes})
-    t0 = time.perf_counter()
-    for i in range(programs):
+    t0, seen = time.perf_counter(), set()
+    for i in range(first, first + programs):
         if time_budget is not None and time.perf_counter() - t0 > time_budget:
             s.stopped_by_time_budget = True
             break
@@ -177,8 +179,10 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *, time_budget
             s.mismatches += f.kind == "mismatch"
             s.crashes += f.kind == "crash"
             s.failures.append(f)
-            if out_dir is not None:
+            if out_dir is not None and f.spec is not None and _signature(f) not in seen:
                 from mlsys_jax.fuzz.reproduce import save_reproducer, shrink
+
+                seen.add(_signature(f))  # one reproducer per distinct failure
 
                 small = shrink(f, passes) if shrink_failures else f
                 s.reproducers.append(save_reproducer(small, out_dir))
@@ -186,6 +190,10 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *, time_budget
             break
     s.seconds = time.perf_counter() - t0
     return s
+
+
+def _signature(f: Failure) -> tuple:
+    return f.pass_name, f.kind, re.sub(r"\d[\d.e+-]*", "#", f.message)
 
 
 def _system_cases(s: Summary, pseed: int) -> None:
@@ -204,3 +212,27 @@ def _system_cases(s: Summary, pseed: int) -> None:
         for msg in fails:
             s.mismatches += 1
             s.failures.append(Failure(name, "mismatch", msg, None, pseed))
+
+
+def combine(parts: list) -> dict:
+    """One summary dict from the summaries of a campaign split over processes (``first=``)."""
+    out = dict(parts[0])
+    for key in ("programs", "valid", "rejected", "verifier_failures", "mismatches", "crashes"):
+        out[key] = sum(p[key] for p in parts)
+    out["seconds"] = max(p["seconds"] for p in parts)
+    out["worst_error_ratio"] = max(p["worst_error_ratio"] for p in parts)
+    out["stopped_by_time_budget"] = any(p["stopped_by_time_budget"] for p in parts)
+    for key in ("rejected_reasons", "per_pass", "systems"):
+        merged: dict = {}
+        for p in parts:
+            for k, v in p[key].items():
+                if isinstance(v, dict):
+                    row = merged.setdefault(k, {})
+                    for kk, vv in v.items():
+                        row[kk] = row.get(kk, 0) + vv if isinstance(vv, (int, float)) else vv
+                else:
+                    merged[k] = merged.get(k, 0) + v
+        out[key] = merged
+    out["failures"] = [f for p in parts for f in p["failures"]]
+    out["reproducers"] = [r for p in parts for r in p["reproducers"]]
+    return out

@@ -1,0 +1,25 @@
+"""Fuzz reproducer (shrunk by hand from campaign seed 0/1 failures): crash in merge_parallel_convs.
+
+``conv(x, W) + 1.0``: an ``add`` whose operand is a Literal, in a jaxpr level that has a conv site.
+``_merge_plans`` calls ``_explain_nonlinear``, which tests ``v in producer`` for every add operand;
+Literals are unhashable, so the pass raises ``TypeError: unhashable type: 'Literal'`` instead of
+leaving the program alone. Any program with a conv and ``+ python_float`` (or ``a / (1 + b*b)``)
+at the same level hits it (about 1 program in 8 of a default campaign).
+"""
+import pytest
+
+from mlsys_jax.fuzz.reproduce import replay
+
+SPEC = {"layout": "nchw", "dtype": "f32", "inputs": [[2, 4, 6, 6]],
+        "nodes": [{"op": "conv", "out": 4, "k": 1, "stride": 1, "pad": "SAME", "dil": 1,
+                   "groups": 1, "precision": None, "seed": 0, "args": [0]},
+                  {"op": "scalar", "fn": "add", "c": 1.0, "args": [1]}],
+        "outputs": [2]}
+PASS = "merge_parallel_convs"
+SEED = 0
+
+
+@pytest.mark.xfail(strict=True, reason="merge_parallel_convs: _explain_nonlinear tests "
+                   "`v in producer` on a Literal add operand -> TypeError (issue 3's pass)")
+def test_reproducer():
+    assert replay(SPEC, PASS, SEED) == []

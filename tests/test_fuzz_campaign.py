@@ -1,0 +1,52 @@
+"""The CI-tier campaign (issue 8 acceptance): 300 programs through every pass at a fixed seed.
+
+0 verifier failures, 0 mismatches, every pass fired on at least 10% of the valid programs; remat
+and data-parallel cases on their oracles. (Gradients are probed on every 2nd program here; the
+by-hand 10,000-program campaign probes every program.)
+"""
+import pytest
+
+from mlsys_jax.fuzz.campaign import PASS_NAMES, run_campaign
+
+PROGRAMS, SEED = 300, 0
+
+
+@pytest.fixture(scope="module")
+def summary():
+    return run_campaign(PROGRAMS, SEED, gradient_every=2, system_every=100).as_dict()
+
+
+def test_campaign_size_and_validity(summary):
+    assert summary["programs"] == PROGRAMS
+    assert summary["valid"] >= 0.95 * PROGRAMS, summary["rejected_reasons"]
+    assert set(summary["rejected_reasons"]) <= {"non-finite output"}
+
+
+def test_no_verifier_failures_and_no_mismatches(summary):
+    bad = [f for f in summary["failures"] if f["kind"] in ("verifier", "mismatch")]
+    assert summary["verifier_failures"] == 0 and summary["mismatches"] == 0, bad[:5]
+
+
+def test_every_pass_fires_on_at_least_ten_percent(summary):
+    for name in PASS_NAMES:
+        fired = summary["per_pass"][name]["fired"]
+        assert fired >= 0.10 * summary["valid"], (name, fired, summary["valid"])
+
+
+def test_remat_and_data_parallel_oracles_hold(summary):
+    for name in ("remat", "data_parallel"):
+        row = summary["systems"][name]
+        assert row["cases"] >= 3 and row["failures"] == 0, row
+
+
+def test_no_pass_crashes_except_the_known_merge_bug(summary):
+    crashes = [f for f in summary["failures"] if f["kind"] == "crash"]
+    other = [f for f in crashes if not (f["pass"] == "merge_parallel_convs"
+                                        and "unhashable type: 'Literal'" in f["message"])]
+    assert not other, other[:5]
+
+
+@pytest.mark.xfail(strict=True, reason="merge_parallel_convs crashes on `conv + literal` "
+                   "(tests/regressions/test_fuzz_merge_parallel_convs_literal_add.py)")
+def test_no_pass_crashes(summary):
+    assert summary["crashes"] == 0
