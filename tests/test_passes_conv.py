@@ -243,3 +243,18 @@ def test_fold_into_an_existing_conv_bias_composes():
     res = P.run(P.fold_conv_bn(), closed)
     assert [op.name for op in ir.op_view(res.jaxpr)] == ["conv_bias"]
     _close(closed, res.jaxpr, x)
+
+
+def test_grouped_convs_are_not_concatenated():
+    # Found by the fuzzer: with groups, output channels belong to input groups, so stacking two
+    # grouped kernels along O would wire the second conv's outputs to the wrong inputs.
+    x = _x("NCHW")
+    kw = {**BASE, "feature_group_count": 2}
+    f = _two_convs(_kernel("NCHW", 4, 2, 3, 1), _kernel("NCHW", 4, 2, 3, 2), kw, kw, summed=False)
+    closed = ir.trace(f, x)
+    res = P.run(P.merge_parallel_convs(), closed)
+    assert not res.changed
+    summed = ir.trace(_two_convs(_kernel("NCHW", 4, 2, 3, 1), _kernel("NCHW", 4, 2, 3, 2), kw, kw), x)
+    res = P.run(P.merge_parallel_convs(), summed)  # W1 + W2 keeps the group structure: fine
+    assert res.changed
+    _close(summed, res.jaxpr, x)

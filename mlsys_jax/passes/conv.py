@@ -185,7 +185,7 @@ def _explain_nonlinear(producer, add, i, by_out, log, path):
     for v in add.invars:
         site = by_out.get(v) if isinstance(v, Var) else None
         op = None
-        if site is None and v in producer:
+        if site is None and isinstance(v, Var) and v in producer:
             e = producer[v]
             ins = [x for x in e.invars if isinstance(x, Var)]
             if len(ins) == 1 and ins[0] in by_out:
@@ -209,6 +209,8 @@ def _concat_plans(jaxpr, c, sites, used, plans, path):
                 continue
             if attribute_difference(a, b) is not None or not _available(b, c, a.index, defined):
                 continue
+            if a.params["feature_group_count"] != 1 or a.params["batch_group_count"] != 1:
+                continue  # with groups, output channels belong to input groups: no plain concat
             used |= {a.index, b.index}
             oa = a.out_features
 
