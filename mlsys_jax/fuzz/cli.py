@@ -6,6 +6,8 @@ import json
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import format_table
 
+DEFAULT_OUT = "fuzz-reproducers"
+
 
 def _check_args(args) -> None:
     if args.programs is None or args.programs < 1:
@@ -34,8 +36,9 @@ def main(args) -> int:
                                      f"(seed {res['seed']}, ≤{res['limit']} programs each)"))
         return 0 if res["caught"] == res["total"] else 1
     passes = make_passes(args.passes)
+    # failures are shrunk and saved as pytest files (created only when something fails)
     s = run_campaign(args.programs, args.seed, passes, time_budget=args.time_budget,
-                     out_dir=args.out)
+                     out_dir=args.out or DEFAULT_OUT)
     d = s.as_dict()
     if args.json:
         print(json.dumps(d, indent=1))
@@ -62,5 +65,5 @@ def _table(d: dict) -> str:
     for f in d["failures"][:20]:
         lines.append(f"  FAIL program {f['program']} {f['pass']} ({f['kind']}): {f['message'][:120]}")
     for path in d["reproducers"]:
-        lines.append(f"  reproducer: {path}")
+        lines.append(f"  reproducer: {path}  (move it to tests/regressions/ to keep it)")
     return "\n".join(lines)

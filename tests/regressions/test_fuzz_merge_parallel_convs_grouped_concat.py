@@ -6,8 +6,7 @@ concatenating their weights along the output-feature axis and slicing the output
 output channel ``o`` belongs to group ``o // (O / groups)``: the concatenated kernel [Wa; Wb] puts
 all of Wa's channels in group 0 and all of Wb's in group 1, so both slices read the wrong input
 channels (error ratio ~5e5 against the float64 reference, NCHW and NHWC alike). Groups = 1 is fine.
-A fix: refuse the concat merge when ``feature_group_count > 1`` (or interleave the weights per
-group).
+Fixed in 25ab9e5 (grouped convs are never concatenated); kept as a regression case.
 """
 import pytest
 
@@ -23,8 +22,6 @@ def spec(layout, shape):
             "outputs": [1, 2]}
 
 
-@pytest.mark.xfail(strict=True, reason="merge_parallel_convs concatenates grouped convs' "
-                   "weights along O, mixing groups (issue 3's pass)")
 @pytest.mark.parametrize("layout,shape", [("nchw", [2, 4, 6, 6]), ("nhwc", [2, 6, 6, 4])])
 def test_reproducer(layout, shape):
     assert replay(spec(layout, shape), PASS, 0) == []
