@@ -36,7 +36,7 @@ STEPS = ("original", "① fold BN", "② merge", "③ enlarge 1×1→3×3", "④
 LECTURE = {"kernels": (6, 4, 4, 4, 2, 2), "time_us": (73.9, 50.5, 50.5, 50.6, 23.4, 23.4),
            "gflops": (None, 8.23, 8.23, 14.81, 7.41, 7.41), "speedup": 3.16,
            "train_bn_error": 22.70, "relu_merge_error": 12.76, "linear_merge_error": 1.1e-14}
-TOL = 0.01  # relative, for µs and FLOPs against the lecture's rounded figures
+US_TOL, FLOP_TOL = 0.1, 0.005  # the foundation issue's tolerances: ±0.1 µs, FLOPs within 0.5 %
 
 
 def step_passes():
@@ -230,20 +230,37 @@ def measure_cpu(cfg) -> dict:
     note = (f"XLA:CPU at {'×'.join(map(str, cfg['timing_shape']))} f32: original/final = "
             f"{speedup:.3g}× (median of {cfg['repeats']} rounds); measured order "
             f"{' < '.join(measured_order)}; cost model ('cpu') order {' < '.join(estimated_order)}."
-            f" Where they differ: XLA:CPU's convolutions run at {achieved:.3g} GFLOP/s, "
-            f"{100 * achieved / peak:.2g}% of the calibrated matmul peak ({peak:.3g} GFLOP/s), so "
-            "the model under-prices conv FLOPs (the enlarged conv's 9× FLOPs are paid in full on "
-            "this compute-bound CPU) and over-prices the BN passes, which XLA:CPU fuses into "
-            "neighbouring loops (measured folded/original = "
-            f"{times['folded'].median_s / times['original'].median_s:.3g}×).")
+            + _disagreement_note(disagree, achieved, peak,
+                                 times["folded"].median_s / times["original"].median_s))
     return {"rows": rows, "speedup": speedup, "achieved_gflops": achieved, "peak_gflops": peak,
             "enlarged_over_folded": times["enlarged"].median_s / times["folded"].median_s, "measured_order": measured_order,
             "estimated_order": estimated_order, "clear_pairs": pairs, "disagree": disagree,
             "note": note}
 
 
-def _near(ours, lecture, tol=TOL) -> bool:
-    return lecture is None or abs(ours - lecture) <= tol * abs(lecture) + 0.05
+def _disagreement_note(disagree, achieved_gflops, peak_gflops, folded_over_original) -> str:
+    """Why the 'cpu' cost model and the measurement order the graphs differently (if they do)."""
+    if not disagree:
+        return " The two orders agree."
+    share = achieved_gflops / peak_gflops
+    conv = (f" XLA:CPU's convolutions run at {achieved_gflops:.3g} GFLOP/s, {share:.0%} of the "
+            f"calibrated matmul peak ({peak_gflops:.3g} GFLOP/s)")
+    conv += (", so the model under-prices conv FLOPs." if share < 0.8 else
+             ", so conv FLOPs are not under-priced: the enlarged conv's 9× FLOPs are paid in full "
+             "on this compute-bound CPU.")
+    bn = (f" Folding measured {folded_over_original:.3g}× the original's time where the model "
+          "predicts a saving: the model charges each BN as its own memory-bound kernel, but "
+          "XLA:CPU fuses elementwise work into neighbouring loops, so the BN kernels it removes "
+          "cost little here.") if folded_over_original > 1 else ""
+    return " Where they differ:" + conv + bn
+
+
+def _near_us(ours, lecture) -> bool:
+    return lecture is None or abs(ours - lecture) <= US_TOL
+
+
+def _near_rel(ours, lecture, rel=FLOP_TOL) -> bool:
+    return lecture is None or abs(ours - lecture) <= rel * abs(lecture)
 
 
 def check(result: Result) -> list[Check]:
@@ -254,16 +271,16 @@ def check(result: Result) -> list[Check]:
               Check("step ② refused: kernel sizes differ (3×3 vs 1×1)",
                     not rows[2]["applied"] and any("3×3 vs 1×1" in r for r in rows[2]["refusals"]),
                     rows[2]["rewrite"], "3×3 vs 1×1"),
-              Check("µs per step within 1% of the lecture",
-                    all(_near(r["time_us"], r["time_us_lecture"]) for r in rows),
+              Check("µs per step within ±0.1 µs of the lecture",
+                    all(_near_us(r["time_us"], r["time_us_lecture"]) for r in rows),
                     [round(r["time_us"], 2) for r in rows], list(LECTURE["time_us"])),
-              Check("GFLOPs per step within 1% of the lecture",
-                    all(_near(r["gflops"], r["gflops_lecture"]) for r in rows),
+              Check("GFLOPs per step within 0.5% of the lecture",
+                    all(_near_rel(r["gflops"], r["gflops_lecture"]) for r in rows),
                     [round(r["gflops"], 3) for r in rows], list(LECTURE["gflops"])),
               Check("③ is worse before better: FLOPs +80%, µs up",
                     rows[3]["gflops"] > 1.7 * rows[2]["gflops"] and rows[3]["time_us"] > rows[2]["time_us"],
                     round(rows[3]["gflops"] / rows[2]["gflops"] - 1, 3), 0.80),
-              Check("estimated speedup 3.16×", _near(d["speedup"], LECTURE["speedup"]),
+              Check("estimated speedup 3.16×", abs(d["speedup"] - LECTURE["speedup"]) < 0.01,
                     round(d["speedup"], 3), LECTURE["speedup"]),
               Check("every step equal to the original in float64 (< 1e-12)",
                     all(r["max_abs_diff_f64"] < 1e-12 for r in rows),
@@ -286,7 +303,7 @@ def check(result: Result) -> list[Check]:
     checks += [Check("exercise 3: s = 1, B' = −0.5", abs(ex["s"] - 1) < 1e-12
                      and abs(ex["b"] + 0.5) < 1e-12, (ex["s"], ex["b"]), (1.0, -0.5)),
                Check("exercise 4: 1×1 conv 0.82 → 7.4 GFLOP (9×)",
-                     _near(ex["conv1x1_gflops"], 0.822, 0.01) and
+                     _near_rel(ex["conv1x1_gflops"], 0.822, 0.01) and
                      abs(ex["enlarged_gflops"] / ex["conv1x1_gflops"] - 9) < 1e-9,
                      (round(ex["conv1x1_gflops"], 3), round(ex["enlarged_gflops"], 3)), (0.82, 7.4))]
     cpu = d["cpu"]

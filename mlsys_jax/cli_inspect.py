@@ -92,7 +92,7 @@ def trace_user(fn, structs, grad: bool = False):
                          f"{type(e).__name__}: {msg}") from None
 
 
-def _validate_cost_options(hw: str, dtype: str | None) -> None:
+def validate_cost_options(hw: str, dtype: str | None) -> None:
     from mlsys_jax.cost.hardware import NAMES
     from mlsys_jax.ir import parse_dtype
 
@@ -115,7 +115,7 @@ def inspect_main(args) -> int:
     from mlsys_jax.ir import to_dot
     from mlsys_jax.report import format_table
 
-    _validate_cost_options(args.hw, args.dtype)
+    validate_cost_options(args.hw, args.dtype)
     fn = load_target(args.target)
     closed = trace_user(fn, arg_structs(args.arg, fn), grad=args.grad)
     report = estimate(closed, hw=args.hw, dtype=args.dtype, fused=args.fused)

@@ -113,3 +113,16 @@ def test_hypothesis_specs_trace_and_pass_dce(spec):
 def _dce():
     from mlsys_jax.passes import dce
     return {"dce": dce()}
+
+
+def test_cli_json_has_the_issue_keys(capsys):
+    import json
+
+    from mlsys_jax import cli
+
+    assert cli.main(["fuzz", "--programs", "3", "--seed", "2", "--passes", "dce,cse", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"programs", "valid", "rejected", "per_pass", "verifier_failures", "mismatches",
+            "worst_error_ratio", "seed", "seconds"} <= set(d)
+    assert d["programs"] == 3 and set(d["per_pass"]) == {"dce", "cse"}
+    assert set(d["per_pass"]["cse"]) == {"fired", "rewrites"}

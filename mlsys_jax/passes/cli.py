@@ -53,12 +53,12 @@ def _summary(report) -> dict:
 
 def optimize_main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cli_inspect import _validate_cost_options, arg_structs, load_target, trace_user
+    from mlsys_jax.cli_inspect import validate_cost_options, arg_structs, load_target, trace_user
     from mlsys_jax.cost import estimate
     from mlsys_jax.passes.search import search
     from mlsys_jax.report import format_table
 
-    _validate_cost_options(args.hw, args.dtype)
+    validate_cost_options(args.hw, args.dtype)
     if args.search and args.passes is not None:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
     if args.search and not args.alpha >= 1.0:
