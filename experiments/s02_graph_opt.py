@@ -88,9 +88,11 @@ def run(**overrides) -> Result:
     small_steps = five_steps(small)
     # One compiled program evaluates all six graphs (one compile instead of one per op).
     small_outs = jax.jit(lambda x: [ir.interpret(g, x)[0] for g, _ in small_steps])(x64)
-    rows = []
+    rows, step_kernels = [], []
     for k, ((g, log), out) in enumerate(zip(steps, small_outs)):
         est = cost.estimate(g, hw=cfg["hw"], dtype=cfg["dtype"])
+        step_kernels.append([{"name": kn.name, "flops": kn.flops, "bytes": kn.bytes,
+                              "time_us": kn.time_us, "bound": kn.bound} for kn in est.kernels])
         refusals = [r.reason for e in log for r in e.refusals]
         rewrites = [r.detail for e in log for r in e.rewrites if r.detail]
         rows.append({"step": STEPS[k], "rewrite": "; ".join(rewrites) or
@@ -102,7 +104,11 @@ def run(**overrides) -> Result:
                      "max_abs_diff_f64": _max_diff(out, small_outs[0]),
                      "applied": bool(rewrites), "refusals": refusals})
     tables = {"five_steps (H100 BF16 model at %s)" % "×".join(map(str, cfg["shape"])): rows}
-    data = {"steps": rows, "speedup": rows[0]["time_us"] / rows[-1]["time_us"]}
+    hw = cost.get_hardware(cfg["hw"])
+    data = {"steps": rows, "speedup": rows[0]["time_us"] / rows[-1]["time_us"],
+            "step_kernels": step_kernels,  # per step, the roofline of each kernel (for the plot)
+            "roofline": {"hw": hw.name, "dtype": cfg["dtype"], "peak_flops": hw.peak(cfg["dtype"]),
+                         "bandwidth": hw.bandwidth}}
     data["demo3"] = demo3(cfg)
     tables["demo 3: violated preconditions"] = data["demo3"]["rows"]
     data["exercises"] = exercises(steps)

@@ -129,3 +129,44 @@ def bars(path: str, labels: Sequence[str], series: Mapping[str, Sequence[float]]
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     return _save(fig, path)
+
+
+def roofline_steps(path: str, steps: Mapping[str, Sequence[Mapping]], *, peak_flops: float,
+                   bandwidth: float, title: str) -> str | None:
+    """Left: the roofline (attainable FLOP/s vs arithmetic intensity) with every kernel of every
+    step placed on it; right: each step's estimated time, one stacked segment per kernel."""
+    if unavailable_reason():
+        return None
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.5))
+    ais = [k["flops"] / k["bytes"] for ks in steps.values() for k in ks if k["bytes"] and k["flops"]]
+    lo, hi = min(ais + [1.0]) / 4, max(ais + [peak_flops / bandwidth]) * 4
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak_flops, bandwidth * x) / 1e12 for x in xs], "k-", label="roofline")
+    ax.axvline(peak_flops / bandwidth, color="gray", linestyle=":",
+               label=f"ridge {peak_flops / bandwidth:.0f} FLOP/B")
+    markers = "osD^v<>p"
+    for i, (name, ks) in enumerate(steps.items()):
+        pts = [(k["flops"] / k["bytes"], min(peak_flops, bandwidth * k["flops"] / k["bytes"]) / 1e12)
+               for k in ks if k["bytes"] and k["flops"]]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
+                   s=60, alpha=0.7, label=name)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)",
+           ylabel="attainable TFLOP/s", title="kernels on the roofline")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small")
+    names = list(steps)
+    bottom = [0.0] * len(names)
+    for j in range(max(len(ks) for ks in steps.values())):
+        seg = [ks[j]["time_us"] if j < len(ks) else 0.0 for ks in steps.values()]
+        bx.bar(range(len(names)), seg, bottom=bottom, edgecolor="white")
+        bottom = [b + v for b, v in zip(bottom, seg)]
+    for i, (name, ks) in enumerate(steps.items()):
+        bx.text(i, bottom[i], f"{bottom[i]:.1f} µs\n{len(ks)} kernels", ha="center", va="bottom",
+                fontsize=8)
+    bx.set_xticks(range(len(names)))
+    bx.set_xticklabels(names, fontsize=8, rotation=15)
+    bx.set(ylabel="estimated time (µs); one segment per kernel", ylim=(0, 1.25 * max(bottom)),
+           title="estimated time per step")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -14,6 +14,16 @@ def unavailable() -> str | None:
     return plots.unavailable_reason()
 
 
+def _graph_opt(result, directory):
+    d = result.data
+    steps = {row["step"]: ks for row, ks in zip(d["steps"], d["step_kernels"])}
+    r = d["roofline"]
+    return [plots.roofline_steps(os.path.join(directory, "02_roofline_steps.png"), steps,
+                                 peak_flops=r["peak_flops"], bandwidth=r["bandwidth"],
+                                 title=f"§4.2 rewrite steps on the {r['hw']} roofline model "
+                                       f"({r['dtype']})")]
+
+
 def _remat(result, directory):
     from experiments.s03_remat import write_plots
 
@@ -40,7 +50,7 @@ def _dispatch(result, directory):
     return write_plots(directory, result.tables, result.data)
 
 
-PLOTTERS = {"03": _remat, "04": _pipeline, "05": _dispatch}
+PLOTTERS = {"02": _graph_opt, "03": _remat, "04": _pipeline, "05": _dispatch}
 
 
 def plot(result, directory: str) -> list[str]:
