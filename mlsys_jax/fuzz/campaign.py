@@ -207,6 +207,9 @@ def _system_cases(s: Summary, pseed: int) -> None:
         except ImportError as e:
             row["skipped"] = f"not available: {e}"
             continue
+        if fails is None:
+            row["skipped"] = "needs at least 2 devices"
+            continue
         row["cases"] += 1
         row["failures"] += len(fails)
         for msg in fails:

@@ -160,6 +160,9 @@ def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
         pseed = program_seed(seed, i)
         if broken is None:
             fails = dp_case(pseed, "double_psum")
+            if fails is None:
+                return {"mutant": mutant.name, "target": mutant.target, "caught": False,
+                        "programs": 0, "how": "skipped: needs at least 2 devices", "seconds": 0.0}
             message = fails[0] if fails else None
         else:
             spec = generate_seeded(pseed)

@@ -36,8 +36,9 @@ def remat_case(seed: int) -> list:
     return fails
 
 
-def dp_case(seed: int, reduction: str = "weighted") -> list:
-    """Failures of one random data-parallel step against the single-device step."""
+def dp_case(seed: int, reduction: str = "weighted") -> list | None:
+    """Failures of one random data-parallel step against the single-device step (None: skipped,
+    fewer than 2 devices)."""
     import jax
     import optax
 
@@ -46,7 +47,10 @@ def dp_case(seed: int, reduction: str = "weighted") -> list:
     from mlsys_jax.parallel.mesh import make_mesh
 
     rng = np.random.default_rng(seed)
-    devices = int(rng.choice([d for d in (2, 4, 8) if d <= jax.device_count()]))
+    choices = [d for d in (2, 4, 8) if d <= jax.device_count()]
+    if not choices:
+        return None
+    devices = int(rng.choice(choices))
     sizes = (int(rng.integers(2, 6)), int(rng.integers(2, 6)), int(rng.integers(2, 4)))
     batch = devices * int(rng.integers(1, 4))
     params, x, y = demo_problem(seed, batch, sizes, dtype=np.float32)
