@@ -203,6 +203,18 @@ def test_fuzz_cli_errors(capsys, argv, needle):
     one_line_error(capsys, argv, needle)
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "04", "--set", "pp_stages=0", "--set", "sections=pipeline"], "pp_stages"),
+    (["run", "04", "--set", "microbatches=0", "--set", "sections=pipeline"], "microbatches"),
+    (["run", "04", "--set", "dp_devices=3", "--set", "sections=data"], "dp_devices=3"),
+    (["run", "03", "--set", "ks=0", "--set", "jax=false"], "1 <= K <= n_layers"),
+    (["run", "03", "--set", "ks=65", "--set", "jax=false"], "1 <= K <= n_layers"),
+    (["run", "99"], "99"),
+])
+def test_schedule_and_layout_cli_errors(capsys, argv, needle):
+    one_line_error(capsys, argv, needle)
+
+
 def test_fuzz_api_errors():
     from mlsys_jax.fuzz.campaign import run_campaign
 

@@ -239,3 +239,28 @@ def combine(parts: list) -> dict:
     out["failures"] = [f for p in parts for f in p["failures"]]
     out["reproducers"] = [r for p in parts for r in p["reproducers"]]
     return out
+
+
+def _part(args) -> dict:
+    first, n, seed, kwargs, devices = args
+    from mlsys_jax import runtime
+
+    runtime.configure(devices=devices, x64=True)  # a fresh (spawned) process: before JAX starts
+    return run_campaign(n, seed, first=first, **kwargs).as_dict()
+
+
+def run_split(programs: int, seed: int = 0, workers: int = 2, **kwargs) -> dict:
+    """The same campaign as ``run_campaign(programs, seed)``, split over ``workers`` processes
+    (programs are seeded by index, so the union is identical); returns the combined summary."""
+    import concurrent.futures
+    import multiprocessing
+
+    import jax
+
+    if workers <= 1:
+        return run_campaign(programs, seed, **kwargs).as_dict()
+    bounds = [programs * k // workers for k in range(workers + 1)]
+    jobs = [(lo, hi - lo, seed, kwargs, jax.device_count()) for lo, hi in zip(bounds, bounds[1:])]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        return combine(list(pool.map(_part, jobs)))
