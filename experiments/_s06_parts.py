@@ -229,6 +229,9 @@ def compile_once(batch: int, repeats: int):
     """Seed 001's JIT: the first call traces, lowers and compiles; later calls run the binary."""
     small = small_model(batch)
     fn, args = small["fn"], small["args"]
+    # Another experiment in the same process (`run all`) may have compiled this very program:
+    # JAX's in-memory caches would then make "compile" a lookup. Measure a cold compile.
+    jax.clear_caches()
     t0 = time.perf_counter()
     traced = jax.jit(fn).trace(*args)  # Python runs once: the jaxpr (the graph)
     t1 = time.perf_counter()
