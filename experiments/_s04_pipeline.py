@@ -138,7 +138,8 @@ def _pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
     for (p, m), lec in LECTURE_BUBBLES.items():
         got = next(r["bubble"] for r in bubbles if (r["P"], r["M"]) == (p, m))
         checks.append(Check(f"bubble P={p}, M={m} ≈ {lec:.1%} (§5.3)",
-                            round(got, 3) == lec, round(got, 4), lec))
+                            round(got, 3) == lec, round(got, 4), lec,
+                            note=f"(P−1)/(M+P−1) = {got:.4%}; the lecture rounds to {lec:.1%}"))
     for r in tables["exercise 6 (P=4, bubble < 10%)"]:
         checks.append(Check(f"exercise 6 ({r['schedule']}): smallest M with bubble < 10% at P=4",
                             r["min_M"] == r["lecture"], r["min_M"], r["lecture"]))

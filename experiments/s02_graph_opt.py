@@ -294,16 +294,21 @@ def check(result: Result) -> list[Check]:
     train, relu, linear = d["demo3"]["rows"]
     checks += [Check("training-mode BN refused with its reason; forced fold error > 1",
                      train["refused"] and "computed from the batch" in train["reason"]
-                     and train["forced_error"] > 1, round(train["forced_error"], 3), 22.70),
+                     and train["forced_error"] > 1, round(train["forced_error"], 3), 22.70,
+                     note="the error's size depends on the random weights, batch and running "
+                          "statistics, which differ from the lecture's; it is large either way"),
                Check("relu between convs: merge refused; forced merge error > 1",
                      relu["refused"] and "relu" in relu["reason"] and relu["forced_error"] > 1,
-                     round(relu["forced_error"], 3), 12.76),
+                     round(relu["forced_error"], 3), 12.76,
+                     note="random weights and inputs differ from the lecture's; the forced merge "
+                          "is wrong either way"),
                Check("linear case merges exactly (< 1e-12)",
                      not linear["refused"] and linear["forced_error"] < 1e-12,
                      linear["forced_error"], 1.1e-14)]
     s, g = d["search"]["search"], d["search"]["greedy"]
     checks += [Check(f"search (α={s['alpha']}) reaches 2 kernels through step ③",
-                     s["kernels"] == 2 and "enlarge_conv_kernel" in s["rules"], s["rules"], 2),
+                     s["kernels"] == 2 and "enlarge_conv_kernel" in s["rules"], s["rules"], 2,
+                     note="ours lists the rewrite path the search took to the 2-kernel graph"),
                Check("greedy (α=1.0) stops at 4 kernels", g["kernels"] == 4, g["kernels"], 4)]
     ex = d["exercises"]
     checks += [Check("exercise 3: s = 1, B' = −0.5", abs(ex["s"] - 1) < 1e-12

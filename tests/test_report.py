@@ -1,0 +1,45 @@
+"""The run-all report: verdicts beside the lecture's figures, markdown tables, PNGs."""
+import os
+import types
+
+import pytest
+
+from mlsys_jax.report import Check, Result, resolve_overrides, OverrideError
+from mlsys_jax.viz import report, report_plots
+
+
+@pytest.mark.parametrize("check, want", [
+    (Check("holds, same figure", True, 73.87, 73.9), "✓"),
+    (Check("fails", False, 1, 2), "✗"),
+    (Check("criterion", True, 1.4, "> 1"), "✓"),
+    (Check("rounding", True, 1.1e-16, 5.6e-17), "✓ differs in value, not in kind: both are float rounding noise"),
+    (Check("explained", True, 13.5, 22.7, note="other random weights"),
+     "✓ differs in value, not in kind: other random weights"),
+    (Check("unexplained", True, 13.5, 22.7), "✓ differs in value, not in kind (no reason recorded)"),
+    (Check("lists", True, [6, 4, 2], (6, 4, 2)), "✓"),
+])
+def test_verdicts(check, want):
+    assert report.verdict(check) == want
+
+
+def test_markdown_report_with_tables_checks_and_plots(tmp_path):
+    result = Result("04", "Parallelism", {"bubble": [{"P": 2, "M": 4, "bubble": 0.2}]}, ["a note"])
+    checks = [Check("bubble 20%", True, 0.2, 0.2), Check("broken claim", False, 3, 2)]
+    path = report.write_report(str(tmp_path), [(types.SimpleNamespace(), result, checks)], {"04": 1.5})
+    text = open(path).read()
+    assert "| 04 | Parallelism | 1.5 | 2 | 1 |" in text
+    assert "| bubble 20% | 0.2 | 0.2 | ✓ |" in text and "| broken claim | 2 | 3 | ✗ |" in text
+    assert "| P | M | bubble |" in text and "- a note" in text
+    if report_plots.unavailable() is None:  # the pipeline picture is drawn from schedules as data
+        assert "![04_pipeline_timeline.png](04_pipeline_timeline.png)" in text
+        assert os.path.getsize(tmp_path / "04_pipeline_timeline.png") > 10_000
+
+
+def test_overrides_are_coerced_and_unknown_keys_refused():
+    defaults = {"n": 64, "ks": (1, 2), "plots": "", "exact": True, "lr": 0.1}
+    got = resolve_overrides("03", defaults, {"n": "100", "ks": "4,8", "exact": "off", "lr": "0.5"})
+    assert got == {"n": 100, "ks": (4, 8), "plots": "", "exact": False, "lr": 0.5}
+    with pytest.raises(OverrideError, match="unknown setting"):
+        resolve_overrides("03", defaults, {"k": "1"})
+    with pytest.raises(OverrideError, match="not a valid int"):
+        resolve_overrides("03", defaults, {"n": "many"})
