@@ -108,20 +108,38 @@ def conv_bn_without_eps():
     return _during(conv.fold_conv_bn(), (convsites.Consts, "value", value))
 
 
+def _proxy(module, **overrides):
+    """A stand-in for ``module`` (numpy, jax.numpy) with some functions replaced."""
+    ns = types.SimpleNamespace(**{k: getattr(module, k) for k in dir(module)
+                                  if not k.startswith("__")})
+    for k, f in overrides.items():
+        setattr(ns, k, f(getattr(module, k)))
+    return ns
+
+
 def merge_concatenating_wrong_axis():
     """merge_parallel_convs concatenating the weights on the axis after the output-feature one."""
     from mlsys_jax.passes import conv
 
-    def proxy(module):
-        def concatenate(arrays, axis=0, **kw):
+    def wrong(concatenate):
+        def f(arrays, axis=0, **kw):
             nd = np.ndim(arrays[0])
-            return module.concatenate(arrays, axis=(axis + 1) % nd if nd > 1 else axis, **kw)
-        ns = types.SimpleNamespace(**{k: getattr(module, k) for k in dir(module)
-                                      if not k.startswith("__")})
-        ns.concatenate = concatenate
-        return ns
-    return _during(conv.merge_parallel_convs(), (conv, "np", proxy(conv.np)),
-                   (conv, "jnp", proxy(conv.jnp)))
+            return concatenate(arrays, axis=(axis + 1) % nd if nd > 1 else axis, **kw)
+        return f
+    return _during(conv.merge_parallel_convs(), (conv, "np", _proxy(conv.np, concatenate=wrong)),
+                   (conv, "jnp", _proxy(conv.jnp, concatenate=wrong)))
+
+
+def enlarge_off_centre():
+    """enlarge_conv_kernel zero-padding the kernel on one side only (the old taps shift)."""
+    from mlsys_jax.passes import conv
+
+    def wrong(pad):
+        def f(w, pads, *a, **kw):
+            return pad(w, [(0, lo + hi) for lo, hi in pads], *a, **kw)
+        return f
+    return _during(conv.enlarge_conv_kernel(), (conv, "np", _proxy(conv.np, pad=wrong)),
+                   (conv, "jnp", _proxy(conv.jnp, pad=wrong)))
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,8 @@ MUTANTS = (
     Mutant("conv_bn_no_eps", "fold_conv_bn", conv_bn_without_eps, "BN folded without eps"),
     Mutant("merge_concat_wrong_axis", "merge_parallel_convs", merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
+    Mutant("enlarge_off_centre", "enlarge_conv_kernel", enlarge_off_centre,
+           "1x1 kernel zero-padded on one side: the tap moves off centre"),
     Mutant("dp_double_psum", "data_parallel", None,
            "data-parallel step that psums the already-summed gradient"),
 )
