@@ -126,3 +126,17 @@ def test_cli_json_has_the_issue_keys(capsys):
             "worst_error_ratio", "seed", "seconds"} <= set(d)
     assert d["programs"] == 3 and set(d["per_pass"]) == {"dce", "cse"}
     assert set(d["per_pass"]["cse"]) == {"fired", "rewrites"}
+
+
+def test_hypothesis_shrinks_a_broken_pass_to_a_small_program():
+    """The strategy's point: a param-blind CSE is caught and shrunk to its near-duplicates."""
+    from hypothesis import find
+
+    from mlsys_jax.fuzz.mutants import cse_ignoring_params
+
+    broken = {"cse": cse_ignoring_params()}
+    small = find(specs(), lambda s: bool(check_program(s, broken, 0, gradients=False).failures),
+                 settings=settings(max_examples=200, deadline=None, database=None,
+                                   suppress_health_check=list(HealthCheck)))
+    assert small.size() <= 8 and small.layout == "dense" and not any("body" in n for n in small.nodes)
+    assert {"pow", "reduce", "scalar"} & all_ops(small.nodes)
