@@ -60,7 +60,8 @@ def test_oracles_catch_a_wrong_rewrite_and_a_type_change():
     closed = build(spec)
     ref = oracles.reference(spec, closed, 0)
     assert not oracles.compare(ref, _swap_sin_for_cos(closed), oracles.NUMERIC).ok
-    strong = Spec("dense", "f32", [[4, 8]], [{"op": "wconst", "fn": "cos", "c": 0.5, "args": []}], [1])
+    strong = Spec("dense", "f32", [[4, 8]],
+                  [{"op": "wconst", "fn": "cos", "c": 0.5, "args": []}], [1])
     weak_ref = oracles.reference(strong, build(strong), 0)
     as_strong = jax.make_jaxpr(lambda x: np.cos(np.float64(0.5)) + 0 * jax.numpy.sum(x))(
         np.zeros((4, 8), np.float32))
@@ -120,7 +121,8 @@ def test_cli_json_has_the_issue_keys(capsys):
 
     from mlsys_jax import cli
 
-    assert cli.main(["fuzz", "--programs", "3", "--seed", "2", "--passes", "dce,cse", "--json"]) == 0
+    argv = ["fuzz", "--programs", "3", "--seed", "2", "--passes", "dce,cse", "--json"]
+    assert cli.main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert {"programs", "valid", "rejected", "per_pass", "verifier_failures", "mismatches",
             "worst_error_ratio", "seed", "seconds"} <= set(d)

@@ -1,8 +1,8 @@
 """The CI-tier campaign (issue 8 acceptance): 300 programs through every pass at a fixed seed.
 
 0 verifier failures, 0 mismatches, 0 crashes, every pass fired on at least 10% of the valid
-programs; remat and data-parallel cases on their oracles. (Gradients are probed on every 2nd program here; the
-by-hand 10,000-program campaign probes every program.)
+programs; remat and data-parallel cases on their oracles. (Gradients are probed on every 2nd
+program here; the by-hand 10,000-program campaign probes every program.)
 """
 import pytest
 

@@ -94,7 +94,8 @@ class _Ops:
         return jnp.sum(x, axis=n["axis"], keepdims=True)
 
     def op_nan_unsafe(self, n, x):
-        return {"mul0": lambda: x * 0.0, "sub_self": lambda: x - x, "div_self": lambda: x / x}[n["fn"]]()
+        fns = {"mul0": lambda: x * 0.0, "sub_self": lambda: x - x, "div_self": lambda: x / x}
+        return fns[n["fn"]]()
 
     # -- constants ---------------------------------------------------------------------------
     def op_const(self, n):

@@ -138,7 +138,8 @@ class Summary:
                 "reproducers": list(self.reproducers)}
 
 
-def run_campaign(programs: int = 300, seed: int = 0, passes=None, *, time_budget: float | None = None,
+def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
+                 time_budget: float | None = None,
                  out_dir: str | None = None, gradient_every: int = 1, knobs: Knobs | None = None,
                  stop_at_first_failure: bool = False, shrink_failures: bool = True,
                  system_every: int = 50, first: int = 0) -> Summary:

@@ -63,7 +63,8 @@ def _table(d: dict) -> str:
     lines.append(f"verifier failures {d['verifier_failures']} · mismatches {d['mismatches']} · "
                  f"crashes {d['crashes']} · worst error ratio {d['worst_error_ratio']:.3g}")
     for f in d["failures"][:20]:
-        lines.append(f"  FAIL program {f['program']} {f['pass']} ({f['kind']}): {f['message'][:120]}")
+        lines.append(f"  FAIL program {f['program']} {f['pass']} ({f['kind']}): "
+                     f"{f['message'][:120]}")
     for path in d["reproducers"]:
         lines.append(f"  reproducer: {path}  (move it to tests/regressions/ to keep it)")
     return "\n".join(lines)

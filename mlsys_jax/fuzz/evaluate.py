@@ -1,4 +1,4 @@
-"""Evaluating a jaxpr strictly op by op, into every nested body (TESTING.md §3: "evaluated op by op").
+"""Evaluating a jaxpr op by op, into every nested body (TESTING.md §3: "evaluated op by op").
 
 Call-like equations (jit, remat, custom_jvp/vjp) run their bodies equation by equation, cond picks
 its branch on the host, scan and while loop in Python. Every primitive then runs as JAX's own

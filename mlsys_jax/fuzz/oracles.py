@@ -147,7 +147,8 @@ def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=
         if np.allclose(new.astype(np.float64), orig.astype(np.float64), rtol=RTOL, atol=ATOL):
             continue
         if not _finite([refs()[i]]):
-            verdict.failures.append(f"{what} {i}: not close, and the float64 reference is not finite")
+            verdict.failures.append(f"{what} {i}: not close, and the float64 reference is "
+                                    "not finite")
             continue
         ratio = error_ratio(new, orig, refs()[i], "rms" if derivative else "max")
         allowed = allowed_ratio(orig) + (1.0 if derivative else 0.0)

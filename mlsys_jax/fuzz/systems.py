@@ -23,7 +23,8 @@ def remat_case(seed: int) -> list:
     x, ws = x.astype(np.float32), ws.astype(np.float32)
     sched, base = every_k(n, k), store_all(n)
     fails = []
-    got, want = run_jax(sched, x, ws, compile_memory=False), run_jax(base, x, ws, compile_memory=False)
+    got = run_jax(sched, x, ws, compile_memory=False)
+    want = run_jax(base, x, ws, compile_memory=False)
     if got.grads.tobytes() != want.grads.tobytes():
         fails.append(f"remat every_k({n},{k}): gradients not bitwise equal to store_all")
     claimed, measured = sched.counts(), run_reference(sched, x.astype(np.float64),
