@@ -53,6 +53,43 @@ def _flatten(prefix: str, value, out: dict) -> None:
         out[prefix] = value
 
 
+def _cell(v) -> str:
+    if isinstance(v, dict) and "ratio" in v:
+        return f"{fmt(v['ratio'])} [{fmt(v.get('min'))}–{fmt(v.get('max'))}]"
+    if isinstance(v, dict) and "median_us" in v:
+        return f"{fmt(v['median_us'])} µs [{fmt(v['min_us'])}–{fmt(v['max_us'])}]"
+    return fmt(v)
+
+
+def markdown(report: dict, names: list[str]) -> str:
+    """BENCHMARKS.md: every figure with its machine context and the command that produced it."""
+    m = report["machine"]
+    cmd = "mlsys-jax bench" + (" " + " ".join(names) if names != list(discover()) else "") + \
+        " --json --md BENCHMARKS.md"
+    out = ["# Benchmarks", "",
+           f"Produced by `{cmd}` on {m['time']}: {m['cpu']}, {m['cores']} cores, Python "
+           f"{m['python']}, jax {m['jax']}, {m['platform']} ({m['device_kind']} ×{m['devices']} "
+           f"simulated devices); {report['seconds']} s in all.", "",
+           "Every figure is a ratio measured side by side in one run (median of repeats after "
+           "warm-up, [min–max] over paired rounds) or carries its unit. The machine is shared, so "
+           "absolute times vary from run to run; the ratios are what the issues' targets speak of.",
+           ""]
+    for name, res in report["benchmarks"].items():
+        flat: dict = {}
+        _flatten("", res.get("figures", {}), flat)
+        rows = {}
+        for key, value in flat.items():  # fold {ratio,min,max} and timing dicts into one cell
+            base, _, leaf = key.rpartition(".")
+            if leaf in ("ratio", "min", "max", "median_us", "min_us", "max_us", "repeats", "number"):
+                rows.setdefault(base, {})[leaf] = value
+            else:
+                rows[key] = value
+        out += [f"## {name} ({res.get('seconds')} s)", "", "| figure | value |", "|---|---|"]
+        out += [f"| {k} | {_cell(v)} |" for k, v in rows.items()]
+        out += [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
+    return "\n".join(out)
+
+
 def main(args) -> int:
     available = discover()
     names = args.names or list(available)
@@ -71,6 +108,9 @@ def main(args) -> int:
         results[name] = out
     report = {"machine": machine(), "benchmarks": to_jsonable(results),
               "seconds": round(time.perf_counter() - total, 2)}
+    if getattr(args, "md", None):
+        with open(args.md, "w") as f:
+            f.write(markdown(report, names))
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

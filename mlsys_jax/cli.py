@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("names", nargs="*", help="benchmark names (default: all)")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--quick", action="store_true", help="small sizes (the CI tier)")
+    bench.add_argument("--md", metavar="FILE", help="also write the figures as markdown (BENCHMARKS.md)")
     bench.add_argument("--devices", type=int, default=None, dest="devices_sub")
 
     fuzz = sub.add_parser("fuzz", help="differential testing of passes on random programs")
