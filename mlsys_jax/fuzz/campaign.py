@@ -55,6 +55,7 @@ class Outcome:
     rewrites: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
     error_ratio: float = 0.0
+    twin_checks: int = 0
 
 
 def apply_pass(p, closed):
@@ -96,8 +97,10 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -
         out.rewrites[name] = len(result.rewrites) if result.changed else 0
         if not result.changed:
             continue
-        v = oracles.compare(ref, result.jaxpr, oracles.TIERS.get(name, oracles.NUMERIC))
+        v = oracles.compare(ref, result.jaxpr, oracles.TIERS.get(name, oracles.NUMERIC),
+                            rewrite64=lambda p=p: apply_pass(p, build(spec, "f64")).jaxpr)
         out.error_ratio = max(out.error_ratio, v.error_ratio)
+        out.twin_checks += v.twin_checks
         if not v.ok:
             out.failures.append(Failure(name, "mismatch", v.failures[0], spec, seed))
     return out
@@ -118,6 +121,7 @@ class Summary:
     mismatches: int = 0
     crashes: int = 0
     worst_error_ratio: float = 0.0
+    twin_checks: int = 0
     seconds: float = 0.0
     systems: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
@@ -130,6 +134,7 @@ class Summary:
                 "per_pass": {k: dict(v) for k, v in self.per_pass.items()},
                 "verifier_failures": self.verifier_failures, "mismatches": self.mismatches,
                 "crashes": self.crashes, "worst_error_ratio": self.worst_error_ratio,
+                "float64_twin_checks": self.twin_checks,
                 "seed": self.seed, "seconds": round(self.seconds, 2),
                 "systems": {k: dict(v) for k, v in self.systems.items()},
                 "stopped_by_time_budget": self.stopped_by_time_budget,
@@ -174,6 +179,7 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
             s.per_pass[name]["fired"] += n > 0
             s.per_pass[name]["rewrites"] += n
         s.worst_error_ratio = max(s.worst_error_ratio, out.error_ratio)
+        s.twin_checks += out.twin_checks
         for f in out.failures:
             f.program = i
             s.verifier_failures += f.kind == "verifier"
@@ -221,7 +227,8 @@ def _system_cases(s: Summary, pseed: int) -> None:
 def combine(parts: list) -> dict:
     """One summary dict from the summaries of a campaign split over processes (``first=``)."""
     out = dict(parts[0])
-    for key in ("programs", "valid", "rejected", "verifier_failures", "mismatches", "crashes"):
+    for key in ("programs", "valid", "rejected", "verifier_failures", "mismatches", "crashes",
+                "float64_twin_checks"):
         out[key] = sum(p[key] for p in parts)
     out["seconds"] = max(p["seconds"] for p in parts)
     out["worst_error_ratio"] = max(p["worst_error_ratio"] for p in parts)

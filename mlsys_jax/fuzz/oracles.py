@@ -17,6 +17,7 @@ from mlsys_jax.fuzz.spec import Spec, derivative_mode
 from mlsys_jax.fuzz import evaluate
 
 RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (TESTING.md §3)
+TWIN_RTOL = 1e-9                   # the rewrite on the float64 program vs the float64 program
 FLOOR = ATOL / 2                   # err(new) <= k*err(orig) + 1e-5  <=>  ratio <= k
 BITWISE, NUMERIC = "bitwise", "numeric"
 TIERS = {"rebuild": BITWISE, "dce": BITWISE, "cse": BITWISE, "inline": BITWISE,
@@ -101,6 +102,7 @@ class Verdict:
 
     failures: list = field(default_factory=list)
     error_ratio: float = 0.0
+    twin_checks: int = 0       # ratio over the allowance, but the float64 twin proved equivalence
 
     @property
     def ok(self) -> bool:
@@ -130,7 +132,15 @@ def allowed_ratio(x) -> float:
     return 3.0 if x.size <= 16 or np.dtype(x.dtype).itemsize <= 2 else 2.0
 
 
-def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=False):
+def twin_equal(new64, ref64) -> bool:
+    """The rewrite applied to the float64 program computes what the float64 program computes."""
+    a, b = np.asarray(new64, np.float64), np.asarray(ref64, np.float64)
+    atol = TWIN_RTOL * (1 + np.max(np.abs(b), initial=0))
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=TWIN_RTOL, atol=atol))
+
+
+def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=False,
+                    twin=None):
     for i, (new, orig) in enumerate(zip(news, origs)):
         if new.shape != orig.shape or new.dtype != orig.dtype:
             verdict.failures.append(f"{what} {i}: {new.dtype}{list(new.shape)} != "
@@ -153,14 +163,46 @@ def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=
         ratio = error_ratio(new, orig, refs()[i], "rms" if derivative else "max")
         allowed = allowed_ratio(orig) + (1.0 if derivative else 0.0)
         verdict.error_ratio = max(verdict.error_ratio, ratio)
+        if ratio > allowed and twin is not None and twin() is not None \
+                and twin_equal(twin()[i], refs()[i]):
+            verdict.twin_checks += 1  # amplified float32 rounding (see compare), not a bug
+            continue
         if ratio > allowed:
             verdict.failures.append(f"{what} {i}: error ratio {ratio:.3g} vs float64 reference "
                                     f"(allowed {allowed:g})")
 
 
-def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Verdict:
-    """Judge ``new_closed`` against the original program under ``tier``."""
+def compare(ref: Reference, new_closed, tier: str, gradients: bool = True,
+            rewrite64=None) -> Verdict:
+    """Judge ``new_closed`` against the original program under ``tier``.
+
+    ``rewrite64()`` (optional) returns the same pass applied to the float64 twin of the program.
+    When a numeric comparison exceeds its error-ratio allowance, that twin decides: if it computes
+    what the float64 program computes (rtol 1e-9), the rewrite is exact in real arithmetic and the
+    float32 excess is rounding amplified downstream — measured in the 10k campaign: a ratio of 2.2
+    after a BN with variance 1e-6 (scale ~1e3), a relu derivative mask flipped by float16 rounding
+    (ratio 99), and f(x) - f(x) whose original is exactly 0 by symmetry while the rewrite leaves
+    1e-5 of amplified noise (ratios 9-12). A wrong rewrite differs in float64 too.
+    """
     verdict = Verdict()
+    cache: dict = {}
+
+    def twin_outputs():
+        if "out" not in cache:
+            try:
+                cache["out"] = (evaluate.evaluate(rewrite64(), *_inputs64(ref))
+                                if rewrite64 is not None else None)
+            except Exception:  # no twin: the plain error-ratio verdict stands
+                cache["out"] = None
+        return cache["out"]
+
+    def twin_derivative():
+        if "d" not in cache:
+            try:
+                cache["d"] = derivative(rewrite64(), _inputs64(ref), ref.mode, ref.probe)
+            except Exception:
+                cache["d"] = None
+        return cache["d"]
     if types_of(new_closed) != types_of(ref.closed):
         verdict.failures.append(f"output types {types_of(new_closed)} != {types_of(ref.closed)}")
         return verdict
@@ -169,7 +211,8 @@ def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Ve
     except Exception as e:  # a rewritten program that cannot run is a mismatch, not a crash
         verdict.failures.append(f"rewritten program failed to run: {type(e).__name__}: {e}"[:300])
         return verdict
-    _compare_values("output", tier, news, ref.outputs, lambda: ref.ref64, verdict)
+    _compare_values("output", tier, news, ref.outputs, lambda: ref.ref64, verdict,
+                    twin=twin_outputs if rewrite64 is not None else None)
     if gradients and ref.derivative is not None and verdict.ok:
         try:
             d = derivative(new_closed, ref.inputs, ref.mode, ref.probe)
@@ -184,5 +227,10 @@ def compare(ref: Reference, new_closed, tier: str, gradients: bool = True) -> Ve
         # fold (tests/regressions/test_fuzz_fold_conv_bn_vjp_tiny_var.py) — so derivatives are
         # judged on the RMS error with one more unit of slack. Real bugs give ratios >> 10.
         _compare_values(f"{ref.mode}", NUMERIC, d, ref.derivative, lambda: ref.derivative64,
-                        verdict, derivative=True)
+                        verdict, derivative=True,
+                        twin=twin_derivative if rewrite64 is not None else None)
     return verdict
+
+
+def _inputs64(ref: Reference) -> list:
+    return make_inputs(ref.spec, ref.seed, "f64")
