@@ -21,22 +21,12 @@ import numpy as np
 
 from mlsys_jax import timing
 from mlsys_jax.execute import capture
+from mlsys_jax.models import branchy, branchy_cond
 
 NAME = "capture"
 
 
-def branchy(x, w1):
-    h = jax.nn.relu(x @ w1)
-    if h.sum() > 0:
-        return h * 2
-    else:
-        return jnp.exp(h)
-
-
-@jax.jit
-def branchy_cond(x, w1):
-    h = jax.nn.relu(x @ w1)
-    return jax.lax.cond(h.sum() > 0, lambda h: h * 2, jnp.exp, h)
+branchy_cond = jax.jit(branchy_cond)
 
 
 def run(quick: bool = False) -> dict:

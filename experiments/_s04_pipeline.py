@@ -13,7 +13,7 @@ import numpy as np
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.parallel.pipeline import bubble_formula, gpipe, make_schedule, min_microbatches
+from mlsys_jax.parallel.pipeline import bubble_formula, make_schedule, min_microbatches
 from mlsys_jax.parallel.pipeline_run import (mse_loss, pipeline_value_and_grad,
                                              sequential_value_and_grad, tanh_chain_init,
                                              tanh_chain_stage)

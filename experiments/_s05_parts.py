@@ -8,7 +8,6 @@ import re
 from collections import Counter
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 

@@ -175,7 +175,7 @@ def higher_order(x0: float, n: int, repeats: int):
     s, c = math.sin(x0), math.cos(x0)
     analytic = {2: 2 * s + 4 * x0 * c - x0 * x0 * s, 3: 6 * c - 6 * x0 * s - x0 * x0 * c}
     ours = dict(zip((2, 3), map(float, d23(x))))
-    rows = [{"quantity": f"f{'′' * k}(x) at x = {x0:g}", "jax": f"grad∘" * (k - 1) + "grad",
+    rows = [{"quantity": f"f{'′' * k}(x) at x = {x0:g}", "jax": "grad∘" * (k - 1) + "grad",
              "ours": ours[k], "analytic": analytic[k]} for k in (2, 3)]
     # Hessian-vector product: forward-over-reverse, O(1) gradients, vs building the n×n Hessian.
     rng = np.random.default_rng(2)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlsys_jax import runtime
+from mlsys_jax import models, runtime
 from mlsys_jax.cost import estimate, liveness
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import Graph, explain, grad_graph, make_graph, run as run_graph
@@ -215,26 +215,16 @@ def demo3(s):
     return {"printed": seen[0], "if_error": if_error}, rows
 
 
-def branchy(x, w1):
-    h = jax.nn.relu(x @ w1)
-    if h.sum() > 0:
-        return h * 2
-    else:
-        return jnp.exp(h)
-
-
 def demo4(s):
     """explain(): one graph for straight-line code, a break at a data-dependent if (ex. 8)."""
     rng = np.random.default_rng(s["seed"])
     x, w1, w2 = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
                  for shape in ((s["batch"], 64), (64, 64), (64, 10)))
-    cases = [("relu(x @ w1) @ w2", lambda x, w1, w2: jax.nn.relu(x @ w1) @ w2, (x, w1, w2)),
-             ("branchy, h.sum() > 0", branchy, (x, w1)),
-             ("branchy, h.sum() == 0", branchy, (jnp.abs(x), -jnp.abs(w1))),
-             ("jnp.where (ex. 8)", lambda x, w1: (lambda h: jnp.where(h.sum() > 0, h * 2, jnp.exp(h)))(
-                 jax.nn.relu(x @ w1)), (x, w1)),
-             ("lax.cond (ex. 8)", lambda x, w1: (lambda h: jax.lax.cond(
-                 h.sum() > 0, lambda h: h * 2, jnp.exp, h))(jax.nn.relu(x @ w1)), (x, w1))]
+    cases = [("relu(x @ w1) @ w2", models.mlp2, (x, w1, w2)),
+             ("branchy, h.sum() > 0", models.branchy, (x, w1)),
+             ("branchy, h.sum() == 0", models.branchy, (jnp.abs(x), -jnp.abs(w1))),
+             ("jnp.where (ex. 8)", models.branchy_where, (x, w1)),
+             ("lax.cond (ex. 8)", models.branchy_cond, (x, w1))]
     rows = []
     for name, fn, args in cases:
         e = explain(fn, *args)

@@ -7,7 +7,7 @@ import time
 
 import experiments
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, format_result
+from mlsys_jax.report import format_result
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:

@@ -7,7 +7,6 @@ Every experiment module has ``run(**overrides) -> Result`` (computes, never prin
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping

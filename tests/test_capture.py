@@ -7,6 +7,7 @@ import pytest
 import mlsys_jax
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import capture, explain
+from mlsys_jax.models import branchy, branchy_cond, branchy_where
 
 
 def _data(dtype=jnp.float32):
@@ -19,12 +20,6 @@ def mlp(x, w1, w2):
     return jax.nn.relu(x @ w1) @ w2
 
 
-def branchy(x, w1):
-    h = jax.nn.relu(x @ w1)
-    if h.sum() > 0:
-        return h * 2
-    else:
-        return jnp.exp(h)
 
 
 def two_ifs(x):
@@ -79,15 +74,7 @@ def test_branchy_breaks_once(negate, second):
 def test_where_and_cond_are_one_graph():
     x, w1, _ = _data()
 
-    def with_where(x, w1):
-        h = jax.nn.relu(x @ w1)
-        return jnp.where(h.sum() > 0, h * 2, jnp.exp(h))
-
-    def with_cond(x, w1):
-        h = jax.nn.relu(x @ w1)
-        return jax.lax.cond(h.sum() > 0, lambda h: h * 2, jnp.exp, h)
-
-    ew, ec = explain(with_where, x, w1), explain(with_cond, x, w1)
+    ew, ec = explain(branchy_where, x, w1), explain(branchy_cond, x, w1)
     assert (ew.graph_count, ew.graph_break_count) == (1, 0)
     assert {"mul", "exp"} <= set(ew.ops_per_graph[0])  # exercise 8: both branches computed
     assert (ec.graph_count, ec.graph_break_count) == (1, 0) and "cond" in ec.ops_per_graph[0]

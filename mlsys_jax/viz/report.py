@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from mlsys_jax.report import Check, Result, fmt
+from mlsys_jax.report import Check, fmt
 
 SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
 
