@@ -229,7 +229,7 @@ def combine(parts: list) -> dict:
     out = dict(parts[0])
     for key in ("programs", "valid", "rejected", "verifier_failures", "mismatches", "crashes",
                 "float64_twin_checks"):
-        out[key] = sum(p[key] for p in parts)
+        out[key] = sum(p.get(key, 0) for p in parts)
     out["seconds"] = max(p["seconds"] for p in parts)
     out["worst_error_ratio"] = max(p["worst_error_ratio"] for p in parts)
     out["stopped_by_time_budget"] = any(p["stopped_by_time_budget"] for p in parts)
