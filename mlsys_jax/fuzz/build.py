@@ -126,10 +126,11 @@ class _Ops:
 
     def op_bn(self, n, z):
         c, s, eps = z.shape[self.axis], n["seed"], n["eps"]
-        gamma = self.const(s, (c,), "positive") * (-1.0 if n["neg_gamma"] else 1.0)
+        gamma = self.const(s, (c,), "positive", scale=-1.0 if n["neg_gamma"] else 1.0)
         beta, mean = self.const(s + 1, (c,)), self.const(s + 2, (c,))
         var = self.const(s + 3, (c,), "tiny" if n["var"] == "tiny" else "positive")
-        form, ch = n["form"], (lambda v: self.channel(v, z))
+        # jnp, not NumPy, arithmetic on the constants: NumPy promotes bfloat16 + float to float32
+        form, ch = n["form"], (lambda v: self.channel(jnp.asarray(v), z))
         if form == "named":  # the library's jitted batch_norm (NCHW, its own eps)
             return batch_norm(z, gamma, beta, mean, var)
         if form == "rsqrt":
@@ -137,7 +138,8 @@ class _Ops:
         if form == "div":
             return (z - ch(mean)) / jnp.sqrt(ch(var) + eps) * ch(gamma) + ch(beta)
         scale = gamma / np.sqrt(var + eps)  # a general per-channel affine, scale and shift given
-        return z * ch(jnp.asarray(scale)) + ch(jnp.asarray(beta - mean * scale))
+        shift = beta - mean * scale
+        return z * ch(np.asarray(scale, self.dt)) + ch(np.asarray(shift, self.dt))
 
     def op_train_bn(self, n, z):
         axes = (0, 2, 3) if self.axis == 1 else (0, 1, 2)
