@@ -121,8 +121,8 @@ def to_jsonable(x: Any) -> Any:
 
 def fmt(x: Any) -> str:
     """Render a cell: floats with 4 significant digits (scientific when tiny/huge)."""
-    if isinstance(x, bool) or x is None:
-        return "" if x is None else ("✓" if x else "✗")
+    if isinstance(x, bool) or x is None:  # ✓/✗ are kept for checked claims (format_result)
+        return "" if x is None else ("yes" if x else "no")
     if isinstance(x, (np.generic,)):
         x = x.item()
     if isinstance(x, float):
@@ -162,6 +162,7 @@ def format_result(result: Result, checks: Iterable[Check] = ()) -> str:
         parts.append("\nNotes:\n" + "\n".join(f"  - {n}" for n in result.notes))
     checks = list(checks)
     if checks:
-        rows = [{"claim": c.claim, "ours": c.ours, "lecture": c.lecture, "ok": c.ok} for c in checks]
+        rows = [{"claim": c.claim, "ours": c.ours, "lecture": c.lecture, "ok": "✓" if c.ok else "✗"}
+                for c in checks]
         parts.append(format_table(rows, title="\n[checks]"))
     return "\n".join(parts)
