@@ -10,7 +10,9 @@ graphs, the breaks (what needed a value, and the source line) and each graph's o
 Guarded replay. Compiled segments are kept in a tree keyed by the inputs' shapes, dtypes and
 weak types (plus the values of non-array arguments) and, after each break, by the concrete value
 Python branched on. A warm call walks that tree — run segment, read the guard value, pick the
-child — without running ``fn``'s Python or retracing. This is sound for *pure* functions (the
+child — without running ``fn``'s Python or retracing. Once both outcomes of a ``bool`` break
+are known and each returns after one segment, the break and its two branches replay as one
+``lax.cond`` program (``_fuse.py``): one dispatch, no guard read on the host. This is sound for *pure* functions (the
 output depends only on the arguments), the same assumption ``jax.jit`` makes: a global that
 changes between calls, a counter, or Python-side I/O is not seen by a warm call. What capture can
 detect it refuses with :class:`~mlsys_jax.errors.MlsysError`: a deferred value stored outside the
@@ -35,6 +37,7 @@ import numpy as np
 
 from mlsys_jax.compat import Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.execute._fuse import fuse_branch, fusable
 from mlsys_jax.execute._segments import (CONVERT, TEXT_KINDS, BreakReason, ColdRun, Node,
                                         guard_key)
 
@@ -65,7 +68,8 @@ class Captured:
         self.fn, self.exact = fn, exact
         self.roots: dict = {}  # input key -> Node
         self.cache: dict = {}  # segment signature -> jitted segment (shared across the tree)
-        self.stats = {"cold": 0, "warm": 0}
+        self.stats = {"cold": 0, "warm": 0, "fused": 0}
+        self.fused: dict = {}  # id(break node) -> FusedBranch, or None once it proved unfusable
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
@@ -82,6 +86,9 @@ class Captured:
     def _replay(self, node, leaves):
         env = dict(enumerate(x for x in leaves if isinstance(x, (jax.Array, np.ndarray))))
         while True:
+            out = self._replay_fused(node, env)
+            if out is not _MISS:
+                return out
             seg = node.seg
             if seg is not None:
                 env.update(zip(seg.out_slots, seg.fn(*[env[s] for s in seg.in_slots])))
@@ -95,6 +102,23 @@ class Captured:
             node = node.children.get(guard)
             if node is None:
                 return _MISS
+
+    def _replay_fused(self, node, env):
+        """Both outcomes of this bool break known: one lax.cond program, no guard read."""
+        fused = self.fused.get(id(node), _MISS)
+        if fused is _MISS:
+            if not fusable(node):
+                return _MISS  # not (yet) both outcomes: ask again once the tree grows
+            fused = self.fused[id(node)] = fuse_branch(node, self.exact)
+        if fused is None:
+            return _MISS
+        try:
+            leaves = fused.fn(*[env[s] for s in fused.in_slots])
+        except (TypeError, ValueError):  # branches disagree on types: replay segment by segment
+            self.fused[id(node)] = None
+            return _MISS
+        self.stats["fused"] += 1
+        return jax.tree_util.tree_unflatten(fused.out_tree, list(leaves))
 
     def run_cold(self, key, leaves, tree):
         """Run the Python on deferred values, filling the guard tree; returns (result, run)."""
@@ -131,7 +155,7 @@ def capture(fn: Callable, exact: bool = True) -> Captured:
         f(x, w)   # cold: runs the Python, 2 graphs, 1 break
         f(x, w)   # warm: replays the cached segments, Python not run
     """
-    return Captured(fn)
+    return Captured(fn, exact)
 
 
 @dataclass
