@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation, jaxpr_as_fun
+from mlsys_jax.compat import ClosedJaxpr, bind_equation, jaxpr_as_fun
+from mlsys_jax.ir.interpret import eval_jaxpr
 
 INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint",
                      "custom_jvp_call", "custom_vjp_call", "custom_lin"})
@@ -30,17 +31,8 @@ def _body(eqn):
 
 
 def eval_open(jaxpr, consts, args) -> list:
-    env: dict = {}
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    env.update(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        env.update(zip(eqn.outvars, _eval_eqn(eqn, invals)))
-    return [read(v) for v in jaxpr.outvars]
+    """The foundation's interpreter, with every equation evaluated by :func:`_eval_eqn`."""
+    return eval_jaxpr(jaxpr, consts, *args, handler=_eval_eqn)
 
 
 def _closed(c, args):
