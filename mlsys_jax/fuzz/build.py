@@ -55,7 +55,13 @@ class _Ops:
         self.axis = 1 if spec.layout == "nchw" else -1
 
     def const(self, seed, shape, kind="normal", scale=1.0):
-        return _drawn(seed, shape, self.prog, self.dt, kind=kind) * np.asarray(scale, self.dt)
+        return self.fixed(_drawn(seed, shape, self.prog, self.prog, kind=kind)
+                          * np.asarray(scale, self.prog))
+
+    def fixed(self, value):
+        """A build-time constant, computed in the program's dtype and then widened, so that the
+        float64 twin holds exactly the program's constants (``oracles.mirrors`` relies on it)."""
+        return np.asarray(np.asarray(value, self.prog), self.dt)
 
     def channel(self, v, z):  # a per-channel vector broadcast along the channel axis
         return v.reshape(1, -1, 1, 1) if self.axis == 1 else v
@@ -137,9 +143,11 @@ class _Ops:
             return ch(gamma) * (z - ch(mean)) * lax.rsqrt(ch(var) + eps) + ch(beta)
         if form == "div":
             return (z - ch(mean)) / jnp.sqrt(ch(var) + eps) * ch(gamma) + ch(beta)
-        scale = gamma / np.sqrt(var + eps)  # a general per-channel affine, scale and shift given
-        shift = beta - mean * scale
-        return z * ch(np.asarray(scale, self.dt)) + ch(np.asarray(shift, self.dt))
+        # a general per-channel affine, scale and shift given (computed as fixed() says)
+        prog = lambda v: np.asarray(v, self.prog)  # noqa: E731
+        scale = prog(gamma) / np.sqrt(prog(var) + eps)
+        shift = prog(beta) - prog(mean) * scale
+        return z * ch(self.fixed(scale)) + ch(self.fixed(shift))
 
     def op_train_bn(self, n, z):
         axes = (0, 2, 3) if self.axis == 1 else (0, 1, 2)
