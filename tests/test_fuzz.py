@@ -77,6 +77,31 @@ def test_numeric_tier_uses_the_float64_reference_for_tiny_variance():
     assert oracles.error_ratio(np.array([1000.02], np.float32), orig, ref) > 2
 
 
+def test_float64_twin_vouches_only_for_a_rewrite_that_mirrors_it():
+    """The twin may excuse a float32 excess only if the rewrite is the twin's at another dtype."""
+    import ml_dtypes
+
+    w = np.linspace(-1.0, 1.0, 8)
+    x32, x64 = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float64)
+    scaled = lambda c: jax.make_jaxpr(lambda x: x * c + 1e-8)  # noqa: E731
+    orig, orig64 = scaled(w.astype(np.float32))(x32), scaled(w)(x64)
+    assert oracles.mirrors(orig, orig64, orig, orig64, "f32") == ""
+    # a literal that underflows in float16 (1e-8 -> 0) is rounded alike on the twin's side
+    x16 = np.zeros((4, 8), np.float16)
+    orig16 = scaled(w.astype(np.float16))(x16)
+    assert oracles.mirrors(orig16, orig64, orig16, orig64, "f16") == ""
+    # a pass that rounds a constant to bfloat16 in float32 programs only: the twin is exact
+    lossy = scaled(w.astype(ml_dtypes.bfloat16).astype(np.float32))(x32)
+    assert "ulp" in oracles.mirrors(lossy, orig64, orig, orig64, "f32")
+    # a round trip through bfloat16 that the twin does not make
+    cast = jax.make_jaxpr(lambda x: (x.astype(jax.numpy.bfloat16) * w.astype(np.float32)
+                                     ).astype(np.float32) + 1e-8)(x32)
+    assert "casts" in oracles.mirrors(cast, orig64, orig, orig64, "f32")
+    # a different program
+    other = jax.make_jaxpr(lambda x: jax.numpy.sin(x * w.astype(np.float32)) + 1e-8)(x32)
+    assert "differs" in oracles.mirrors(other, orig64, orig, orig64, "f32")
+
+
 def test_derivative_modes():
     spec = generate_seeded(SEEDS[0])
     while_spec = Spec("dense", "f32", [[4, 8]], [{"op": "while", "args": [0], "name": "w",

@@ -108,6 +108,23 @@ def conv_bn_without_eps():
     return _during(conv.fold_conv_bn(), (convsites.Consts, "value", value))
 
 
+def conv_bn_bf16_in_f32():
+    """fold_conv_bn rounding the folded weights through bfloat16 in float32 programs only (a
+    mixed-precision shortcut keyed on the dtype). Its float64 twin is exact, so the float64-twin
+    escape of the numeric oracle must not vouch for it: only :func:`oracles.mirrors` catches it."""
+    import ml_dtypes
+    from mlsys_jax.passes import conv
+
+    real = conv._channel_scale
+
+    def lossy(w, vec, site):
+        out = real(w, vec, site)
+        if getattr(out, "dtype", None) == np.float32 and isinstance(out, np.ndarray):
+            out = out.astype(ml_dtypes.bfloat16).astype(np.float32)
+        return out
+    return _during(conv.fold_conv_bn(), (conv, "_channel_scale", lossy))
+
+
 def _proxy(module, **overrides):
     """A stand-in for ``module`` (numpy, jax.numpy) with some functions replaced."""
     ns = types.SimpleNamespace(**{k: getattr(module, k) for k in dir(module)
@@ -160,6 +177,8 @@ MUTANTS = (
     Mutant("conv_bn_wrong_channel_axis", "fold_conv_bn", conv_bn_wrong_channel_axis,
            "BN scale applied along W's input-feature axis"),
     Mutant("conv_bn_no_eps", "fold_conv_bn", conv_bn_without_eps, "BN folded without eps"),
+    Mutant("conv_bn_bf16_in_f32", "fold_conv_bn", conv_bn_bf16_in_f32,
+           "folded weights rounded to bfloat16 in float32 programs only"),
     Mutant("merge_concat_wrong_axis", "merge_parallel_convs", merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
     Mutant("enlarge_off_centre", "enlarge_conv_kernel", enlarge_off_centre,
