@@ -16,6 +16,10 @@ BN_FORMS = ("rsqrt", "div", "named", "affine")
 # near-miss parallel convs: the attribute that differs (merge must refuse) — "none" merges
 CONV_PAIRS = ("none", "none_indep", "ksize", "none", "ksize", "stride", "padding", "dilation",
               "groups", "precision")
+# the one param in which a near-miss conv pair differs ("none*": mergeable pairs)
+NEAR_MISSES = {"ksize": {"k": 1}, "stride": {"stride": 2}, "padding": {"pad": "VALID"},
+               "dilation": {"dil": 2}, "groups": {"groups": 2},
+               "precision": {"precision": "highest"}}
 
 
 def conv_out(n: int, k: int, stride: int, pad, dil: int) -> int:
@@ -201,19 +205,7 @@ def m_parallel_convs(g: Builder):
     cin = g.shapes[v][g.chan_axis()]
     variant = c.choice(CONV_PAIRS)
     base = dict(out=cin, k=3, stride=1, pad="SAME", dil=1, groups=1, precision=None)
-    other = dict(base)
-    if variant == "ksize":
-        other["k"] = 1
-    elif variant == "stride":
-        other["stride"] = 2
-    elif variant == "padding":
-        other["pad"] = "VALID"
-    elif variant == "dilation":
-        other["dil"] = 2
-    elif variant == "groups":
-        other["groups"] = 2
-    elif variant == "precision":
-        other["precision"] = "highest"
+    other = {**base, **NEAR_MISSES.get(variant, {})}
     a = g.conv(v, **base)
     b = g.conv(v, **other)
     if g.shapes[a] == g.shapes[b] and variant != "none_indep":
