@@ -119,7 +119,7 @@ def conv_bn_bf16_in_f32():
 
     def lossy(w, vec, site):
         out = real(w, vec, site)
-        if getattr(out, "dtype", None) == np.float32 and isinstance(out, np.ndarray):
+        if isinstance(out, np.ndarray) and out.dtype == np.float32:
             out = out.astype(ml_dtypes.bfloat16).astype(np.float32)
         return out
     return _during(conv.fold_conv_bn(), (conv, "_channel_scale", lossy))
