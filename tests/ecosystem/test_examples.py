@@ -1,0 +1,28 @@
+"""The example factories in examples/ build as their libraries intend, in float32."""
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import equinox_mlp
+import flax_mlp
+import flax_transformer
+
+MODULES = [flax_mlp, equinox_mlp, flax_transformer]
+
+
+def _float_leaves(tree):
+    return [x for x in jax.tree_util.tree_leaves(tree) if eqx.is_inexact_array(x)]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_factories_run_in_float32(module):
+    f, args = module.inspect()
+    assert f(*args).dtype == jnp.float32
+    loss_fn, params, batch = module.loss()
+    assert all(x.dtype == jnp.float32 for x in _float_leaves(params))
+    grads = eqx.filter_grad(loss_fn)(params, batch)
+    assert all(bool(jnp.isfinite(g).all()) for g in _float_leaves(grads))
+    loss_fn, params, batch, optimizer = module.train()
+    state = optimizer.init(eqx.filter(params, eqx.is_array))
+    assert jnp.isfinite(loss_fn(params, batch)) and state is not None
