@@ -51,8 +51,8 @@ def randomise_statistics(model, seed: int = 1):
     for _, bn in nnx.iter_graph(model):
         if isinstance(bn, nnx.BatchNorm):
             key, km, kv = jax.random.split(key, 3)
-            bn.mean.value = 0.5 * jax.random.normal(km, bn.mean.value.shape)
-            bn.var.value = jax.random.uniform(kv, bn.var.value.shape, minval=0.5, maxval=1.5)
+            bn.mean[...] = 0.5 * jax.random.normal(km, bn.mean.shape)
+            bn.var[...] = jax.random.uniform(kv, bn.var.shape, minval=0.5, maxval=1.5)
     return model
 
 
