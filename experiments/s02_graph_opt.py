@@ -8,6 +8,7 @@ finds the same sequence by itself, while a greedy one stops at ②.
 """
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import jax
@@ -19,6 +20,7 @@ from mlsys_jax import cost, ir, models, passes as P, runtime, timing
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
 from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.viz import plots as viz
 
 ID = "02"
 TITLE = "Graph optimizations: Conv+BN folding, conv merging, worse-before-better (§4)"
@@ -322,6 +324,19 @@ def check(result: Result) -> list[Check]:
                         "(enlarged slower than folded)", cpu["enlarged_over_folded"] > 1.0,
                         round(cpu["enlarged_over_folded"], 3), "> 1"))
     return checks
+
+
+def plots(result: Result, directory: str) -> list[str]:
+    """Each rewrite step's kernels on the roofline model as a PNG in ``directory``, drawn from
+    ``result``; returns its path ([] without matplotlib)."""
+    d = result.data
+    steps = {row["step"]: ks for row, ks in zip(d["steps"], d["step_kernels"])}
+    r = d["roofline"]
+    path = viz.roofline_steps(os.path.join(directory, "02_roofline_steps.png"), steps,
+                              peak_flops=r["peak_flops"], bandwidth=r["bandwidth"],
+                              title=f"§4.2 rewrite steps on the {r['hw']} roofline model "
+                                    f"({r['dtype']})")
+    return [path] if path else []
 
 
 def main() -> None:

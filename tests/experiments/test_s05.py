@@ -3,6 +3,7 @@ import jax
 import pytest
 
 from experiments import s05_dispatch_fusion as s05
+from experiments._s05_fusion import hlo_kernels
 from mlsys_jax.errors import MlsysError
 
 SMALL = dict(sizes=(10, 1_000_000), chain_ns=(1, 50), chain_size=100, fusion_size=1_000_000,
@@ -64,13 +65,13 @@ ENTRY %main (x: f32[4], w: f32[3,3]) -> (f32[4], f32[4]) {
   ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%f, %d)
 }
 """
-    assert dict(s05.hlo_kernels(text)) == {"fusion": 1, "convolution": 1}
+    assert dict(hlo_kernels(text)) == {"fusion": 1, "convolution": 1}
 
 
 def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
     from mlsys_jax.viz import plots
 
-    paths = s05.write_plots(str(tmp_path), result.tables, result.data)
+    paths = s05.plots(result, str(tmp_path))
     if plots.unavailable_reason() is None:
         names = sorted(p.name for p in tmp_path.iterdir())
         assert names == ["05_breakdown.png", "05_chain.png", "05_dispatch_vs_size.png"]
@@ -78,7 +79,7 @@ def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
         assert all((tmp_path / n).stat().st_size > 1000 for n in names)
         assert plots.plot_notes(paths) == [f"plot written: {p}" for p in paths]
     monkeypatch.setattr(plots, "unavailable_reason", lambda: "plots skipped: no matplotlib")
-    assert s05.write_plots(str(tmp_path / "none"), result.tables, result.data) == []
+    assert s05.plots(result, str(tmp_path / "none")) == []
     assert plots.plot_notes([]) == ["plots skipped: no matplotlib"]
 
 
