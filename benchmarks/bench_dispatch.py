@@ -37,7 +37,11 @@ def run(quick: bool = False) -> dict:
     model = {"eager": lambda: fn(*args), "jit": lambda: jitted(*args),
              "captured": lambda: captured(*args)}
     notes = [f"tiny = {tiny.size} float32 elements; fusion on {big.size:,} elements; "
-             f"model: {small['name']}; {repeats} rounds"]
+             f"model: {small['name']}; {repeats} rounds",
+             "two lecture claims are figures here rather than experiment checks, their margin on "
+             "a CPU being small: seed 003 'one eager op takes longer than one jit call' "
+             "(eager_op_over_jit_call_ratio > 1) and seed 001 'the same model, eager vs jit' "
+             "(model_eager_over_jit_ratio ≥ 2, experiment 06's execution_modes)"]
     tm = timing.compare(model, repeats=repeats)
     n = ns[-1]
     figures = {

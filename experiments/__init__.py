@@ -1,4 +1,7 @@
-"""One module per lecture section; each has run(**overrides) -> Result, check(result), main().
+"""One module per lecture section; each has run(**overrides) -> Result, check(result) (the
+lecture's claims, derived from the result alone), plots(result, directory) -> PNG paths, and
+main(). A section's parts live beside it as ``_sNN_<subsection>.py`` (``_s05_fusion.py``);
+``_inputs.py`` holds the host-built inputs that experiments 05 and 06 share.
 
 IDs are the lecture's script numbers (seed 000 §0.3): 01 autodiff & execution models, 02 graph
 optimizations, 03 rematerialization, 04 parallelism; 05 dispatch & fusion (seed 003) and

@@ -62,6 +62,13 @@ def run(**overrides) -> Result:
                      "crossover comes early; a likely cause (not verified here) is XLA:CPU "
                      "running only tiny kernels inline and handing larger ones to its thread "
                      "pool, which costs tens of µs on a busy 2-core machine")
+    d = sweep["summary"]
+    notes.append(f"small inputs: one eager op {d['eager_op_us']:.3g} µs vs one call of it jitted "
+                 f"{d['jit_op_call_us']:.3g} µs ({d['eager_op_over_jit_call']:.2f}×; vs a whole "
+                 f"{d['chain_len']}-op chain {d['eager_op_over_jit_chain_call']:.2f}×). Seed 003's "
+                 "claim that the eager op takes longer holds by a small margin on a CPU (an eager "
+                 "op is itself a cached one-primitive executable), so it is a benchmark figure, "
+                 "not a check: `mlsys-jax bench dispatch`, eager_op_over_jit_call_ratio")
     if sweep["summary"]["crossover_elems"] is None:
         notes.append("no crossover inside the sizes swept: raise --set sizes=... to larger tensors")
 
@@ -118,12 +125,10 @@ def _validate(cfg: dict) -> None:
 def check(result: Result) -> list[Check]:
     d, ch = result.data["dispatch"], result.data["chain"]
     fu, bd = result.data["fusion"], result.data["breakdown"]
+    # The timed claims below clear their thresholds by 3× or more on a quiet CPU (the unit test
+    # says which it asserts, and why). One eager op vs one jit call, whose margin is small, is a
+    # note of run() and a figure of `mlsys-jax bench dispatch` instead.
     checks = [
-        Check("small inputs: one eager op takes longer than one call of a jitted function",
-              d["eager_op_over_jit_call"] > 1.0,
-              f"{d['eager_op_us']:.3g} vs {d['jit_op_call_us']:.3g} µs "
-              f"({d['eager_op_over_jit_call']:.2f}×; vs a whole {d['chain_len']}-op chain "
-              f"{d['eager_op_over_jit_chain_call']:.2f}×)", "per-op dispatch > one call"),
         Check("small inputs: eager per op ≥ 3× jit per op (dispatch-bound)",
               d["eager_over_jit_small"] >= 3.0, round(d["eager_over_jit_small"], 1), "CPU-bound"),
         Check("compute hides dispatch on large tensors: a crossover size exists in the sweep",

@@ -15,8 +15,20 @@ def result():
     return s05.run(**SMALL)
 
 
+# A claim that rests on a measured time is asserted here only if every run we measured at these
+# settings (11 runs on the shared 2-core machine, load average 3 to 13) cleared its threshold by
+# 2× or more: dispatch share on the largest tensor 0.008–0.07 (claim < 0.5), chain slopes
+# 21–236× (≥ 5×), unfused/fused 5.8–9.7× (≥ 1.5×), eager dispatch 2.5–15× the jitted call's
+# (claim: less), measured eager/jit step 3.0–5.4× (> 1). One claim did not clear it; it stays a
+# claim of `mlsys-jax run 05`, and `mlsys-jax bench dispatch` measures it side by side:
+NOT_ASSERTED = {"small inputs: eager per op ≥ 3× jit per op (dispatch-bound)":
+                "17–20× on a quiet machine, 4.3× at load average 13 (1.4× its threshold)"}
+
+
 def test_every_claim_holds(result):
-    failed = [c for c in s05.check(result) if not c.ok]
+    checks = s05.check(result)
+    assert set(NOT_ASSERTED) <= {c.claim for c in checks}  # left out by name, never by accident
+    failed = [c for c in checks if not c.ok and c.claim not in NOT_ASSERTED]
     assert failed == []
 
 
