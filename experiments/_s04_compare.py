@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlsys_jax.parallel import comm, data
 
-TOL = 1e-12  # float64: "equal" to the single-device step (the parallel tier of the fuzz oracles)
+TOL = 1e-12  # float64: "equal" to the single-device step, up to rounding
 
 
 def compile_run(fn, *args):
