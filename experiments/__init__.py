@@ -1,4 +1,7 @@
-"""One module per lecture section; each has run(**overrides) -> Result, check(result), main().
+"""One module per lecture section; each has run(**overrides) -> Result, check(result) (the
+lecture's claims, derived from the result alone), plots(result, directory) -> PNG paths, and
+main(). A section's parts live beside it as ``_sNN_<subsection>.py`` (``_s05_fusion.py``);
+``_inputs.py`` holds the host-built inputs that experiments 05 and 06 share.
 
 IDs are the lecture's script numbers (seed 000 §0.3): 01 autodiff & execution models, 02 graph
 optimizations, 03 rematerialization, 04 parallelism; 05 dispatch & fusion (seed 003) and
@@ -7,7 +10,6 @@ optimizations, 03 rematerialization, 04 parallelism; 05 dispatch & fusion (seed 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 EXPERIMENTS: dict[str, str] = {
     "01": "experiments.s01_autodiff",
@@ -19,22 +21,11 @@ EXPERIMENTS: dict[str, str] = {
 }
 
 
-def available() -> dict[str, str]:
-    """IDs whose module exists in this checkout (experiments land one issue at a time)."""
-    out = {}
-    for eid, mod in EXPERIMENTS.items():
-        if importlib.util.find_spec(mod) is not None:
-            out[eid] = mod
-    return out
-
-
 def load(eid: str):
     """Import an experiment module by ID ('02', '2', 's02' or the module's short name)."""
     key = eid.lower().lstrip("s")
     key = key.zfill(2) if key.isdigit() else key
     for k, mod in EXPERIMENTS.items():
         if key in (k, mod.rsplit(".", 1)[1], mod.rsplit(".", 1)[1][4:]):
-            if importlib.util.find_spec(mod) is None:
-                raise LookupError(f"experiment {k} ({mod}) is not in this checkout yet")
             return importlib.import_module(mod)
     raise LookupError(f"unknown experiment {eid!r}; choose one of {', '.join(EXPERIMENTS)} or 'all'")

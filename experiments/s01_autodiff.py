@@ -358,6 +358,11 @@ def check(result: Result) -> list[Check]:
     ]
 
 
+def plots(result: Result, directory: str) -> list[str]:
+    """No picture for this section: its figures are the tables (and the report shows them)."""
+    return []
+
+
 def main(**overrides):
     result = run(**overrides)
     print(format_result(result, check(result)))

@@ -95,12 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         runtime.configure(devices=devices or runtime.DEFAULT_DEVICES, x64=True)
         module, func = HANDLERS[args.command]
-        try:
-            handler = getattr(importlib.import_module(module), func)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                raise MlsysError(f"'{args.command}' is not available in this checkout yet") from None
-            raise
+        handler = getattr(importlib.import_module(module), func)
         return int(handler(args) or 0)
     except (MlsysError, LookupError, FileNotFoundError) as e:
         if debug:

@@ -37,7 +37,7 @@ def main(args) -> int:
     if args.id == "all":
         if overrides:
             raise MlsysError("--set applies to one experiment; run it by its ID (e.g. run 03 --set k=8)")
-        ids = list(experiments.available())
+        ids = list(experiments.EXPERIMENTS)
     else:
         experiments.load(args.id)  # validates the ID with a clear message
         ids = [args.id]

@@ -48,3 +48,19 @@ def test_imports_point_one_way():
             if dep in RANK and RANK[dep] > RANK[layer]:
                 bad.append(f"{path.relative_to(PKG)} ({layer}) imports {dep}")
     assert bad == []
+
+
+def test_library_never_imports_experiments_or_benchmarks():
+    # The library serves the experiments; only the command line (cli*) sits above them. The
+    # report asks each experiment module for its plots instead of importing experiments.
+    def imports_users(path):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("experiments", "benchmarks") for n in names):
+                return True
+        return False
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                 if not any(part.startswith("cli") for part in p.relative_to(PKG).parts)
+                 and imports_users(p)]
+    assert offenders == []

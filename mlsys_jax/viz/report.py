@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from mlsys_jax.report import Check, fmt
+from mlsys_jax.viz import plots
 
 SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
 
@@ -70,9 +71,11 @@ def verdict(check: Check) -> str:
 
 
 def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) -> str:
-    """Write ``directory/report.md`` (+ PNGs); ``outputs`` holds (module, Result, checks) triples."""
-    from mlsys_jax.viz import report_plots
+    """Write ``directory/report.md`` (+ PNGs); ``outputs`` holds (module, Result, checks) triples.
 
+    Each experiment module draws its own pictures from its result: ``module.plots(result,
+    directory)`` returns the paths of the PNGs it wrote.
+    """
     os.makedirs(directory, exist_ok=True)
     lines = ["# mlsys-jax: the lecture, reproduced", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `mlsys-jax run all --report {directory}`.",
@@ -81,7 +84,7 @@ def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) 
         bad = sum(not c.ok for c in checks)
         lines.append(f"| {result.id} | {result.title} | {split.get(result.id, '')} | {len(checks)} | {bad} |")
     lines.append(f"| **all** | | **{round(sum(split.values()), 1)}** | | |")
-    plot_note = report_plots.unavailable()
+    plot_note = plots.unavailable_reason()
     for module, result, checks in outputs:
         lines += ["", f"## {result.id} · {result.title}", ""]
         if checks:
@@ -93,7 +96,7 @@ def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) 
         if result.notes:
             lines += ["### Notes", ""] + [f"- {n}" for n in result.notes] + [""]
         if plot_note is None:
-            for path in report_plots.plot(result, directory):
+            for path in module.plots(result, directory):
                 lines += [f"![{os.path.basename(path)}]({os.path.basename(path)})", ""]
     if plot_note:
         lines += ["", f"_{plot_note}_"]
