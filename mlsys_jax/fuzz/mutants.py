@@ -50,7 +50,7 @@ def cse_ignoring_params():
 
     if "param_blind" in inspect.signature(cse).parameters:
         return cse(param_blind=True)
-    return _during(cse(), (basic, "param_key", lambda value: ""))
+    return _during(cse(), (basic, "params_key", lambda params, strict=True: ""))
 
 
 def dce_dropping_effects():

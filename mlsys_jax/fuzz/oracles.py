@@ -15,8 +15,7 @@ import numpy as np
 from mlsys_jax.compat import Literal
 from mlsys_jax.fuzz.build import build, make_inputs
 from mlsys_jax.fuzz.spec import Spec, derivative_mode
-from mlsys_jax.fuzz import evaluate
-from mlsys_jax.ir import walk
+from mlsys_jax.ir import evaluate, signature, walk
 from mlsys_jax.ir.trace import DTYPES
 
 RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (TESTING.md §3)
@@ -119,8 +118,8 @@ class Verdict:
 
 
 def types_of(closed) -> list:
-    return [(tuple(v.aval.shape), str(v.aval.dtype), bool(getattr(v.aval, "weak_type", False)))
-            for v in closed.jaxpr.outvars]
+    """(shape, dtype, weak_type) of every output."""
+    return signature(closed)[1]
 
 
 def _err(x, ref, norm: str) -> float:

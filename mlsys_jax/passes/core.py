@@ -12,22 +12,11 @@ from typing import Callable, Optional
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, nested_jaxprs
+from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
 from mlsys_jax.ir import eval_jaxpr, input_structs
-from mlsys_jax.ir.opview import CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY
-from mlsys_jax.cost.rules import MOVEMENT
-
-# Primitives known to be pure and deterministic: safe to fold, merge (CSE) and evaluate early.
-# Anything else (user primitives, RNG state, collectives, callbacks) is opaque (TESTING.md §5).
-PURE = (ELEMENTWISE | REDUCTIONS | CONTRACTIONS | SHAPE_ONLY | MOVEMENT | {
-    "select_n", "clamp", "iota", "cumsum", "cumprod", "cummax", "cummin", "sort", "argsort",
-    "dynamic_slice", "integer_pow", "square", "dot_general", "transpose", "rev", "pad",
-    "concatenate", "squeeze", "reduce_precision"}) - {
-    "device_put", "all_gather", "all_to_all", "ppermute", "axis_index", "pbroadcast", "pvary",
-    "pcast", "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
-    "sharding_constraint", "mesh_cast", "reshard", "empty"}
-PURE_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                        "custom_vjp_call"})
+from mlsys_jax.ir.keys import signature
+from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
+from mlsys_jax.ir.walk import bodies, body_path
 
 
 @dataclass(frozen=True)
@@ -131,8 +120,8 @@ def is_pure(eqn) -> bool:
     name = eqn.primitive.name
     if name in PURE:
         return True
-    if name in PURE_CALLS:
-        return all(is_pure(e) for _, _, sub, _ in nested_jaxprs(eqn) for e in sub.eqns)
+    if name in NAMED_CALLS:  # pure exactly when the body is
+        return all(is_pure(e) for b in bodies(eqn) for e in b.jaxpr.eqns)
     return False
 
 
@@ -203,27 +192,27 @@ def default_outputs(eqn, invals, make_rule, log, here) -> list:
 def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
     """Apply the pass to every nested body; rebind with the new bodies when their signatures are
     unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
-    subs = nested_jaxprs(eqn)
+    subs = bodies(eqn)
     if not subs:
         return None
     params = dict(eqn.params)
     changed = False
-    for pname, idx, sub, consts in subs:
-        old = eqn.params[pname] if idx is None else eqn.params[pname][idx]
-        old_closed = old if isinstance(old, ClosedJaxpr) else ClosedJaxpr(old, ())
-        label = f"{eqn.primitive.name}.{pname}" + (f"[{idx}]" if idx is not None else "")
-        new = transform(old_closed, make_rule, log, f"{here}/{label}/")
+    for b in subs:
+        old = eqn.params[b.param] if b.index is None else eqn.params[b.param][b.index]
+        old_closed = old if b.is_closed else ClosedJaxpr(old, ())
+        new = transform(old_closed, make_rule, log, body_path(here, b))
         if new is old_closed:
             continue
-        if not _same_signature(old_closed, new) or (not isinstance(old, ClosedJaxpr) and new.consts):
-            log.refused(f"{here}/{label}", "rewritten body would change its signature or need "
+        if signature(old_closed) != signature(new) or (not b.is_closed and new.consts):
+            log.refused(f"{here}/{b.label}", "rewritten body would change its signature or need "
                         "constants an open jaxpr cannot hold; body left as it was")
             continue
-        new_val = new if isinstance(old, ClosedJaxpr) else new.jaxpr
-        if idx is None:
-            params[pname] = new_val
+        new_val = new if b.is_closed else new.jaxpr
+        if b.index is None:
+            params[b.param] = new_val
         else:
-            params[pname] = tuple(new_val if k == idx else v for k, v in enumerate(params[pname]))
+            params[b.param] = tuple(new_val if k == b.index else v
+                                    for k, v in enumerate(params[b.param]))
         changed = True
     if not changed:
         return None
@@ -233,13 +222,6 @@ def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
         log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(e).__name__}); "
                     "equation left as it was")
         return None
-
-
-def _same_signature(a: ClosedJaxpr, b: ClosedJaxpr) -> bool:
-    def sig(vs):
-        return [(v.aval.shape, v.aval.dtype, getattr(v.aval, "weak_type", False)) for v in vs]
-    return (sig(a.jaxpr.invars) == sig(b.jaxpr.invars)
-            and sig(a.jaxpr.outvars) == sig(b.jaxpr.outvars))
 
 
 def simple_pass(name: str, make_rule: Callable, recurse: bool = True,
