@@ -18,7 +18,7 @@ import numpy as np
 
 from mlsys_jax import ir, models, timing
 from mlsys_jax import passes as P
-from mlsys_jax.passes.cli import build_pipeline
+from mlsys_jax.passes.registry import pipeline as default_pipeline
 
 NAME = "passes"
 EQNS_PER_BLOCK = 11
@@ -58,7 +58,7 @@ def _compile(closed):
 
 def pipeline_vs_compile(quick: bool) -> tuple[dict, list]:
     repeats = 3 if quick else 5
-    pipeline = build_pipeline(None)
+    pipeline = default_pipeline()
     sizes = (300, 3_000) if quick else (1_000, 10_000)
     P.run(pipeline, generated_program(200), verify=True, cost=False)  # eager folding kernels compile
     progs = {n: generated_program(n) for n in sizes}

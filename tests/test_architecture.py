@@ -64,3 +64,47 @@ def test_library_never_imports_experiments_or_benchmarks():
                  if not any(part.startswith("cli") for part in p.relative_to(PKG).parts)
                  and imports_users(p)]
     assert offenders == []
+
+
+def _pass_name_literals(path: Path, names: set, own: dict) -> list[str]:
+    """String constants equal to a pass name in one file, except a factory naming its own Pass
+    (``own``: module → {function name}) and ``__all__`` lists."""
+    module = ".".join(path.relative_to(PKG.parent).with_suffix("").parts)
+    found = []
+
+    def visit(node, inside: tuple):  # inside: the names of the enclosing functions
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inside += (node.name,)
+        if isinstance(node, ast.Constant) and node.value in names \
+                and not (node.value in inside and node.value in own.get(module, ())):
+            found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.value!r}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+    visit(ast.parse(path.read_text()), ())
+    return found
+
+
+# String constants that equal a pass name but mean something else.
+NOT_PASS_NAMES = {("execute/_record.py", "inline")}  # jit's own `inline` parameter
+
+
+def test_every_pass_name_comes_from_the_registry():
+    """A pass is named in passes/registry.py and by its own factory, nowhere else: the CLI, the
+    search, the fuzzer's campaign, oracles and mutants take names (and kinds) from the registry."""
+    from mlsys_jax.passes import registry
+
+    names = set(registry.NAMES)
+    own: dict = {}
+    for n, e in registry.PASSES.items():
+        assert e.factory.__name__ == n, f"factory of {n!r} is {e.factory.__name__}"
+        own.setdefault(e.factory.__module__, set()).add(n)
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.relative_to(PKG) == Path("passes/registry.py"):
+            continue
+        bad += [hit for hit in _pass_name_literals(path, names, own)
+                if (hit.split(":")[0], hit.split(" ")[1].strip("'")) not in NOT_PASS_NAMES]
+    assert bad == []

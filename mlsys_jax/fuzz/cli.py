@@ -20,8 +20,9 @@ def _check_args(args) -> None:
 
 def main(args) -> int:
     """Run the campaign; print a table or one JSON object; exit 1 if anything failed."""
-    from mlsys_jax.fuzz.campaign import make_passes, run_campaign
+    from mlsys_jax.fuzz.campaign import run_campaign
     from mlsys_jax.fuzz.mutants import mutation_score
+    from mlsys_jax.passes import registry
 
     _check_args(args)
     if args.mutants:
@@ -35,7 +36,7 @@ def main(args) -> int:
             print(format_table(rows, f"mutation score {res['caught']}/{res['total']} "
                                      f"(seed {res['seed']}, ≤{res['limit']} programs each)"))
         return 0 if res["caught"] == res["total"] else 1
-    passes = make_passes(args.passes)
+    passes = registry.instantiate(args.passes, "fuzz --passes")
     # failures are shrunk and saved as pytest files (created only when something fails)
     s = run_campaign(args.programs, args.seed, passes, time_budget=args.time_budget,
                      out_dir=args.out or DEFAULT_OUT)

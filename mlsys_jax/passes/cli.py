@@ -10,23 +10,6 @@ import json
 
 from mlsys_jax.errors import MlsysError
 
-PASSES = ("dce", "cse", "fold_constants", "inline", "fold_conv_bn", "merge_parallel_convs",
-          "enlarge_conv_kernel")
-DEFAULT = ("fold_constants", "cse", "fold_conv_bn", "merge_parallel_convs", "dce")
-
-
-def build_pipeline(spec: str | None):
-    """A chain of passes from ``'dce,cse,...'`` (None: the default pipeline)."""
-    from mlsys_jax import passes as P
-
-    names = DEFAULT if spec is None else tuple(s.strip() for s in spec.split(",") if s.strip())
-    if not names:
-        raise MlsysError(f"--passes is empty; give a comma-separated list from {', '.join(PASSES)}")
-    unknown = [n for n in names if n not in PASSES]
-    if unknown:
-        raise MlsysError(f"unknown pass(es) {', '.join(unknown)}; choose from {', '.join(PASSES)}")
-    return P.chain(*(getattr(P, n)() for n in names))
-
 
 def max_abs_diff(before, after, structs) -> float:
     """Largest |difference| between the two jaxprs' outputs on seeded random inputs."""
@@ -55,6 +38,7 @@ def optimize_main(args) -> int:
     from mlsys_jax import passes as P
     from mlsys_jax.cli_inspect import validate_cost_options, arg_structs, load_target, trace_user
     from mlsys_jax.cost import estimate
+    from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
     from mlsys_jax.report import format_table
 
@@ -63,7 +47,7 @@ def optimize_main(args) -> int:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
     if args.search and not args.alpha >= 1.0:
         raise MlsysError(f"--alpha must be ≥ 1.0 (1.0 = greedy), got {args.alpha}")
-    pipeline = None if args.search else build_pipeline(args.passes)
+    pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     fn = load_target(args.target)
     structs = arg_structs(args.arg, fn)
     closed = trace_user(fn, structs)

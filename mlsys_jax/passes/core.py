@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import jax
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
-from mlsys_jax.ir import eval_jaxpr, input_structs
+from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
 from mlsys_jax.ir.keys import signature
 from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
 from mlsys_jax.ir.walk import bodies, body_path
@@ -49,19 +49,43 @@ class PassResult:
 
 @dataclass(frozen=True)
 class Pass:
-    """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it)."""
+    """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it).
+
+    A plain pass's ``fn`` takes the jaxpr (and may return just a jaxpr). A ``chain``'s or
+    ``fixpoint``'s ``fn`` takes the jaxpr and a :class:`Runner` that applies each plain pass:
+    calling a pass uses the bare ``Runner``, ``passes.run`` one that verifies after every pass and
+    logs costs — so sequencing and fixpoint iteration exist once, in :func:`chain` and
+    :func:`fixpoint`.
+    """
 
     name: str
     fn: Callable = field(repr=False)
-    parts: tuple = ()        # chain: the passes in order
+    parts: tuple = ()        # chain: the passes in order; fixpoint: the repeated pass
     kind: str = "pass"       # "pass" | "chain" | "fixpoint"
     max_iter: int = 25
 
     def __call__(self, closed: ClosedJaxpr) -> PassResult:
-        out = self.fn(closed)
+        return self.apply(closed, Runner())
+
+    def apply(self, closed: ClosedJaxpr, runner: "Runner") -> PassResult:
+        """Run this pass with ``runner`` applying every plain pass inside it."""
+        if self.kind == "pass":
+            return runner.step(self, closed)
+        return self.fn(closed, runner)
+
+
+class Runner:
+    """Applies one plain pass and hashes graphs for :func:`fixpoint`'s cycle check. This one just
+    calls the pass; ``passes.run`` subclasses it to verify and log every step."""
+
+    def step(self, p: Pass, closed: ClosedJaxpr) -> PassResult:
+        out = p.fn(closed)
         if isinstance(out, ClosedJaxpr):  # a bare function may return just the jaxpr
             return PassResult(out, out is not closed)
         return out
+
+    def hash(self, closed: ClosedJaxpr) -> str:
+        return structural_hash(closed)
 
 
 def make_pass(name: str, fn: Callable) -> Pass:
@@ -70,10 +94,10 @@ def make_pass(name: str, fn: Callable) -> Pass:
 
 def chain(*passes: Pass) -> Pass:
     """Run passes in order (like optax.chain); ``run`` verifies after each one."""
-    def fn(closed):
+    def fn(closed, runner):
         rewrites, refusals, changed = [], [], False
         for p in passes:
-            r = p(closed)
+            r = p.apply(closed, runner)
             closed, changed = r.jaxpr, changed or r.changed
             rewrites += r.rewrites
             refusals += r.refusals
@@ -88,24 +112,24 @@ class FixpointError(RuntimeError):
 def fixpoint(p: Pass, max_iter: int = 25) -> Pass:
     """Repeat ``p`` until it changes nothing; at most ``max_iter`` rounds (XLA uses 25), and a
     revisited graph (a rewrite cycle) is an error."""
-    from mlsys_jax.ir import structural_hash
+    name = f"fixpoint({p.name})"
 
-    def fn(closed):
-        seen = {structural_hash(closed)}
+    def fn(closed, runner):
+        seen = {runner.hash(closed)}
         rewrites, refusals, changed = [], [], False
         for _ in range(max_iter):
-            r = p(closed)
+            r = p.apply(closed, runner)
             if not r.changed:
                 return PassResult(closed, changed, tuple(rewrites), tuple(refusals) + r.refusals)
             closed, changed = r.jaxpr, True
             rewrites += r.rewrites
             refusals += r.refusals
-            h = structural_hash(closed)
+            h = runner.hash(closed)
             if h in seen:
-                raise FixpointError(f"fixpoint({p.name}): rewrite cycle — a graph came back")
+                raise FixpointError(f"{name}: rewrite cycle — a graph came back")
             seen.add(h)
-        raise FixpointError(f"fixpoint({p.name}): no fixpoint within {max_iter} rounds")
-    return Pass(f"fixpoint({p.name})", fn, (p,), "fixpoint", max_iter)
+        raise FixpointError(f"{name}: no fixpoint within {max_iter} rounds")
+    return Pass(name, fn, (p,), "fixpoint", max_iter)
 
 
 def is_concrete(x) -> bool:
