@@ -18,7 +18,7 @@ import numpy as np
 
 from mlsys_jax import ir, models, timing
 from mlsys_jax import passes as P
-from mlsys_jax.passes.cli import build_pipeline
+from mlsys_jax.cli.optimize import build_pipeline
 
 NAME = "passes"
 EQNS_PER_BLOCK = 11

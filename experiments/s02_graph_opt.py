@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import experiments
 from mlsys_jax import cost, ir, models, passes as P, runtime, timing
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 
 ID = "02"
 TITLE = "Graph optimizations: Conv+BN folding, conv merging, worse-before-better (§4)"
@@ -324,11 +325,6 @@ def check(result: Result) -> list[Check]:
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

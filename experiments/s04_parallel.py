@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import optax
 
+import experiments
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.models import mlp_loss
@@ -310,11 +311,6 @@ def launch_processes(n: int, overrides: dict, args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -12,12 +12,13 @@ import math
 import jax
 import numpy as np
 
+import experiments
 from experiments._s05_parts import (FUSION_NOTES, LECTURE_FUSION_RATIO, breakdown,  # noqa: F401
                                     capture_rows, conv_bias_relu, elementwise, fusion_rows,
                                     hlo_kernels, ramp, small_model, write_plots)
-from mlsys_jax import runtime, timing
+from mlsys_jax import timing
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 from mlsys_jax.viz.plots import plot_notes
 
 ID = "05"
@@ -274,11 +275,6 @@ def check(result: Result) -> list[Check]:
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import experiments
 from experiments import _s06_parts as parts
 from experiments._s05_parts import f32
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 
 ID = "06"
 TITLE = "Frameworks: forward vs reverse AD, static vs dynamic graphs, JIT (seed 001)"
@@ -190,11 +191,6 @@ def check(result: Result) -> list[Check]:
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

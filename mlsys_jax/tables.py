@@ -175,6 +175,8 @@ def _fit(table: list[list[str]], natural: list[int], least: list[int], prose: li
             break
         widths[min(cols, key=lambda i: (height(i), -widths[i]))] -= 1
     narrow_headers(least)
+    for i in sorted(range(len(widths)), key=lambda i: natural[i] - widths[i]):  # room left over:
+        widths[i] += min(natural[i] - widths[i], max(width - _total(widths), 0))  # unwrap again
     return widths
 
 
