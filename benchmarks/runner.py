@@ -17,7 +17,7 @@ import time
 import benchmarks
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import to_jsonable
-from mlsys_jax.tables import fmt, markdown_table
+from mlsys_jax.tables import fmt, markdown_table, wrap
 
 
 def discover() -> dict[str, str]:
@@ -126,6 +126,6 @@ def main(args) -> int:
         for k, v in flat.items():
             print(f"  {k.ljust(width)}  {fmt(v)}")
         for note in out.get("notes", []):
-            print(f"  - {note}")
+            print(wrap(note, first="  - "))
     print(f"\ntotal {report['seconds']} s")
     return 0

@@ -1,8 +1,8 @@
 """Experiment results as data: tables, checked claims, and their plain-text rendering.
 
-Every experiment module has ``run(**overrides) -> Result`` (computes, never prints),
-``check(result) -> list[Check]`` (the lecture's claims, tested on the returned data) and
-``main()`` (prints). The CLI's ``run --json`` prints :meth:`Result.to_json`.
+Every experiment module has ``run(**overrides) -> Result`` (computes, never prints) and
+``check(result) -> list[Check]`` (the lecture's claims, tested on the returned data);
+``experiments.run_and_print`` prints them with :func:`format_result`, or :meth:`Result.to_json`.
 """
 from __future__ import annotations
 
