@@ -5,9 +5,10 @@ Every command and experiment prints its tables through :func:`format_table` (tex
 (first seen) and the same cell rendering (:func:`fmt`).
 
 Text output fits a terminal (``WIDTH`` columns) without losing a cell: a table that is too wide
-first wraps its long text cells and its headers (at spaces and after underscores), then, if
-the columns still do not fit side by side, prints them in stacked blocks that each repeat the
-first column (the row's name). ``--json`` and ``--report`` are not affected: they have no width.
+first wraps its headers and its long text cells (at spaces, after ``+``, and in headers after
+underscores; a dotted rule sets apart rows of several lines), then, if the columns still do not
+fit side by side, prints them in stacked blocks that each repeat the first column (the row's
+name). ``--json`` and ``--report`` are not affected: they have no width.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ INDENT = "  "      # every table line starts with it
 SEP = " | "
 MIN_TEXT = 16      # a column of prose is not wrapped narrower than this
 MAX_WORD = 40      # a single word wider than this may be cut to fit
-ROOMY = 30         # before columns are split into blocks, prose may wrap down to this width
+ROOMY = 20         # before columns are split into blocks, prose may wrap down to this width
 
 
 def fmt(x: Any) -> str:
@@ -100,12 +101,15 @@ def wrap(text: str, first: str = INDENT, rest: str | None = None, width: int = W
 # --- fitting a wide table -------------------------------------------------------------------
 
 def _pieces(text: str, header: bool = False) -> list[str]:
-    """``text`` cut after each run of spaces (and, in a header, of underscores): where it may wrap."""
-    return [p for p in re.findall(r"[^ _]*(?:_+| +|$)" if header else r"[^ ]*(?: +|$)", text) if p]
+    """``text`` cut where it may wrap: after each run of spaces or of ``+`` (as in a fused
+    kernel's name, not in ``1.2e+04``), and in a header also of underscores."""
+    word = r"(?:[^ +_]|\+(?=\d))*(?:[+_]+| +|$)" if header else r"(?:[^ +]|\+(?=\d))*(?:\++| +|$)"
+    return [p for p in re.findall(word, text) if p]
 
 
 def _is_prose(i: int, table: list[list[str]]) -> bool:
-    return any(" " in row[i].strip() for row in table[1:])
+    """Column ``i`` holds text that wraps (a cell of several words), not only atoms."""
+    return any(len(_pieces(row[i].strip())) > 1 for row in table[1:])
 
 
 def _narrowest(i: int, table: list[list[str]]) -> int:
@@ -143,8 +147,9 @@ def _two_line(i: int, table: list[list[str]], least: int) -> int:
 def _fit(table: list[list[str]], natural: list[int], least: list[int], prose: list[bool],
          width: int) -> list[int]:
     """Widths that fit ``width``, none below its least. In turn: wrap the headers of columns
-    without prose onto two lines (widest first); narrow the columns of prose, one character at a
-    time, where that adds the fewest lines (the widest of those); wrap those headers further."""
+    without prose onto two lines where that saves 3 characters or more (widest first); narrow the
+    columns of prose, one character at a time, where that adds the fewest lines (the widest of
+    those); wrap headers further; give back what is left over."""
     widths = list(natural)
 
     def narrow_headers(floor: list[int]) -> None:
@@ -154,7 +159,9 @@ def _fit(table: list[list[str]], natural: list[int], least: list[int], prose: li
                 return
             widths[max(cols, key=lambda i: widths[i])] -= 1
 
-    narrow_headers([lo if p else _two_line(i, table, lo) for i, (lo, p) in enumerate(zip(least, prose))])
+    two_lines = [n if p else _two_line(i, table, lo)
+                 for i, (n, lo, p) in enumerate(zip(natural, least, prose))]
+    narrow_headers([t if n - t >= 3 else n for n, t in zip(natural, two_lines)])
     lines: dict[tuple[int, int], list[int]] = {}  # (column, width) -> lines per row
 
     def count(i: int, w: int) -> list[int]:
@@ -204,7 +211,10 @@ def _render(table: list[list[str]], widths: list[int]) -> list[str]:
                 for k in range(max(len(w) for w in wrapped))]
 
     rule = INDENT + "-+-".join("-" * w for w in widths)
+    out = [*lines(table[0], header=True), rule]
     body = [lines(row) for row in table[1:]]
-    if any(len(b) > 1 for b in body):  # rows of several lines: a rule between rows shows where each ends
-        body = [b + [rule.replace("-", "·")] for b in body[:-1]] + body[-1:]
-    return [*lines(table[0], header=True), rule] + [line for b in body for line in b]
+    for k, row in enumerate(body):  # a dotted rule shows where a row of several lines begins and ends
+        if k and (len(row) > 1 or len(body[k - 1]) > 1):
+            out.append(rule.replace("-", "·"))
+        out += row
+    return out
