@@ -359,6 +359,5 @@ def check(result: Result) -> list[Check]:
     ]
 
 
-
 if __name__ == "__main__":
     raise SystemExit(experiments.main([ID]))

@@ -281,6 +281,5 @@ def write_plots(directory: str, tables: dict) -> list[str]:
     return [path] if path else []
 
 
-
 if __name__ == "__main__":
     raise SystemExit(experiments.main([ID]))

@@ -311,6 +311,5 @@ def launch_processes(n: int, overrides: dict, args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-
 if __name__ == "__main__":
     raise SystemExit(experiments.main([ID]))

@@ -191,6 +191,5 @@ def check(result: Result) -> list[Check]:
     return checks
 
 
-
 if __name__ == "__main__":
     raise SystemExit(experiments.main([ID]))

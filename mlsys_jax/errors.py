@@ -3,6 +3,8 @@
 The CLI prints these as one line (no traceback, :func:`run_command`) and exits non-zero; set
 MLSYS_JAX_DEBUG=1 to see the traceback.
 """
+import os
+import sys
 
 
 class MlsysError(ValueError):
@@ -20,9 +22,6 @@ def run_command(command, prog: str = "mlsys-jax") -> int:
     ``{prog}: error: <first line of the message>`` and gives 2; MLSYS_JAX_DEBUG=1 re-raises it.
     Ctrl-C gives 130; output piped into ``head`` that closes early is not an error.
     """
-    import os
-    import sys
-
     try:
         return int(command() or 0)
     except (MlsysError, LookupError, FileNotFoundError) as e:
