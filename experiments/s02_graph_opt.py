@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import experiments
 from experiments._s02_xla_cpu import measure_cpu
 from mlsys_jax import cost, ir, models, passes as P, runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "02"
@@ -286,11 +287,5 @@ def plots(result: Result, directory: str) -> list[str]:
     return [path] if path else []
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

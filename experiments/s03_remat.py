@@ -11,11 +11,12 @@ import os
 
 import numpy as np
 
+import experiments
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,
                              solve_chain, store_all)
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "03"
@@ -280,11 +281,5 @@ def plots(result: Result, directory: str) -> list[str]:
     return [path] if path else []
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -13,6 +13,7 @@ import os
 import jax
 import numpy as np
 
+import experiments
 from experiments._s04_compare import TOL
 from experiments._s04_data import data_checks, data_section
 from experiments._s04_pipeline import pipeline_checks, pipeline_section, schedule_grids
@@ -127,11 +128,5 @@ def launch_processes(n: int, overrides: dict, args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

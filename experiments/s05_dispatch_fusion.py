@@ -11,14 +11,14 @@ import os
 
 import jax
 
+import experiments
 from experiments._inputs import small_model
 from experiments._s05_breakdown import SEED_BREAKDOWN, breakdown
 from experiments._s05_capture import capture_rows
 from experiments._s05_dispatch import chain_sweep, dispatch_vs_size
 from experiments._s05_fusion import FUSION_NOTES, LECTURE_FUSION_RATIO, fusion_rows
-from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "05"
@@ -218,11 +218,5 @@ def plots(result: Result, directory: str) -> list[str]:
     return [p for p in written if p]
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 
+import experiments
 from experiments._s06_ad_cost import JAC_NOTE, higher_order, jacobian_sweep
 from experiments._s06_ad_examples import slip_note, small_network, worked_example
 from experiments._s06_graphs import trace_counts
@@ -16,7 +17,7 @@ from experiments._s06_jit import MISCONCEPTION_NOTES, compile_once
 from experiments._s06_vmap import per_example
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 
 ID = "06"
 TITLE = "Frameworks: forward vs reverse AD, static vs dynamic graphs, JIT (seed 001)"
@@ -133,11 +134,5 @@ def plots(result: Result, directory: str) -> list[str]:
     return []
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -7,28 +7,11 @@ import os
 import time
 from typing import Any
 
-from mlsys_jax.report import Check, fmt
+from mlsys_jax.report import Check
+from mlsys_jax.tables import markdown_table
 from mlsys_jax.viz import plots
 
 SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
-
-
-def _cell(x: Any) -> str:
-    if isinstance(x, (list, tuple)):
-        return ", ".join(_cell(v) for v in x)
-    return fmt(x).replace("|", "\\|").replace("\n", " ")
-
-
-def md_table(rows: list[dict]) -> str:
-    """A GitHub-flavoured markdown table of row dicts."""
-    if not rows:
-        return "_(empty)_"
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def _same(ours: Any, lecture: Any) -> bool:
@@ -89,10 +72,10 @@ def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) 
         lines += ["", f"## {result.id} · {result.title}", ""]
         if checks:
             lines += ["### Lecture figures vs ours", "",
-                      md_table([{"claim": c.claim, "lecture": c.lecture, "ours": c.ours,
-                                 "verdict": verdict(c)} for c in checks]), ""]
+                      markdown_table([{"claim": c.claim, "lecture": c.lecture, "ours": c.ours,
+                                      "verdict": verdict(c)} for c in checks]), ""]
         for name, rows in result.tables.items():
-            lines += [f"### {name}", "", md_table(rows), ""]
+            lines += [f"### {name}", "", markdown_table(rows), ""]
         if result.notes:
             lines += ["### Notes", ""] + [f"- {n}" for n in result.notes] + [""]
         if plot_note is None:

@@ -5,6 +5,7 @@ from experiments import s04_parallel as s04
 from mlsys_jax import cli
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import OverrideError, Result
+from tests.experiments.terminal import assert_fits_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,7 @@ def test_processes_2_equals_one_process(capsys):
     assert s04.launch_processes(2, {"batch": "16"}, None) == 0
     out = capsys.readouterr().out
     assert "2 processes × 4 CPU devices (gloo)" in out and "✗" not in out
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s04.check(result))

@@ -5,6 +5,7 @@ import pytest
 from experiments import s05_dispatch_fusion as s05
 from experiments._s05_fusion import hlo_kernels
 from mlsys_jax.errors import MlsysError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 SMALL = dict(sizes=(10, 1_000_000), chain_ns=(1, 50), chain_size=100, fusion_size=1_000_000,
              conv_shape=(2, 16, 16, 8), batch=32, repeats=7)
@@ -100,3 +101,7 @@ def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
 def test_bad_settings_are_clear_errors(bad):
     with pytest.raises(MlsysError, match="experiment 05"):
         s05.run(**bad)
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s05.check(result))

@@ -3,6 +3,7 @@ import pytest
 
 from experiments import s06_frameworks as s06
 from mlsys_jax.errors import MlsysError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 SMALL = dict(jac_big=512, jac_small=(1,), jac_hidden=64, hvp_n=100, batch=16, repeats=7)
 
@@ -63,3 +64,7 @@ def test_bad_settings_are_clear_errors():
         s06.run(batch=0)
     with pytest.raises(MlsysError, match="experiment 06"):
         s06.run(jac_small=(0,))
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s06.check(result))
