@@ -42,7 +42,7 @@ def _chain_figures(n: int, width: int, batch: int, repeats: int) -> tuple[dict, 
 
 def _milp_figures(sizes, repeats: int) -> tuple[dict, list[str]]:
     from experiments._s03_milp import gated_residual_mlp, graph_inputs
-    from mlsys_jax.remat.planner import problem
+    from mlsys_jax.remat.two_stage import problem
 
     figures, notes = {}, []
     for target in sizes:

@@ -25,6 +25,7 @@ HANDLERS = {
     "optimize": ("mlsys_jax.passes.cli", "optimize_main"),
     "bench": ("benchmarks.runner", "main"),
     "fuzz": ("mlsys_jax.fuzz.cli", "main"),
+    "remat": ("mlsys_jax.cli_remat", "main"),
 }
 
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--json", action="store_true")
     fuzz.add_argument("--out", default=None, help="folder for reproducers of failures")
     fuzz.add_argument("--devices", type=int, default=None, dest="devices_sub")
+    importlib.import_module("mlsys_jax.cli_remat").add_parser(sub)
     return p
 
 
