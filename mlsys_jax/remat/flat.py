@@ -46,7 +46,7 @@ def flatten_loss(loss_fn, params, batch, api: str = "remat") -> FlatLoss:
             raise MlsysError(
                 f"{api}: parameter leaf params{jax.tree_util.keystr(path)} is "
                 f"{leaf.dtype}{list(leaf.shape)}, which cannot be differentiated; move it to "
-                "the batch (the second value) or make it a static field")
+                "the batch (loss_fn's second argument) or make it a static field")
         diff_at.append(i)
     if not diff_at:
         raise MlsysError(f"{api}: params has no float array leaf to differentiate; return the "

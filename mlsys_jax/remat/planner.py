@@ -72,7 +72,7 @@ class _Candidate:
     gap: float
 
 
-def segmentations(g: LossGraph, max_k: int = 128) -> list[tuple[int, ...]]:
+def segmentations(g: LossGraph, max_k: int = 64) -> list[tuple[int, ...]]:
     """Candidate cuts: K parts of about equal bytes, each cut at the narrowest point nearby."""
     n = g.n_eqns
     cum = np.concatenate([[0.0], np.cumsum(np.bincount(g.eqn_of, g.nbytes, minlength=n))])
@@ -82,7 +82,7 @@ def segmentations(g: LossGraph, max_k: int = 128) -> list[tuple[int, ...]]:
     np.add.at(delta, g.last_use[used] + 1, -g.nbytes[used])
     cross = np.cumsum(delta)
     ks, k = [], 1.0
-    while round(k) <= max(1, min(n // 2, max_k)):
+    while round(k) <= max(1, min(n // 2, max_k)):      # K = 1, 2, 3, 4, 6, 8, 11, 15, …
         ks.append(round(k))
         k = k + 1 if k < 4 else k * 1.4
     out = []
@@ -191,8 +191,8 @@ class Problem:
                    bounds=Bounds(low, high), constraints=LinearConstraint(matrix, lo, hi),
                    options={"time_limit": self.time_limit_s,
                             "mip_rel_gap": MIP_GAP if budget is not None else 1e-4})
-        if relax:
-            return float(res.fun) if res.x is not None else np.inf
+        if relax:                      # infeasible: inf; out of time: no bound (0)
+            return float(res.fun) if res.x is not None else np.inf if res.status == 2 else 0.0
         if res.x is None:                                  # time limit without a plan
             heur = self._heuristic(bounds)
             if budget is not None and heur.peak > budget:
