@@ -126,8 +126,9 @@ def write_plot(path: str, out: dict) -> str:
     from mlsys_jax.viz import plots
 
     versus, p = out["_extra"]["versus"], out["_extra"]["plan"]
-    series = {"planner (compiled frontier)": ([q["compiled_temp_bytes"] for q in versus["frontier"]],
-                                              [q["step_time_ratio"] for q in versus["frontier"]])}
+    front = versus["frontier"]
+    series = {"planner (compiled frontier)": ([q["compiled_temp_bytes"] for q in front],
+                                              [q["step_time_ratio"] for q in front])}
     series.update({pol["name"]: ([pol["compiled_temp_bytes"]], [pol["step_time_ratio"]])
                    for pol in versus["policies"]})
     series["chosen plan"] = ([p.compiled_temp_bytes], [out["step_time_ratio"]])

@@ -18,14 +18,17 @@ USER_FILE = textwrap.dedent("""
         return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(32), b["y"]])
     def _params():
         k = jax.random.split(jax.random.key(0), 3)
-        return {"w1": jax.random.normal(k[0], (16, 64)) / 4, "w2": jax.random.normal(k[1], (64, 64)) / 8,
+        return {"w1": jax.random.normal(k[0], (16, 64)) / 4,
+                "w2": jax.random.normal(k[1], (64, 64)) / 8,
                 "w3": jax.random.normal(k[2], (64, 8)) / 8}
+    def _batch():
+        return {"x": jnp.ones((32, 16)), "y": jnp.arange(32) % 8}
     def loss():
-        return _loss, _params(), {"x": jnp.ones((32, 16)), "y": jnp.arange(32) % 8}
+        return _loss, _params(), _batch()
     def pair():
         return _loss, _params()
     def int_leaf():
-        return _loss, dict(_params(), steps=jnp.arange(3)), {"x": jnp.ones((32, 16)), "y": jnp.arange(32) % 8}
+        return _loss, dict(_params(), steps=jnp.arange(3)), _batch()
     def raises():
         raise RuntimeError("no data here")
 """)

@@ -15,8 +15,9 @@ from mlsys_jax.remat.planner import Plan
 from mlsys_jax.remat.reference import ReferenceRun, chain_inputs, run_reference
 from mlsys_jax.remat.schedule import (Counts, Schedule, every_k, input_only, plan_length,
                                       sqrt_n, store_all)
+from mlsys_jax.remat.stack import chain
 
 __all__ = ["Counts", "Schedule", "every_k", "input_only", "plan_length", "sqrt_n", "store_all",
            "ReferenceRun", "chain_inputs", "run_reference",
            "optimal_chain", "revolve_advances", "solve_chain",
-           "Frontier", "Plan", "apply", "measure", "plan"]
+           "Frontier", "Plan", "apply", "chain", "measure", "plan"]

@@ -83,7 +83,8 @@ def _check_scalar_loss(flat: FlatLoss, api: str) -> None:
         raise
     except Exception as e:  # the user's loss may raise anything: one line names it
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise MlsysError(f"{api}: loss_fn(params, batch) failed: {type(e).__name__}: {msg}") from None
+        raise MlsysError(f"{api}: loss_fn(params, batch) failed: {type(e).__name__}: "
+                         f"{msg}") from None
     if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
         got = jax.tree_util.tree_map(lambda a: f"{a.dtype}{list(a.shape)}", out)
         raise MlsysError(f"{api}: loss_fn(params, batch) must return one float scalar (the loss) "

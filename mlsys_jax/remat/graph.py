@@ -118,8 +118,9 @@ def _inlined(flat: FlatLoss) -> ClosedJaxpr:
 
     closed = jax.make_jaxpr(flat.fn)(flat.diff, flat.batch)
     if closed.effects:
-        raise MlsysError(f"remat: loss_fn has side effects ({', '.join(map(str, closed.effects))}); "
-                         "recomputation would repeat them. Remove debug prints and callbacks")
+        effects = ", ".join(map(str, closed.effects))
+        raise MlsysError(f"remat: loss_fn has side effects ({effects}); recomputation would "
+                         "repeat them. Remove debug prints and callbacks")
     return run(inline(), closed, verify=False, cost=False).jaxpr
 
 
@@ -156,7 +157,8 @@ def loss_graph(flat: FlatLoss) -> LossGraph:
         for j, v in enumerate(eqn.outvars):
             if not isinstance(v, DropVar):
                 value_of[v] = len(values)
-                names.append(f"{eqn.primitive.name}_{i}" + (f".{j}" if len(eqn.outvars) > 1 else ""))
+                several = f".{j}" if len(eqn.outvars) > 1 else ""
+                names.append(f"{eqn.primitive.name}_{i}{several}")
                 values.append((i, v))
     last_use = np.full(len(values), -1, dtype=np.int64)
     for i, eqn in enumerate(jaxpr.eqns):

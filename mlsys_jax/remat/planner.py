@@ -34,7 +34,7 @@ from mlsys_jax.compat import Literal
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat.flat import flatten_loss
 from mlsys_jax.remat.graph import LossGraph, loss_graph
-from mlsys_jax.remat.two_stage import _milp
+from mlsys_jax.remat.two_stage import milp_solver
 
 MIP_GAP = 1e-2       # HiGHS stops within 1% of the optimum; the gap reached is reported
 HEURISTIC = "heuristic: save segment inputs, recompute all else the backward reads"
@@ -170,12 +170,12 @@ class Problem:
     def _solve(self, bounds, budget: float | None, relax: bool = False):
         """Fewest recompute FLOPs within ``budget`` (None: the least peak) for one segmentation;
         with ``relax``, the LP relaxation's objective (a lower bound; inf if infeasible)."""
-        sparse, Bounds, LinearConstraint, milp = _milp()
+        sparse, Bounds, LinearConstraint, milp = milp_solver()
         g, ns, ne, k = self.graph, self.n_saveable, self.graph.n_eqns, len(bounds)
         seg_e, crossing, rows, lo, hi = self._model(bounds)
-        matrix = sparse.csr_array(([x for r in rows for _, x in r],
-                                   ([i for i, r in enumerate(rows) for _ in r],
-                                    [c for r in rows for c, _ in r])), shape=(len(rows), ns + ne + k + 1))
+        where = ([i for i, r in enumerate(rows) for _ in r], [c for r in rows for c, _ in r])
+        matrix = sparse.csr_array(([x for r in rows for _, x in r], where),
+                                  shape=(len(rows), ns + ne + k + 1))
         total = max(float(g.nbytes.sum() + self.tmp_bytes.sum()), 1.0)
         sizes = np.concatenate([g.nbytes, self.tmp_bytes])
         if budget is None:
@@ -233,8 +233,9 @@ class Problem:
                 for v in self.inputs[e]:
                     r[g.eqn_of[v]] |= not crossing[v]
         flops = float(g.eqn_flops[r].sum())
+        method, gap = ("no recompute needed", 0.0) if keep_all else (HEURISTIC, 1.0)
         return _Candidate(bounds, s, r, self._peak(bounds, s, r), flops, flops + r.sum(),
-                          "no recompute needed" if keep_all else HEURISTIC, 0.0 if keep_all else 1.0)
+                          method, gap)
 
     def _best(self, budget: float | None) -> _Candidate | None:
         """Branch and bound over segmentations: LP bounds first, MILPs in their order."""

@@ -48,7 +48,8 @@ def run_scanned(plan: tuple, layer, params, h, pin: bool = False):
         seg = jax.checkpoint(lambda h, p, sub=sub: run_scanned(sub, layer, p, h, pin),
                              prevent_cse=True)
         if reps == 1 and pin:
-            pinned = xla_remat.checkpoint(lambda h, p, sub=sub: (run_scanned(sub, layer, p, h, pin),))
+            pinned = xla_remat.checkpoint(
+                lambda h, p, sub=sub: (run_scanned(sub, layer, p, h, pin),))
             h = pinned(h, _rows(params, off, off + length))[0]
         elif reps == 1:
             h = seg(h, _rows(params, off, off + length))

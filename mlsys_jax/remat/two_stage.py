@@ -1,4 +1,9 @@
-"""Choosing which values of a general jaxpr to keep for the backward pass: a MILP (§7.2, A1).
+"""Experiment 03's residual MILP: which values JAX keeps between forward and backward (§7.2, A1).
+
+This is the lecture's two-stage view, checked by JAX's own residual count. It does not change
+the compiled program on XLA:CPU (the recomputation of one whole-function ``jax.checkpoint`` is
+merged back into the forward); plans for users' models that survive the compiler are
+``planner`` (segments) and ``frontier`` (chosen on compiled temp bytes).
 
 Checkmate (Jain et al. 2020) decides, per stage, which values to recompute, store or free. JAX's
 mechanism — ``jax.checkpoint`` with ``save_only_these_names`` — can express one decision per
@@ -90,7 +95,7 @@ def _residuals(fn, args) -> tuple[dict[str, int], int, int]:
     return named, arg_bytes, other
 
 
-def _milp():
+def milp_solver():
     try:
         from scipy import sparse
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -119,7 +124,7 @@ class Problem:
             raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
                              f"{self.arg_bytes} bytes (the arguments the backward reads, every "
                              f"other value recomputed); raise the budget to at least {self.arg_bytes}")
-        _, Bounds, LinearConstraint, milp = _milp()
+        _, Bounds, LinearConstraint, milp = milp_solver()
         n = len(self.names)
         hi = self.hi.copy()
         hi[-1] = budget_bytes - self.arg_bytes
@@ -139,7 +144,7 @@ class Problem:
 
 def problem(fn, *args) -> Problem:
     """Trace ``fn``, find the values its backward reads, and build the MILP (budget left open)."""
-    sparse = _milp()[0]
+    sparse = milp_solver()[0]
     traced = _check_differentiable(fn, args)
     closed = traced.closed
     named_fn = _named(closed)

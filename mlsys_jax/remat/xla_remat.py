@@ -1,20 +1,20 @@
-"""``jax.checkpoint`` whose recomputation the compiler keeps (lecture §7.2 on XLA).
+"""Recomputation the compiler keeps (lecture §7.2 on XLA).
 
 Measured on XLA:CPU (jax 0.10): ``jax.checkpoint`` wraps the recomputation's inputs in an
 ``optimization_barrier``, but the CPU pipeline runs ``cse_barrier_expander`` (which deletes the
 barriers) *before* CSE, so CSE merges the recomputation with the forward pass: the compiled
-gradient has the FLOPs and temp bytes of no remat at all, whatever the policy. Two structures
-survive: a loop (``scan(checkpoint(scan(layer)))``, used for layer stacks) and a conditional —
-CSE and loop-invariant code motion do not look into a branch.
+gradient has no remat's FLOPs and, with segments in an unrolled loop, no remat's temp bytes. Two
+structures survive: a loop (``scan(checkpoint(scan(layer)))``, used for scanned layer stacks) and
+a conditional — CSE and loop-invariant code motion do not look into a branch.
 
-:func:`checkpoint` is the second: a ``custom_vjp`` whose forward keeps only what
-``jax.checkpoint(fn, policy=save_only_these_names(*saved))`` keeps, and whose backward runs that
-checkpoint's VJP (recomputation included) inside ``lax.cond`` with two identical branches and a
-predicate read from the incoming cotangent. The predicate's value does not matter (both branches
-compute the same), but XLA cannot know it, so the recomputation stays; and since the branch needs
-the cotangent, it cannot run before the backward reaches this segment, so the recomputed values
-are live only while the segment's backward runs. Compiled FLOPs count the branch once
-(``cost_analysis`` takes the branch maximum), so recomputation shows up in them.
+:func:`pinned` runs a backward inside ``lax.cond`` with two identical branches and a predicate
+read from the data. The predicate's value does not matter (both branches compute the same), but
+XLA cannot know it, so the recomputation stays; and since the branch needs the incoming
+cotangent, it cannot run before the backward reaches it, so recomputed values are live only
+while that part of the backward runs. ``compiled`` (a plan's segments) and :func:`checkpoint` (a
+layer list's segments) use it. ``cost_analysis`` counts a conditional's costliest branch, so
+the recomputation shows in compiled FLOPs; a while loop's body it counts once, whatever the trip
+count, so a scanned stack's recomputation shows there only as one body's worth.
 """
 from __future__ import annotations
 
@@ -43,18 +43,17 @@ def pinned(run, residuals, cotangent):
     return lax.cond(pick, run, run, residuals, cotangent)
 
 
-def checkpoint(fn, saved_names=()):
-    """``fn(*args)`` (a tuple of arrays out) whose gradient keeps only the values named
-    ``saved_names`` (``jax.ad_checkpoint.checkpoint_name``) and recomputes the rest, in the
-    backward, in a way the compiler cannot undo.
+def checkpoint(fn):
+    """``fn(*args)`` (a tuple of arrays out) whose gradient keeps only its inputs and recomputes
+    everything else in the backward — ``jax.checkpoint`` with ``nothing_saveable`` — in a way the
+    compiler cannot undo.
 
     Example::
 
         seg = checkpoint(lambda w, h: (jnp.tanh(h @ w),))
         jax.grad(lambda w, h: jnp.sum(seg(w, h)[0]))(w, h)
     """
-    policy = jax.checkpoint_policies.save_only_these_names(*saved_names)
-    inner = jax.checkpoint(fn, policy=policy)
+    inner = jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)
 
     @jax.custom_vjp
     def wrapped(*args):
@@ -64,8 +63,5 @@ def checkpoint(fn, saved_names=()):
         out, vjp = jax.vjp(inner, *args)      # vjp is a pytree: its leaves are the residuals
         return out, vjp
 
-    def backward(vjp, cotangent):
-        return pinned(lambda v, c: v(c), vjp, cotangent)
-
-    wrapped.defvjp(forward, backward)
+    wrapped.defvjp(forward, lambda vjp, cotangent: pinned(lambda v, c: v(c), vjp, cotangent))
     return wrapped
