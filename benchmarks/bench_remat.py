@@ -7,7 +7,7 @@ step); the XLA temp-memory ratio comes from the same compiled programs. Solve ti
 on this machine (the runner records its context): experiment 03's two-stage MILP for graphs of
 ~50, ~200, ~500 values, and the segmented planner (every candidate segmentation, the least budget
 and a mid budget) on a generated 5,000-value graph. Against the built-ins: every program's
-compiled temp bytes and FLOPs, and best-round step time ratios to no remat, timed side by side.
+compiled temp bytes and FLOPs, and paired step time ratios to no remat, timed side by side.
 """
 from __future__ import annotations
 
@@ -119,8 +119,8 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
         for q in versus["frontier"]]
     notes = [f"{module_name}: {len(frontier.measured)} plans compiled in {build:.0f} s, "
              f"{len(frontier.points)} on the frontier; policies as jax.checkpoint(loss_fn, "
-             f"policy=...); step time ratios are best round over no remat's best round "
-             f"({repeats} interleaved rounds)"]
+             f"policy=...); step time ratios are paired (median over {repeats} interleaved "
+             f"rounds of each program's time over no remat's in the same round)"]
     return figures, notes
 
 

@@ -6,8 +6,8 @@ Measured on XLA:CPU: the recomputation a policy asks for is merged back into the
 (the CPU pipeline drops the optimization barrier before CSE), so policies move temp bytes only
 through XLA's fusion decisions. For each policy, the planner's plan at that policy's compiled
 temp bytes must have no more compiled FLOPs: then no built-in policy dominates the planner.
-Step times are measured side by side (``timing.compare``, interleaved rounds) as ratios to no
-remat of the best round (the round least disturbed by other processes on a shared machine).
+Step times are measured side by side (``timing.compare``, interleaved rounds) as paired ratios
+to no remat (the median over rounds of the two times in the same round).
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def policy_programs(frontier: Frontier) -> dict:
 
 
 def step_time_ratios(frontier: Frontier, programs: dict, repeats: int = 7) -> dict:
-    """name -> best step time / no remat's best, all timed in the same interleaved rounds."""
+    """name -> step time / no remat's (paired), all timed in the same interleaved rounds."""
     args = (frontier.flat.diff, frontier.flat.batch)
     fns = {name: (lambda c=c: c(*args)) for name, c in programs.items()}
     base = frontier.compiled[plan_key(frontier.no_remat)]
     fns["no remat"] = lambda: base(*args)
     times = timing.compare(fns, repeats=repeats, min_time_s=0.02)
-    return {name: t.min_s / times["no remat"].min_s for name, t in times.items()}
+    return {name: timing.ratio(t, times["no remat"]).median for name, t in times.items()}
 
 
 def versus_policies(frontier: Frontier, repeats: int = 7) -> dict:
