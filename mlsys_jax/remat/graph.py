@@ -5,9 +5,10 @@ values inside ``jit[name=softmax]``). Each top-level equation is linearized on i
 ``jax.vjp`` — with respect to its inputs that depend on the parameters — and the leaves of that
 VJP closure are the residuals its backward reads, classified by identity in the traced jaxpr:
 one of its inputs, one of its outputs, or an intermediate of its JVP (tanh's 1 − y², a relu
-mask). Reverse mode composes per equation, so these residuals are exactly what ``jax.grad`` keeps,
-and a plan may save or recompute any of them — JVP intermediates included, which a names policy
-cannot name (under ``save_only_these_names`` JAX recomputes tanh itself to get 1 − y²).
+mask). Reverse mode composes per equation, so running these pullbacks in reverse order is the
+gradient, and a plan may save or recompute any residual — JVP intermediates included, which a
+names policy cannot name (under ``save_only_these_names`` JAX recomputes tanh itself to get
+1 − y²: measured +5.7 MFLOP, 4.6%, on the flax transformer example with every value saved).
 """
 from __future__ import annotations
 

@@ -44,13 +44,13 @@ HEURISTIC = "heuristic: save segment inputs, recompute all else the backward rea
 class Plan:
     """Which values are saved and which recomputed, in which segments, and what it predicts."""
 
-    budget_bytes: int                # the MILP's budget on the predicted peak
+    budget_bytes: int                # XLA temp bytes (Frontier.plan); predicted peak (solve)
     segments: tuple[int, ...]        # first equation of each segment
     saved: tuple[str, ...]           # values, and JVP intermediates (``tanh_12.jvp``)
     recomputed: tuple[str, ...]      # values whose equations re-run in the backward
     predicted_peak_bytes: int
     recompute_flops: int
-    min_budget_bytes: int
+    min_budget_bytes: int            # in the same unit as budget_bytes
     store_all_bytes: int             # every residual saved: the predicted peak without remat
     n_values: int
     solve_seconds: float
