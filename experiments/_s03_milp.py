@@ -24,7 +24,7 @@ def graph_inputs(blocks: int, width: int = 16, batch: int = 32, seed: int = 0):
 
 def milp_rows(n_budgets: int, blocks: int = 4) -> tuple[list[dict], list[str]]:
     try:
-        from mlsys_jax.remat.planner import measure, problem
+        from mlsys_jax.remat.two_stage import measure, problem
         import scipy  # noqa: F401
     except ImportError:
         return [], ["MILP planner skipped: scipy is not installed (the 'solver' extra: "

@@ -8,7 +8,7 @@ import pytest
 
 from experiments._s03_milp import gated_residual_mlp, graph_inputs
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.planner import apply, measure, plan, problem
+from mlsys_jax.remat.two_stage import apply, measure, plan, problem
 
 pytest.importorskip("scipy")
 

@@ -21,6 +21,7 @@ COMMANDS = (
     "optimize",
     "bench",
     "fuzz",
+    "remat",
 )
 
 

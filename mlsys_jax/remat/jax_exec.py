@@ -1,8 +1,9 @@
 """The JAX executor: a schedule applied with ``jax.checkpoint`` and measured three ways.
 
-A schedule's ``jax_plan`` becomes nested checkpoints; runs of layers are ``lax.scan`` and repeated
-identical segments an outer scan, i.e. ``scan(checkpoint(scan(layer)))`` — on XLA:CPU an unrolled
-Python loop lets CSE delete the recompute and the memory saving vanishes (JAX_NOTES "Remat").
+A schedule's ``jax_plan`` becomes nested checkpoints (``stack.run_scanned``, the same code that
+runs a user's layer stack); runs of layers are ``lax.scan`` and repeated identical segments an
+outer scan, i.e. ``scan(checkpoint(scan(layer)))`` — on XLA:CPU an unrolled Python loop lets CSE
+delete the recompute and the memory saving vanishes.
 
 Measured: (1) saved residuals (the leaves of the VJP closure, in activation-sized units),
 (2) layer forwards by walking the gradient jaxpr (tanh count × enclosing scan lengths — JAX's
@@ -18,42 +19,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.ir.walk import bodies
-from mlsys_jax.remat.schedule import Schedule, plan_length
+from mlsys_jax.remat.schedule import Schedule
+from mlsys_jax.remat.stack import run_scanned
 
 
-def _layer(h, w):
-    return jnp.tanh(h @ w), None
-
-
-def _run_plan(plan: tuple, ws, h):
-    """Apply the chain's layers ws[0..L) to h following ``plan``."""
-    off, parts = 0, list(plan)
-    while parts:
-        part = parts.pop(0)
-        if isinstance(part, int):
-            h, _ = jax.lax.scan(_layer, h, ws[off:off + part])
-            off += part
-            continue
-        reps = 1                               # identical consecutive segments -> outer scan
-        while parts and parts[0] == part:
-            parts.pop(0)
-            reps += 1
-        sub = part[1]
-        length = plan_length(sub)
-        seg = jax.checkpoint(lambda h, w, sub=sub: _run_plan(sub, w, h), prevent_cse=True)
-        if reps == 1:
-            h = seg(h, ws[off:off + length])
-        else:
-            stacked = ws[off:off + reps * length].reshape((reps, length) + ws.shape[1:])
-            h, _ = jax.lax.scan(lambda h, w: (seg(h, w), None), h, stacked)
-        off += reps * length
-    return h
+def tanh_layer(w, h):
+    """The lecture's layer h' = tanh(h W)."""
+    return jnp.tanh(h @ w)
 
 
 def chain_loss(schedule: Schedule):
     """loss(ws, x) = ½‖h_N‖² for the tanh chain, with the schedule's checkpoints applied."""
     def loss(ws, x):
-        h = _run_plan(schedule.jax_plan, ws, x)
+        h = run_scanned(schedule.jax_plan, tanh_layer, ws, x)
         return 0.5 * jnp.sum(h * h)
     return loss
 

@@ -1,203 +1,282 @@
-"""Choosing which values of a general jaxpr to keep for the backward pass: a MILP (§7.2, A1).
+"""Recomputation plans for a user's loss, as a MILP over segments (lecture §7.2; Checkmate).
 
-Checkmate (Jain et al. 2020) decides, per stage, which values to recompute, store or free. JAX's
-mechanism — ``jax.checkpoint`` with ``save_only_these_names`` — can express one decision per
-value: *save it* for the backward, or *recompute it* (once, from saved values and the arguments)
-before the backward. The MILP here is Checkmate's formulation reduced to those two stages:
+A plan cuts the loss's equations (in order) into segments. Every residual the backward reads —
+an equation's input or output, or the intermediates of its JVP — is either *saved* (held from
+the forward until its segment's backward) or *recomputed* (its equation re-run in the segment's
+backward, from saved values and the segment's inputs). Segments with recomputation run as one
+pinned ``custom_vjp`` each (``compiled.apply``), so the compiled program recomputes a segment only
+when the backward reaches it. For a fixed segmentation (σ: segment, b: bytes, c: FLOPs) the MILP
+is Checkmate's with one recompute stage per segment; x ranges over values and JVP intermediates:
 
-    minimise   Σ_v (flops_v + 1)·r_v  (+ a tie-break of < 1 for saved bytes)
-    subject to s_u + r_u ≥ 1                 every value u the backward reads (JAX's residuals)
-               r_v ≤ s_w + r_w               a recomputed v needs each forward input w
-               Σ_v bytes_v·s_v ≤ budget − argument bytes
+    minimise   Σ_e (c_e + 1)·r_e + ε·(P + Σ_x b_x·s_x)
+    subject to s_x + r_{eqn(x)} ≥ 1             x a residual of an equation's backward
+               s_x = 1                          x read by a later segment (a segment input)
+               r_e ≤ s_w + r_{eqn(w)}           w an input of e in the same segment
+               H_j = H_{j−1} + Σ_{σ(x)=j} b_x·s_x       saved bytes held at segment j's backward
+               H_j + Σ_{σ(e)=j} b_e·r_e ≤ P ≤ budget    recomputed values live during it
 
-with binary s (save) and r (recompute), solved by ``scipy.optimize.milp`` (HiGHS). FLOPs per
-equation come from the cost model. The predicted peak is the bytes held from the forward to the
-backward (arguments + saved values); ``measure`` reads JAX's actual residuals and XLA's temp bytes.
+with binary s, r, solved by scipy's HiGHS. The predicted peak P is the activation bytes the
+backward holds at its fullest moment (arguments and the backward's own working buffers excluded).
+Candidate segmentations: K = 1, 2, 3, 4, 6, 8, … parts of about equal bytes, each cut moved to
+the narrowest point nearby (fewest bytes crossing it); LP bounds order them and prune. A solve
+that hits its time limit keeps HiGHS's incumbent; with none, the stated heuristic (recompute
+everything a segment's backward reads from the segment's inputs) is used; the optimality gap is
+reported either way.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-import jax
-from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
-from mlsys_jax import cost, ir
-from mlsys_jax.compat import DropVar, Literal, bind_equation, saved_residuals
+from mlsys_jax.compat import Literal
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.remat.flat import flatten_loss
+from mlsys_jax.remat.graph import LossGraph, loss_graph
+from mlsys_jax.remat.two_stage import milp_solver
 
-_PREFIX = "remat_v"
+MIP_GAP = 1e-2       # HiGHS stops within 1% of the optimum; the gap reached is reported
+HEURISTIC = "heuristic: save segment inputs, recompute all else the backward reads"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A MILP plan: which named values are saved, which recomputed, and what it predicts."""
+    """Which values are saved and which recomputed, in which segments, and what it predicts."""
 
-    budget_bytes: int
-    saved: tuple[str, ...]
-    recomputed: tuple[str, ...]
-    predicted_peak_bytes: int      # arguments + saved values, held from forward to backward
+    budget_bytes: int                # XLA temp bytes (Frontier.plan); predicted peak (solve)
+    segments: tuple[int, ...]        # first equation of each segment
+    saved: tuple[str, ...]           # values, and JVP intermediates (``tanh_12.jvp``)
+    recomputed: tuple[str, ...]      # values whose equations re-run in the backward
+    predicted_peak_bytes: int
     recompute_flops: int
-    min_budget_bytes: int          # arguments only: everything else recomputed
-    store_all_bytes: int           # what JAX keeps without remat
+    min_budget_bytes: int            # in the same unit as budget_bytes
+    store_all_bytes: int             # every residual saved: the predicted peak without remat
     n_values: int
     solve_seconds: float
-
-
-def _check_differentiable(fn, args) -> "ir.Traced":
-    leaves = jax.tree_util.tree_leaves(args)
-    if not leaves or not all(hasattr(a, "dtype") for a in leaves):
-        raise MlsysError("plan: pass the function's arguments as arrays (or pytrees of arrays)")
-    traced = ir.trace_tree(fn, *args)
-    outs = traced.closed.out_avals
-    if len(outs) != 1 or outs[0].shape != () or not np.issubdtype(outs[0].dtype, np.floating):
-        got = ", ".join(a.str_short() for a in outs)
-        raise MlsysError(f"plan: fn must return one float scalar (a loss) to be differentiable; "
-                         f"it returns {got}. Reduce the output to a float scalar loss")
-    if not any(np.issubdtype(a.dtype, np.floating) for a in leaves):
-        raise MlsysError("plan: fn has no float argument, so it is not differentiable; "
-                         "pass float parameters or inputs")
-    return traced
-
-
-def _named(closed):
-    """fn rebuilt from its jaxpr with every top-level value wrapped in checkpoint_name."""
-    index = {id(e): i for i, e in enumerate(closed.jaxpr.eqns)}
-
-    def handler(eqn, invals):
-        outs, i = bind_equation(eqn, invals), index[id(eqn)]
-        return [checkpoint_name(o, f"{_PREFIX}{i}_{j}")
-                for j, o in enumerate(outs)]
-
-    def named_fn(*args):
-        flat = jax.tree_util.tree_leaves(args)
-        return ir.interpret(closed, *flat, handler=handler)[0]
-    return named_fn
-
-
-def _residuals(fn, args) -> tuple[dict[str, int], int, int]:
-    """What JAX keeps for the backward: named values (name -> bytes), argument bytes, other bytes."""
-    named, arg_bytes, other = {}, 0, 0
-    for aval, src in saved_residuals(fn, *args):
-        nbytes = ir.aval_bytes(aval)
-        if src.startswith("named '"):
-            named[src.split("'")[1]] = named.get(src.split("'")[1], 0) + nbytes
-        elif src.startswith("from the argument"):
-            arg_bytes += nbytes
-        else:
-            other += nbytes
-    return named, arg_bytes, other
-
-
-def _milp():
-    try:
-        from scipy import sparse
-        from scipy.optimize import Bounds, LinearConstraint, milp
-    except ImportError:
-        raise MlsysError("plan: scipy is not installed; the MILP planner needs the 'solver' extra "
-                         "(pip install -e '.[solver]')") from None
-    return sparse, Bounds, LinearConstraint, milp
+    method: str
+    optimality_gap: float            # (plan − lower bound) / plan, in the MILP's objective
+    compiled_temp_bytes: int | None = None   # measured by ``frontier`` (XLA's temp buffers)
+    compiled_flops: float | None = None
 
 
 @dataclass(frozen=True)
-class Problem:
-    """The MILP's data for one function: values, FLOPs, bytes, constraints (budget left open)."""
+class _Candidate:
+    bounds: tuple[int, ...]
+    s: np.ndarray                    # saved: values, then JVP bundles
+    r: np.ndarray                    # recomputed equations
+    peak: float
+    flops: float
+    objective: float
+    method: str
+    gap: float
 
-    names: tuple[str, ...]
-    flops: np.ndarray
-    nbytes: np.ndarray
-    matrix: object                 # sparse constraint rows over (s, r); the budget row is last
-    lo: np.ndarray
-    hi: np.ndarray
-    arg_bytes: int
-    store_all_bytes: int
+
+def segmentations(g: LossGraph, max_k: int = 64) -> list[tuple[int, ...]]:
+    """Candidate cuts: K parts of about equal bytes, each cut at the narrowest point nearby."""
+    n = g.n_eqns
+    cum = np.concatenate([[0.0], np.cumsum(np.bincount(g.eqn_of, g.nbytes, minlength=n))])
+    delta = np.zeros(n + 2)           # cross[p]: bytes made before equation p, read at or after
+    used = g.last_use > g.eqn_of
+    np.add.at(delta, g.eqn_of[used] + 1, g.nbytes[used])
+    np.add.at(delta, g.last_use[used] + 1, -g.nbytes[used])
+    cross = np.cumsum(delta)
+    ks, k = [], 1.0
+    while round(k) <= max(1, min(n // 2, max_k)):      # K = 1, 2, 3, 4, 6, 8, 11, 15, …
+        ks.append(round(k))
+        k = k + 1 if k < 4 else k * 1.4
+    out = []
+    for k in dict.fromkeys(ks):
+        cuts, window = [0], max(1, n // (4 * k))
+        for t in range(1, k):
+            p = int(np.searchsorted(cum, cum[-1] * t / k))
+            near = np.arange(max(cuts[-1] + 1, p - window), min(n - 1, p + window) + 1)
+            if near.size:
+                cuts.append(int(near[np.lexsort((np.abs(near - p), cross[near]))[0]]))
+        if tuple(cuts) not in out:
+            out.append(tuple(cuts))
+    return out
+
+
+class Problem:
+    """The MILP data of one loss; ``solve(budget)`` plans, ``min_budget_bytes`` is the least P."""
+
+    def __init__(self, graph: LossGraph, time_limit_s: float = 20.0):
+        self.graph, self.time_limit_s = graph, time_limit_s
+        eqns = graph.closed.jaxpr.eqns
+        self.inputs = [tuple(sorted({graph.value_of[w] for w in e.invars
+                                     if not isinstance(w, Literal) and w in graph.value_of}))
+                       for e in eqns]
+        self.reads, tmp = [], []                  # values each backward reads; JVP bundles
+        for i, (e, info) in enumerate(zip(eqns, graph.vjps)):
+            if info is None:
+                continue
+            ref = [e.invars[j] if kind == "in" else e.outvars[j] for kind, j in info.leaves
+                   if kind != "tmp"]
+            self.reads.append((i, tuple(graph.value_of[w] for w in ref
+                                        if not isinstance(w, Literal) and w in graph.value_of)))
+            if info.tmp_bytes:
+                tmp.append((i, info.tmp_bytes))
+        self.tmp_eqns = np.array([i for i, _ in tmp], dtype=np.int64)
+        self.tmp_bytes = np.array([b for _, b in tmp], dtype=np.float64)
+        self.tmp_col = {i: t for t, (i, _) in enumerate(tmp)}
+        self.eqn_bytes = np.bincount(graph.eqn_of, graph.nbytes, minlength=graph.n_eqns)
+        self.eqn_bytes[self.tmp_eqns] += self.tmp_bytes
+        self.cuts = segmentations(graph)
+        every = self._heuristic((0,), keep_all=True)
+        self.store_all_bytes = int(every.peak)
+        self._least: _Candidate | None = None
+
+    @property
+    def n_saveable(self) -> int:
+        return self.graph.n_values + len(self.tmp_eqns)
+
+    def _segments(self, bounds):
+        g = self.graph
+        seg_e = np.searchsorted(np.asarray(bounds), np.arange(g.n_eqns), side="right") - 1
+        nxt = np.append(np.asarray(bounds[1:]), g.n_eqns)[seg_e[g.eqn_of]]
+        return seg_e, g.last_use >= nxt            # crossing: read by a later segment
+
+    def _model(self, bounds):
+        """Rows over the columns s (values, then JVP bundles) | r (equations) | H | P."""
+        g = self.graph
+        nv, ne, k = g.n_values, g.n_eqns, len(bounds)
+        seg_e, crossing = self._segments(bounds)
+        r0, h0 = self.n_saveable, self.n_saveable + ne
+        rows, lo, hi = [], [], []
+
+        def row(entries, low, high):
+            rows.append(entries), lo.append(low), hi.append(high)
+
+        for e, leaves in self.reads:
+            for v in set(leaves):
+                if not crossing[v]:
+                    row([(v, 1), (r0 + g.eqn_of[v], 1)], 1, np.inf)
+            if e in self.tmp_col:
+                row([(nv + self.tmp_col[e], 1), (r0 + e, 1)], 1, np.inf)
+        for e in range(ne):
+            for v in self.inputs[e]:
+                if not crossing[v]:
+                    row([(r0 + e, 1), (v, -1), (r0 + g.eqn_of[v], -1)], -np.inf, 0)
+        seg_v, seg_t = seg_e[g.eqn_of], seg_e[self.tmp_eqns]
+        for j in range(k):
+            held = [(v, -g.nbytes[v]) for v in np.flatnonzero(seg_v == j)]
+            held += [(nv + t, -self.tmp_bytes[t]) for t in np.flatnonzero(seg_t == j)]
+            row([(h0 + j, 1)] + ([(h0 + j - 1, -1)] if j else []) + held, 0, 0)
+            live = [(r0 + e, self.eqn_bytes[e]) for e in np.flatnonzero(seg_e == j)]
+            row([(h0 + j, 1), (h0 + k, -1)] + live, -np.inf, 0)
+        return seg_e, crossing, rows, np.array(lo), np.array(hi)
+
+    def _solve(self, bounds, budget: float | None, relax: bool = False):
+        """Fewest recompute FLOPs within ``budget`` (None: the least peak) for one segmentation;
+        with ``relax``, the LP relaxation's objective (a lower bound; inf if infeasible)."""
+        sparse, Bounds, LinearConstraint, milp = milp_solver()
+        g, ns, ne, k = self.graph, self.n_saveable, self.graph.n_eqns, len(bounds)
+        seg_e, crossing, rows, lo, hi = self._model(bounds)
+        where = ([i for i, r in enumerate(rows) for _ in r], [c for r in rows for c, _ in r])
+        matrix = sparse.csr_array(([x for r in rows for _, x in r], where),
+                                  shape=(len(rows), ns + ne + k + 1))
+        total = max(float(g.nbytes.sum() + self.tmp_bytes.sum()), 1.0)
+        sizes = np.concatenate([g.nbytes, self.tmp_bytes])
+        if budget is None:
+            cost = np.concatenate([np.zeros(ns + ne + k), [1.0 / total]])
+        else:
+            cost = np.concatenate([0.25 * sizes / total, g.eqn_flops + 1.0, np.zeros(k),
+                                   [0.25 / total]])
+        low = np.concatenate([crossing, np.zeros(ns - g.n_values + ne + k + 1)])
+        high = np.concatenate([np.ones(ns + ne), np.full(k, np.inf),
+                               [np.inf if budget is None else budget]])
+        res = milp(cost, integrality=np.concatenate([np.full(ns + ne, 0 if relax else 1),
+                                                     np.zeros(k + 1)]),
+                   bounds=Bounds(low, high), constraints=LinearConstraint(matrix, lo, hi),
+                   options={"time_limit": self.time_limit_s,
+                            "mip_rel_gap": MIP_GAP if budget is not None else 1e-4})
+        if relax:                      # infeasible: inf; out of time: no bound (0)
+            return float(res.fun) if res.x is not None else np.inf if res.status == 2 else 0.0
+        if res.x is None:                                  # time limit without a plan
+            heur = self._heuristic(bounds)
+            if budget is not None and heur.peak > budget:
+                return None
+            value = heur.objective if budget is not None else heur.peak / total
+            bound = getattr(res, "mip_dual_bound", None)
+            gap = 1.0 if bound is None or value <= 0 else max(0.0, (value - bound) / value)
+            return _Candidate(bounds, heur.s, heur.r, heur.peak, heur.flops, value, HEURISTIC, gap)
+        s, r = res.x[:ns] > 0.5, res.x[ns:ns + ne] > 0.5
+        method = "MILP (HiGHS)" if res.status == 0 else "MILP (HiGHS), time limit: best found"
+        return _Candidate(bounds, s, r, self._peak(bounds, s, r), float(g.eqn_flops[r].sum()),
+                          float(res.fun), method, float(getattr(res, "mip_gap", 0.0) or 0.0))
+
+    def _peak(self, bounds, s, r) -> float:
+        seg_e, _ = self._segments(bounds)
+        k, g = len(bounds), self.graph
+        seg_x = np.concatenate([seg_e[g.eqn_of], seg_e[self.tmp_eqns]])
+        sizes = np.concatenate([g.nbytes, self.tmp_bytes])
+        held = np.cumsum(np.bincount(seg_x[s], sizes[s], minlength=k))
+        return float((held + np.bincount(seg_e[r], self.eqn_bytes[r], minlength=k)).max())
+
+    def _heuristic(self, bounds, keep_all: bool = False) -> _Candidate:
+        """Save segment inputs and recompute the rest (``keep_all``: save every residual)."""
+        g = self.graph
+        seg_e, crossing = self._segments(bounds)
+        s = np.concatenate([crossing, np.zeros(len(self.tmp_eqns), bool)])
+        r = np.zeros(g.n_eqns, bool)
+        for e, leaves in self.reads:
+            for v in leaves:
+                if not crossing[v]:
+                    s[v] |= keep_all
+                    r[g.eqn_of[v]] |= not keep_all
+            if e in self.tmp_col:
+                s[g.n_values + self.tmp_col[e]] |= keep_all
+                r[e] |= not keep_all
+        for e in range(g.n_eqns - 1, -1, -1):          # inputs come before their users
+            if r[e]:
+                for v in self.inputs[e]:
+                    r[g.eqn_of[v]] |= not crossing[v]
+        flops = float(g.eqn_flops[r].sum())
+        method, gap = ("no recompute needed", 0.0) if keep_all else (HEURISTIC, 1.0)
+        return _Candidate(bounds, s, r, self._peak(bounds, s, r), flops, flops + r.sum(),
+                          method, gap)
+
+    def _best(self, budget: float | None) -> _Candidate | None:
+        """Branch and bound over segmentations: LP bounds first, MILPs in their order."""
+        lower = {b: self._solve(b, budget, relax=True) for b in self.cuts}
+        best = None
+        for b in sorted(self.cuts, key=lambda b: (lower[b], len(b))):
+            if lower[b] == np.inf or best is not None and lower[b] >= best.objective:
+                break
+            found = self._solve(b, budget)
+            if found is not None and (best is None or found.objective < best.objective):
+                best = found
+        return best
+
+    @property
+    def min_budget_bytes(self) -> int:
+        """The least predicted peak over every segmentation (everything else recomputed)."""
+        if self._least is None:
+            self._least = self._best(None)
+        return int(np.ceil(self._least.peak))
 
     def solve(self, budget_bytes: int) -> Plan:
-        """The plan minimising recompute FLOPs with at most ``budget_bytes`` held for backward."""
-        if budget_bytes < self.arg_bytes:
+        """The plan with the fewest recompute FLOPs whose predicted peak fits ``budget_bytes``."""
+        g, t0 = self.graph, time.perf_counter()
+        least = self.min_budget_bytes
+        if budget_bytes >= self.store_all_bytes:
+            best = self._heuristic((0,), keep_all=True)
+        elif budget_bytes < least:
             raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
-                             f"{self.arg_bytes} bytes (the arguments the backward reads, every "
-                             f"other value recomputed); raise the budget to at least {self.arg_bytes}")
-        _, Bounds, LinearConstraint, milp = _milp()
-        n = len(self.names)
-        hi = self.hi.copy()
-        hi[-1] = budget_bytes - self.arg_bytes
-        tie = 0.5 * self.nbytes / max(self.nbytes.sum(), 1.0)   # < 1: never worth a recompute
-        t0 = time.perf_counter()
-        res = milp(np.concatenate([tie, self.flops + 1.0]), integrality=np.ones(2 * n),
-                   constraints=LinearConstraint(self.matrix, self.lo, hi), bounds=Bounds(0, 1))
-        seconds = time.perf_counter() - t0
-        if res.x is None:
-            raise MlsysError(f"plan: no plan within {budget_bytes} bytes ({res.message})")
-        s, r = res.x[:n] > 0.5, res.x[n:] > 0.5
-        return Plan(int(budget_bytes), tuple(np.asarray(self.names)[s]),
-                    tuple(np.asarray(self.names)[r]), int(self.arg_bytes + self.nbytes[s].sum()),
-                    int(self.flops[r].sum()), int(self.arg_bytes), int(self.store_all_bytes), n,
-                    seconds)
+                             f"{least} bytes (every segmentation tried, everything recomputed); "
+                             f"raise the budget to at least {least}")
+        else:
+            best = self._best(float(budget_bytes)) or self._least
+        eqns = g.closed.jaxpr.eqns
+        names = np.array(list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp"
+                                          for e in self.tmp_eqns])
+        recomputed = [n for n, e in zip(g.names, g.eqn_of) if best.r[e]]
+        return Plan(int(budget_bytes), best.bounds, tuple(names[best.s]), tuple(recomputed),
+                    int(np.ceil(best.peak)), int(best.flops), least, self.store_all_bytes,
+                    g.n_values, time.perf_counter() - t0, best.method, best.gap)
 
 
-def problem(fn, *args) -> Problem:
-    """Trace ``fn``, find the values its backward reads, and build the MILP (budget left open)."""
-    sparse = _milp()[0]
-    traced = _check_differentiable(fn, args)
-    closed = traced.closed
-    named_fn = _named(closed)
-    everything = jax.checkpoint(named_fn, policy=jax.checkpoint_policies.everything_saveable)
-    residuals = _residuals(everything, args)[0]
-    _, arg_bytes, _ = _residuals(
-        jax.checkpoint(named_fn, policy=jax.checkpoint_policies.nothing_saveable), args)
-    store_all = sum(_residuals(fn, args)[1:])       # plain fn: every residual is unnamed
-
-    values, producer = [], {}
-    for i, eqn in enumerate(closed.jaxpr.eqns):
-        for j, v in enumerate(eqn.outvars):
-            if not isinstance(v, DropVar):
-                producer[v] = len(values)
-                values.append((f"{_PREFIX}{i}_{j}", eqn, v))
-    n = len(values)
-    flops = np.array([cost.eqn_cost(e).flops for _, e, _ in values], dtype=np.float64)
-    nbytes = np.array([ir.aval_bytes(v.aval) for _, _, v in values], dtype=np.float64)
-    # columns: s_0..s_{n-1} (save), r_0..r_{n-1} (recompute)
-    ri, ci, val, lo, hi = [], [], [], [], []
-
-    def add_row(entries, low, high):
-        row = len(lo)
-        for col, coef in entries:
-            ri.append(row), ci.append(col), val.append(coef)
-        lo.append(low), hi.append(high)
-
-    for k, (name, eqn, _) in enumerate(values):
-        if name in residuals:                                   # s_u + r_u >= 1
-            add_row([(k, 1), (n + k, 1)], 1, np.inf)
-        for w in {w for w in eqn.invars if not isinstance(w, Literal) and w in producer}:
-            add_row([(n + k, 1), (producer[w], -1), (n + producer[w], -1)], -np.inf, 0)
-    add_row([(k, nbytes[k]) for k in range(n)], 0, np.inf)     # saved bytes (budget set in solve)
-    matrix = sparse.csr_array((val, (ri, ci)), shape=(len(lo), 2 * n))
-    return Problem(tuple(name for name, _, _ in values), flops, nbytes, matrix, np.array(lo),
-                   np.array(hi, dtype=np.float64), int(arg_bytes), int(store_all))
-
-
-def plan(fn, *args, budget_bytes: int) -> Plan:
-    """Choose saved values for ``jax.grad(fn)(*args)`` under ``budget_bytes`` (scipy's HiGHS)."""
-    return problem(fn, *args).solve(budget_bytes)
-
-
-def apply(fn, the_plan: Plan, *example_args):
-    """``fn`` whose gradient keeps exactly the plan's values (checkpoint names + policy)."""
-    traced = _check_differentiable(fn, example_args)
-    named_fn = _named(traced.closed)
-    return jax.checkpoint(named_fn, policy=jax.checkpoint_policies.save_only_these_names(
-        *the_plan.saved))
-
-
-def measure(fn, the_plan: Plan, *args) -> dict:
-    """What JAX actually keeps under the plan, and XLA's temp bytes for the jitted gradient."""
-    applied = apply(fn, the_plan, *args)
-    named, arg_bytes, other = _residuals(applied, args)
-    grad = jax.jit(jax.grad(applied, argnums=tuple(range(len(args)))))
-    compiled = grad.lower(*args).compile()        # run the compiled object: one compile, not two
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    return {"saved_names": tuple(sorted(named)), "saved_count": len(named),
-            "peak_bytes": int(sum(named.values()) + arg_bytes + other), "xla_temp_bytes": int(temp),
-            "grads": compiled(*args)}
+def problem(loss_fn, params, batch, time_limit_s: float = 20.0) -> Problem:
+    """Trace ``loss_fn(params, batch)`` and build its MILP (the budget is left open)."""
+    return Problem(loss_graph(flatten_loss(loss_fn, params, batch, "plan")), time_limit_s)

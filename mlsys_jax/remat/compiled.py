@@ -1,0 +1,198 @@
+"""A plan applied to a user's loss, and what the compiled gradient really does (lecture §7.2).
+
+``apply`` evaluates the loss's jaxpr segment by segment. A segment without recomputation is plain
+JAX code (JAX keeps its residuals, as without remat). A segment with recomputation is one
+``custom_vjp``: its forward linearizes each equation (``jax.vjp``) and keeps only the plan's saved
+values and JVP intermediates; its backward — pinned by ``xla_remat.pinned`` so XLA neither merges
+it with the forward nor runs it early — re-runs the plan's recomputed equations, then runs each
+equation's pullback in reverse order. A plan without recomputation returns the user's function.
+``measure`` compiles ``jax.grad`` with respect to the parameters only and reads the compiler's own
+figures: ``memory_analysis().temp_size_in_bytes`` and ``cost_analysis()['flops']``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import DropVar, Literal, bind_equation
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.remat.flat import FlatLoss, flatten_loss
+from mlsys_jax.remat.graph import LossGraph, eqn_vjp, loss_graph
+from mlsys_jax.remat.planner import Plan
+from mlsys_jax.remat.xla_remat import pinned
+
+
+def _zero_cotangent(aval):
+    if jnp.issubdtype(aval.dtype, jnp.inexact):
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+class _Segment:
+    """Equations ``[start, end)`` of the loss as a custom_vjp that recomputes per the plan."""
+
+    def __init__(self, graph: LossGraph, start, end, ins, outs, saved, saved_tmp, recompute):
+        self.graph, self.ins, self.outs = graph, ins, outs
+        self.eqns = list(enumerate(graph.closed.jaxpr.eqns))[start:end]
+        self.saved, self.saved_tmp, self.recompute = saved, saved_tmp, recompute
+        self.call = jax.custom_vjp(self._plain)
+        self.call.defvjp(self._forward, lambda res, ct: pinned(self._backward, res, ct))
+
+    def _env(self, ins):
+        jaxpr = self.graph.closed.jaxpr
+        env = dict(zip(jaxpr.constvars, self.graph.closed.consts))
+        env.update(zip(self.ins, ins))
+        return env
+
+    def _step(self, i, eqn, env, closures):
+        invals = [self.graph.read(env, v) for v in eqn.invars]
+        info = self.graph.vjps[i]
+        if info is None:
+            outs = bind_equation(eqn, invals)
+        else:
+            outs, closures[i] = eqn_vjp(eqn, invals, info.active)
+        env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, DropVar))
+
+    def _plain(self, *ins):
+        env = self._env(ins)
+        self.graph.run([e for _, e in self.eqns], env)
+        return tuple(env[v] for v in self.outs)
+
+    def _forward(self, *ins):
+        env, closures = self._env(ins), {}
+        for i, eqn in self.eqns:
+            self._step(i, eqn, env, closures)
+        tmp = [self._tmp_leaves(i, closures[i]) for i in self.saved_tmp]
+        res = (list(ins), [env[v] for v in self.saved], tmp)
+        return tuple(env[v] for v in self.outs), res
+
+    def _tmp_leaves(self, i, closure):
+        kinds = self.graph.vjps[i].leaves
+        return [x for x, (kind, _) in zip(jax.tree_util.tree_leaves(closure), kinds)
+                if kind == "tmp"]
+
+    def _pullback(self, i, eqn, env, closures, tmp):
+        if i in closures:
+            return closures[i]
+        info = self.graph.vjps[i]
+        leaves = [self.graph.read(env, eqn.invars[j]) if kind == "in" else
+                  env[eqn.outvars[j]] if kind == "out" else tmp[i][j] for kind, j in info.leaves]
+        return jax.tree_util.tree_unflatten(info.treedef, leaves)
+
+    def _backward(self, res, ct):
+        ins, saved, tmp_leaves = res
+        env, closures = self._env(ins), {}
+        env.update(zip(self.saved, saved))
+        tmp = dict(zip(self.saved_tmp, tmp_leaves))
+        for i, eqn in self.eqns:
+            if i in self.recompute:
+                self._step(i, eqn, env, closures)
+        cts = {v: c for v, c in zip(self.outs, ct) if jnp.issubdtype(c.dtype, jnp.inexact)}
+        for i, eqn in reversed(self.eqns):
+            info = self.graph.vjps[i]
+            if info is None or not any(v in cts for v in eqn.outvars):
+                continue
+            pull = self._pullback(i, eqn, env, closures, tmp)
+            back = pull([cts[v] if v in cts else _zero_cotangent(v.aval) for v in eqn.outvars])
+            for j, c in zip(info.active, back):
+                w = eqn.invars[j]
+                cts[w] = cts[w] + c if w in cts else c
+        return tuple(cts.get(v) if jnp.issubdtype(v.aval.dtype, jnp.inexact) else None
+                     for v in self.ins)
+
+
+def _check_plan(graph: LossGraph, the_plan) -> None:
+    if not isinstance(the_plan, Plan):
+        raise MlsysError(f"apply: expected a Plan from remat.plan, got {type(the_plan).__name__}")
+    if the_plan.n_values != graph.n_values or the_plan.segments[-1] >= max(graph.n_eqns, 1) \
+            or not set(the_plan.recomputed) <= set(graph.names):
+        raise MlsysError(f"apply: the plan was made for another function ({the_plan.n_values} "
+                         f"values; this loss has {graph.n_values}); plan this loss first")
+
+
+def flat_applied(graph: LossGraph, the_plan: Plan):
+    """``fn(diff, batch_leaves)``: the loss with the plan's segments, saves and recomputation."""
+    _check_plan(graph, the_plan)
+    jaxpr = graph.closed.jaxpr
+    eqns = jaxpr.eqns
+    last_read = {}
+    for i, eqn in enumerate(eqns):
+        last_read.update({v: i for v in eqn.invars if not isinstance(v, Literal)})
+    last_read.update({v: len(eqns) for v in jaxpr.outvars if not isinstance(v, Literal)})
+    var = {k: v for v, k in graph.value_of.items()}
+    index = {n: k for k, n in enumerate(graph.names)}
+    saved = {var[index[n]] for n in the_plan.saved if n in index}
+    saved_tmp = {int(n[:-len(".jvp")].rsplit("_", 1)[1]) for n in the_plan.saved
+                 if n.endswith(".jvp")}
+    recompute = {int(graph.eqn_of[index[n]]) for n in the_plan.recomputed}
+    consts = set(jaxpr.constvars)
+    parts = []
+    for start, end in zip(the_plan.segments, list(the_plan.segments[1:]) + [len(eqns)]):
+        if not recompute & set(range(start, end)):
+            parts.append((eqns[start:end], None))
+            continue
+        made = {v for e in eqns[start:end] for v in e.outvars if not isinstance(v, DropVar)}
+        ins = list(dict.fromkeys(v for e in eqns[start:end] for v in e.invars
+                                 if not isinstance(v, Literal) and v not in made
+                                 and v not in consts))
+        outs = [v for e in eqns[start:end] for v in e.outvars
+                if not isinstance(v, DropVar) and last_read.get(v, -1) >= end]
+        parts.append((eqns[start:end], _Segment(
+            graph, start, end, ins, outs, [v for e in eqns[start:end] for v in e.outvars
+                                           if v in saved],
+            sorted(i for i in saved_tmp if start <= i < end), recompute)))
+
+    def run(diff, batch):
+        env = graph.start_env(diff, batch)
+        for seg_eqns, seg in parts:
+            if seg is None:
+                graph.run(seg_eqns, env)
+            else:
+                env.update(zip(seg.outs, seg.call(*[env[v] for v in seg.ins])))
+        return graph.read(env, jaxpr.outvars[0])
+    return run
+
+
+def apply(loss_fn, the_plan: Plan, params, batch):
+    """``loss_fn`` (same signature) whose gradient saves and recomputes as ``the_plan`` says."""
+    flat = flatten_loss(loss_fn, params, batch, "apply")
+    graph = loss_graph(flat)
+    _check_plan(graph, the_plan)
+    if not the_plan.recomputed:
+        return loss_fn                  # nothing recomputed: the user's own function, bit for bit
+    run = flat_applied(graph, the_plan)
+
+    def applied(params, batch):
+        return run(*flat.split(params, batch))
+    return applied
+
+
+def compile_grad(fn, flat: FlatLoss):
+    """``jax.jit(jax.grad(fn))`` compiled for the parameters only: (compiled, temp, flops)."""
+    compiled = jax.jit(jax.grad(fn, argnums=0)).lower(flat.diff, flat.batch).compile()
+    flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
+    return compiled, int(compiled.memory_analysis().temp_size_in_bytes), float(flops)
+
+
+def grad_difference(grads, reference) -> tuple[float, float]:
+    """Max |Δ| over all leaves, and that over the reference's max |g| (relative)."""
+    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
+             for a, b in zip(grads, reference)]
+    scale = max(float(np.max(np.abs(np.asarray(b)), initial=0.0)) for b in reference)
+    worst = max(diffs, default=0.0)
+    return worst, worst / scale if scale else worst
+
+
+def measure(loss_fn, the_plan: Plan, params, batch) -> dict:
+    """Compiled temp bytes and FLOPs of the plan's gradient, and its distance to ``jax.grad``."""
+    flat = flatten_loss(loss_fn, params, batch, "measure")
+    graph = loss_graph(flat)
+    _check_plan(graph, the_plan)
+    fn = flat_applied(graph, the_plan) if the_plan.recomputed else flat.fn
+    compiled, temp, flops = compile_grad(fn, flat)
+    grads = compiled(flat.diff, flat.batch)
+    reference = jax.jit(jax.grad(flat.fn, argnums=0))(flat.diff, flat.batch)
+    max_abs, rel = grad_difference(grads, reference)
+    return {"compiled_temp_bytes": temp, "compiled_flops": flops, "grads_max_abs_diff": max_abs,
+            "grads_max_rel_diff": rel, "grads": flat.unflatten(grads), "compiled": compiled}
