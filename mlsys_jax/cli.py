@@ -5,6 +5,7 @@
     mlsys-jax optimize FILE.py:FN --arg SPEC [...] [--passes LIST] [--search] [--alpha A] [--json]
     mlsys-jax bench [NAME ...] [--json]
     mlsys-jax fuzz [--programs N] [--seed S] [--passes LIST] [--time-budget S] [--mutants] [--json]
+    mlsys-jax shard FILE.py:FN --mesh data=N[,model=M] [--zero 0-3] [--steps S] [--processes P] [--json]
 
 JAX is imported only after ``--devices`` has set the simulated CPU device count. A user error
 prints one line ``mlsys-jax: error: ...`` and exits 2; a failed experiment check exits 1.
@@ -25,6 +26,7 @@ HANDLERS = {
     "optimize": ("mlsys_jax.passes.cli", "optimize_main"),
     "bench": ("benchmarks.runner", "main"),
     "fuzz": ("mlsys_jax.fuzz.cli", "main"),
+    "shard": ("mlsys_jax.cli_shard", "main"),
 }
 
 
@@ -82,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--json", action="store_true")
     fuzz.add_argument("--out", default=None, help="folder for reproducers of failures")
     fuzz.add_argument("--devices", type=int, default=None, dest="devices_sub")
+
+    from mlsys_jax.cli_shard import add_parser as add_shard_parser
+
+    add_shard_parser(sub)
     return p
 
 
