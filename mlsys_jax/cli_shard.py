@@ -84,8 +84,6 @@ def _check_devices(mesh: dict, processes: int) -> None:
 def main(args) -> int:
     import jax
 
-    # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
-    jax.config.update("jax_enable_x64", False)
     from mlsys_jax.parallel import comm
     from mlsys_jax.parallel.user_step import simulate
 
@@ -93,9 +91,11 @@ def main(args) -> int:
     if args.steps < 1:
         raise MlsysError(f"--steps must be >= 1, got {args.steps}")
     _check_devices(mesh, args.processes)
-    loss_fn, params, batch, optimizer, rules = load_factory(args.target)
-    report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps, rules,
-                      options=comm.QUICK_COMPILE)
+    # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
+    with jax.enable_x64(False):
+        loss_fn, params, batch, optimizer, rules = load_factory(args.target)
+        report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps, rules,
+                          options=comm.QUICK_COMPILE)
     out = report.to_json()
     if args.processes > 1:
         out["processes"] = _compare_processes(args, mesh, report)

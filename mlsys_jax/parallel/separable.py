@@ -9,7 +9,7 @@ the loss would draw the *same* mask for its rows).
 
 Under ``jax.jit`` with shardings XLA keeps the global program (BatchNorm statistics all-reduced,
 as synchronised BN does; one mask for the global batch), which is not what data-parallel training
-runs. :func:`per_shard_loss` builds what it runs: each shard's loss on its own rows, averaged, with
+runs. :func:`per_shard_losses` builds what it runs: each shard's loss on its own rows, averaged, with
 each shard's PRNG key folded with its index (``jax.random.fold_in(key, shard)``), so shards draw
 different masks. A key the loss closes over is a constant of the loss's jaxpr: the fold happens
 there, where the key enters (a typed-key constant, or a ``random_wrap``/``random_seed`` that makes
@@ -43,7 +43,7 @@ class Separability:
     shards_mean: float
     tolerance: float
     causes: tuple          # one sentence per cause, when not separable
-    folded_keys: int       # PRNG keys that per_shard_loss folds with the shard index
+    folded_keys: int       # PRNG keys that per_shard_losses folds with the shard index
 
 
 def shards_of(batch, n: int):
@@ -61,8 +61,8 @@ def _fold(key, index):
     return jax.vmap(lambda k: jax.random.fold_in(k, index))(key.reshape(-1)).reshape(key.shape)
 
 
-def per_shard_loss(loss: Callable, trainable, batch, n: int) -> tuple[Callable, int]:
-    """``f(trainable, shards) -> mean over shards of loss(trainable, shard)``, keys folded per shard.
+def per_shard_losses(loss: Callable, trainable, batch, n: int) -> tuple[Callable, int]:
+    """``f(trainable, shards) -> (n,)``: each shard's ``loss`` on its rows, keys folded per shard.
 
     ``shards`` is :func:`shards_of` of a batch like ``batch``. Returns ``f`` and how many keys it
     folds (0: the loss draws no random numbers, or from a key this cannot reach).
@@ -86,8 +86,7 @@ def per_shard_loss(loss: Callable, trainable, batch, n: int) -> tuple[Callable, 
         return eval_jaxpr(closed.jaxpr, consts, *flat, handler=handler if makers else None)[0]
 
     def f(t, shards):
-        per = jax.vmap(shard_loss, in_axes=(0, None, 0))(jnp.arange(n), t, shards)
-        return jnp.mean(per)
+        return jax.vmap(shard_loss, in_axes=(0, None, 0))(jnp.arange(n), t, shards)
     return f, len(key_consts) + len(makers)
 
 
@@ -103,7 +102,7 @@ def check_separable(loss: Callable, trainable, batch, n: int, rtol: float) -> Se
     whole, shard_losses = float(whole), np.asarray(shard_losses, np.float64)
     mean = float(np.mean(shard_losses))
     tol = rtol * max(abs(whole), abs(mean), np.finfo(np.float32).tiny)
-    _, folded = per_shard_loss(loss, trainable, batch, n)
+    _, folded = per_shard_losses(loss, trainable, batch, n)
     if abs(whole - mean) <= tol:
         return Separability(True, whole, mean, tol, (), folded)
     return Separability(False, whole, mean, tol,

@@ -158,11 +158,11 @@ def _data_parallel_loss(loss, trainable, batch, layout: Layout) -> tuple[Callabl
     """The loss data parallelism computes, each shard's own loss on its rows averaged: on the
     mesh (shard i on the data axis' device i), and the same on one device."""
     n = layout.data_size
-    per_shard, _ = separable.per_shard_loss(loss, trainable, batch, n)
+    per_shard, _ = separable.per_shard_losses(loss, trainable, batch, n)
     on_data = NamedSharding(layout.mesh, P(layout.data_axis))
 
     def on_mesh(t, b):
         shards = jax.lax.with_sharding_constraint(separable.shards_of(b, n),
                                                   jax.tree.map(lambda _: on_data, b))
-        return per_shard(t, shards)
-    return on_mesh, lambda t, b: per_shard(t, separable.shards_of(b, n))
+        return jnp.mean(per_shard(t, shards))
+    return on_mesh, lambda t, b: jnp.mean(per_shard(t, separable.shards_of(b, n)))

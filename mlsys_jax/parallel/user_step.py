@@ -45,6 +45,7 @@ class ShardReport:
     max_abs_diff: dict        # free-running, after `steps` steps, against one device
     teacher_forced: dict      # per step from one device's state: what decides `exact`
     bound: dict               # float-rounding bound for teacher_forced
+    magnitude: dict           # max |q| of the one-device reference (the bound's scale)
     per_device_bytes: dict
     collectives: list
     step_time_ratio: float | None
@@ -198,6 +199,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         mesh=dict(p.layout.mesh.shape), zero=p.layout.stage, steps=steps, exact=False,
         reason="", max_abs_diff={q: d for q, (d, _) in free.items()},
         teacher_forced={q: d for q, (d, _) in forced.items()}, bound=bound,
+        magnitude={q: m for q, (_, m) in forced.items()},
         per_device_bytes=memory_report(p.layout, compiled, jax.eval_shape(
             p.loss, p.trainable, p.batch).dtype.itemsize, len(jax.tree.leaves(p.trainable))),
         collectives=[], step_time_ratio=None,
