@@ -104,9 +104,8 @@ def _user_transformer() -> dict | None:
         for name, (mesh, stage) in layouts.items():
             p = plan(loss_fn, params, batch, opt, mesh, stage)
             hlo = compile_sharded(p, comm.QUICK_COMPILE).as_text()
-            formulas = {**user_comm.data_formula(p.layout, p.trainable),
-                        **user_comm.tp_formula(p.step_loss, p.trainable, p.batch, p.layout)}
-            rows = user_comm.table(p.layout, hlo, formulas)
+            rows = user_comm.table(p.layout, hlo, user_comm.formulas(
+                p.step_loss, p.trainable, p.batch, p.layout))
             out[name] = {"measured": sum(r["bytes"] for r in rows),
                          "formula": sum(r["formula_bytes"] for r in rows),
                          "psi": user_comm.shard_bytes(p.trainable, p.layout.compute)}

@@ -23,7 +23,7 @@ from collections import defaultdict
 import jax
 import numpy as np
 
-from mlsys_jax.compat import Literal, nested_jaxprs
+from mlsys_jax.compat import Literal, dce_jaxpr_consts, nested_jaxprs
 from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.layout import Layout, shard_bytes
 from mlsys_jax.parallel.rules import array_paths
@@ -53,17 +53,28 @@ def by_axis(hlo: str, mesh) -> dict:
     return dict(out)
 
 
-def data_formula(layout: Layout, trainable) -> dict:
+def unused_leaves(loss, trainable, batch) -> tuple[str, ...]:
+    """Paths of parameters the loss does not depend on (dead code in its jaxpr), e.g. BatchNorm's
+    running statistics when the loss drops the updated ones: their gradient is a constant zero,
+    and XLA sends nothing for them."""
+    closed = jax.make_jaxpr(loss)(trainable, batch)
+    _, _, used = dce_jaxpr_consts(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    return tuple(p for (p, _), u in zip(array_paths(trainable), used) if not u)
+
+
+def data_formula(layout: Layout, trainable, unused: tuple = ()) -> dict:
     """``{(kind, 'data'): (ring bytes, what)}``: gradient all-reduce and ZeRO's all-gather."""
     n = layout.data_size
     if n <= 1:
         return {}
-    psi = shard_bytes(trainable, layout.compute)
+    size = {p: shard_bytes(x, s) for (p, x), s in zip(array_paths(trainable),
+                                                      jax.tree.leaves(layout.compute))}
+    psi = sum(b for p, b in size.items() if p not in unused)
     out = {("all-reduce", layout.data_axis): (
         comm.ring_bytes("all-reduce", psi, n), f"gradients, {psi:,} B per device (TP share)")}
-    if layout.stage >= 1:
-        split = [p for p, _ in array_paths(trainable) if p not in layout.unsplit]
-        gathered = sum(_leaf_bytes(trainable, layout.compute, p) for p in split)
+    if layout.stage >= 1:  # stage 3 gathers what the forward uses; 1-2 all updated params
+        gathered = sum(b for p, b in size.items() if p not in layout.unsplit
+                       and (layout.stage < 3 or p not in unused))
         when = "for the forward" if layout.stage == 3 else "after the update"
         out[("all-gather", layout.data_axis)] = (
             comm.ring_bytes("all-gather", gathered, n),
@@ -71,11 +82,12 @@ def data_formula(layout: Layout, trainable) -> dict:
     return out
 
 
-def _leaf_bytes(tree, shardings, path: str) -> int:
-    for (p, x), s in zip(array_paths(tree), jax.tree.leaves(shardings)):
-        if p == path:
-            return shard_bytes(x, s)
-    raise KeyError(path)
+def formulas(loss, trainable, batch, layout: Layout) -> dict:
+    """Every formula of this layout: :func:`data_formula` and :func:`tp_formula` (with the
+    forward count under ``'forward_all_reduces'``) and the parameters the loss ignores."""
+    unused = unused_leaves(loss, trainable, batch)
+    return {**data_formula(layout, trainable, unused),
+            **tp_formula(loss, trainable, batch, layout), "unused": unused}
 
 
 def tp_formula(loss, trainable, batch, layout: Layout, axis: str = "model") -> dict:

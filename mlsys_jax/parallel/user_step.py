@@ -208,12 +208,15 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         zero_unsplit=list(p.layout.unsplit) if p.layout.stage else [],
         sharded={"free": {q: sharded[q] for q in QUANTITIES}, "forced": forced_values})
     report.exact, report.reason = _verdict(p, forced, bound, within)
-    tp = user_comm.tp_formula(p.step_loss, p.trainable, p.batch, p.layout)
-    report.collectives = user_comm.table(p.layout, compiled.as_text(),
-                                         {**user_comm.data_formula(p.layout, p.trainable), **tp})
-    if tp:
+    formulas = user_comm.formulas(p.step_loss, p.trainable, p.batch, p.layout)
+    report.collectives = user_comm.table(p.layout, compiled.as_text(), formulas)
+    if "forward_all_reduces" in formulas:
         report.forward_all_reduces = user_comm.forward_all_reduces(
-            p.step_loss, p.trainable, p.batch, p.layout, tp["forward_all_reduces"], options)
+            p.step_loss, p.trainable, p.batch, p.layout, formulas["forward_all_reduces"], options)
+    if formulas["unused"]:
+        report.notes.append(f"{len(formulas['unused'])} parameters do not affect the loss (their "
+                            f"gradient is zero; nothing is sent for them): "
+                            f"{', '.join(formulas['unused'])}")
     if time_repeats:
         one, one_args = cache[key]["compiled"], cache[key]["args"]
         t = timing.compare({"sharded": lambda: compiled(*args),
