@@ -142,3 +142,18 @@ def test_bad_inputs_name_the_fix(lecture):
         plan(lecture_loss, params, batch, opt, {"data": 4}, zero=4)
     with pytest.raises(MlsysError, match=r"needs 16 devices but only 8"):
         plan(lecture_loss, params, batch, opt, {"data": 16})
+
+
+@pytest.mark.parametrize("name, opt", [("sgd", optax.sgd(0.1)), ("adafactor", optax.adafactor(0.01))])
+def test_any_optax_optimizer_state_is_laid_out(lecture, name, opt):
+    """Stateless SGD updates in place (no all-gather); Adafactor's factored rows mirror no
+    parameter and are split by their own shape."""
+    params, batch, _, _ = lecture
+    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 1, STEPS,
+                 options=comm.QUICK_COMPILE, time_repeats=0)
+    assert r.exact, r.reason
+    kinds = {c["kind"]: c["ratio"] for c in r.collectives}
+    assert kinds == ({"all-reduce": 1.0} if name == "sgd" else
+                     {"all-reduce": 1.0, "all-gather": 1.0})
+    b = r.per_device_bytes
+    assert b["measured"]["arguments"] == b["expected"]["arguments"]

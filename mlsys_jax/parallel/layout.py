@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.rules import array_paths
 
@@ -96,9 +97,11 @@ def make_layout(trainable, optimizer: optax.GradientTransformation, batch, mesh:
         spec = _add_data_axis(P(), tuple(leaf.shape), mesh, data_axis) if stage and n > 1 else None
         return named(spec or P())
 
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, opt_shapes,
-                                zero_tree if stage >= 1 else tp_tree,
-                                transform_non_params=other_state)
+    # state mirroring a parameter (Adam's m and v) is laid out like it; any other state (a step
+    # count, Adafactor's factored rows) is split by its own shape
+    opt = optax.tree_map_params(
+        optimizer, lambda x, s, p: s if x.shape == p.shape else other_state(x), opt_shapes,
+        zero_tree if stage >= 1 else tp_tree, trainable, transform_non_params=other_state)
     batch_tree = jax.tree.map(lambda _: named(P(data_axis) if n > 1 else P()), batch)
     params_tree, grads_tree = (zero_tree if stage == 3 else tp_tree,
                                zero_tree if stage >= 2 else tp_tree)
@@ -132,29 +135,42 @@ def _zero_formula(optimizer, trainable, opt_shapes, tp_tree, n: int, stage: int)
     whole. The layout differs from this only by the leaves ZeRO could not split.
     """
     psi = shard_bytes(trainable, tp_tree)
+    whole = lambda x: x.dtype.itemsize * math.prod(x.shape)
+    mirrors = lambda x, p: x.shape == p.shape
     mirrored = sum(jax.tree.leaves(optax.tree_map_params(
-        optimizer, _bytes_of, opt_shapes, tp_tree, transform_non_params=lambda x: 0)))
+        optimizer, lambda x, s, p: _bytes_of(x, s) if mirrors(x, p) else 0, opt_shapes, tp_tree,
+        trainable, transform_non_params=lambda x: 0)))
     other = sum(jax.tree.leaves(optax.tree_map_params(
-        optimizer, lambda x, _: 0, opt_shapes, tp_tree,
-        transform_non_params=lambda x: x.dtype.itemsize * math.prod(x.shape))))
+        optimizer, lambda x, s, p: 0 if mirrors(x, p) else whole(x), opt_shapes, tp_tree,
+        trainable, transform_non_params=whole)))
     return {"params": psi / n if stage == 3 else psi,
             "grads": psi / n if stage >= 2 else psi,
             "optimizer": (mirrored / n if stage >= 1 else mirrored) + other}
 
 
-def memory_report(layout: Layout, compiled, loss_bytes: int, n_trainable: int) -> dict:
+def memory_report(layout: Layout, compiled, step_jaxpr) -> dict:
     """``memory_analysis()`` per device beside what the layout holds and ZeRO's formula.
 
-    Arguments are params + optimizer state + the batch shard; outputs add the gradients and the
-    loss, and XLA returns them as one tuple whose index table holds a pointer (8 B) per array.
+    The expected arguments are the step's inputs (params, optimizer state, batch shard) and its
+    outputs (params, optimizer state, loss, gradients), as XLA's program has them: ``jax.jit``
+    returns an input the step passes through unchanged without handing it to XLA (Adafactor's
+    placeholder state) and drops inputs nothing uses. XLA returns the outputs as one tuple whose
+    index table holds a pointer (8 B) per array. ``step_jaxpr`` is the step's ClosedJaxpr.
     """
+    jaxpr = step_jaxpr.jaxpr
+    inputs = set(jaxpr.invars)
+    forwarded = [not isinstance(v, Literal) and v in inputs for v in jaxpr.outvars]
+    _, _, used = dce_jaxpr_consts(jaxpr, [not f for f in forwarded])
+    leaves = jax.tree.leaves
+    in_sh = leaves(layout.params) + leaves(layout.opt_state) + leaves(layout.batch)
+    out_sh = (leaves(layout.params) + leaves(layout.opt_state) + [layout.replicated]
+              + leaves(layout.grads))
+    args = sum(_bytes_of(v.aval, s) for v, s, u in zip(jaxpr.invars, in_sh, used) if u)
+    outs = sum(_bytes_of(v.aval, s) for v, s, f in zip(jaxpr.outvars, out_sh, forwarded) if not f)
     ma = compiled.memory_analysis()
-    held = layout.held
-    outputs = 2 * n_trainable + len(jax.tree.leaves(layout.opt_shapes)) + 1
     return {"measured": {"arguments": int(ma.argument_size_in_bytes),
                          "outputs": int(ma.output_size_in_bytes),
                          "temp": int(ma.temp_size_in_bytes)},
-            "layout": dict(held), "formula": {k: float(v) for k, v in layout.formula.items()},
-            "expected": {"arguments": held["params"] + held["optimizer"] + held["batch"],
-                         "outputs": held["params"] + held["optimizer"] + held["grads"]
-                         + loss_bytes + 8 * outputs}}
+            "layout": dict(layout.held),
+            "formula": {k: float(v) for k, v in layout.formula.items()},
+            "expected": {"arguments": args, "outputs": outs + 8 * forwarded.count(False)}}

@@ -72,7 +72,10 @@ def data_formula(layout: Layout, trainable, unused: tuple = ()) -> dict:
     psi = sum(b for p, b in size.items() if p not in unused)
     out = {("all-reduce", layout.data_axis): (
         comm.ring_bytes("all-reduce", psi, n), f"gradients, {psi:,} B per device (TP share)")}
-    if layout.stage >= 1:  # stage 3 gathers what the forward uses; 1-2 all updated params
+    # stage 3 gathers what the forward uses; stages 1-2 gather the updated parameters, computed
+    # on the shards of the optimizer state (a stateless optimizer, plain SGD, updates in place)
+    sharded_state = any(not s.is_fully_replicated for s in jax.tree.leaves(layout.opt_state))
+    if layout.stage == 3 or (layout.stage >= 1 and sharded_state):
         gathered = sum(b for p, b in size.items() if p not in layout.unsplit
                        and (layout.stage < 3 or p not in unused))
         when = "for the forward" if layout.stage == 3 else "after the update"

@@ -200,8 +200,9 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         reason="", max_abs_diff={q: d for q, (d, _) in free.items()},
         teacher_forced={q: d for q, (d, _) in forced.items()}, bound=bound,
         magnitude={q: m for q, (_, m) in forced.items()},
-        per_device_bytes=memory_report(p.layout, compiled, jax.eval_shape(
-            p.loss, p.trainable, p.batch).dtype.itemsize, len(jax.tree.leaves(p.trainable))),
+        per_device_bytes=memory_report(p.layout, compiled, jax.make_jaxpr(
+            make_step(p.step_loss, p.optimizer, p.layout))(p.trainable, p.layout.opt_shapes,
+                                                           p.batch)),
         collectives=[], step_time_ratio=None,
         rules=[[rx, str(spec)] for rx, spec in p.rules], rules_derived=p.rules_derived,
         replicated_no_rule=list(p.placement.unmatched) if p.rules else [],
