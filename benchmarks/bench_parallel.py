@@ -22,6 +22,9 @@ from pathlib import Path
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import comm, data, tensor, zero
 from mlsys_jax.parallel.mesh import make_mesh
+from mlsys_jax.parallel.pipeline import make_schedule
+from mlsys_jax.parallel.pipeline_run import (mse_loss, pipeline_value_and_grad, tanh_chain_init,
+                                             tanh_chain_stage)
 
 NAME = "parallel"
 N = 4  # devices per layout (2 when only 2 or 6 are simulated)
@@ -59,13 +62,7 @@ def _tp(tokens: int, hidden: int, d_model: int = 8) -> dict:
     return {"tp": got, "tp_formula": comm.ring_bytes("all-reduce", tokens * d_model * 8, N)}
 
 
-def _pp(width: int, layers: int, microbatches: int = 4, per_mb: int = 2) -> dict | None:
-    try:
-        from mlsys_jax.parallel.pipeline import make_schedule
-        from mlsys_jax.parallel.pipeline_run import (mse_loss, pipeline_value_and_grad,
-                                                     tanh_chain_init, tanh_chain_stage)
-    except ImportError:
-        return None
+def _pp(width: int, layers: int, microbatches: int = 4, per_mb: int = 2) -> dict:
     mesh = make_mesh({"pipe": N})
     sched = make_schedule("1f1b", N, microbatches, layers)
     params = tanh_chain_init(np.random.default_rng(0), layers, width, N, np.float64)
@@ -137,17 +134,13 @@ def run(quick: bool = False) -> dict:
     }
     notes = [f"{N} simulated CPU devices per layout, float64, per-device ring bytes per step; "
              "DP/ZeRO-3: MLP (16, h, 4) on batch 16; TP: Megatron MLP d_model 8, 8 tokens"]
-    if all(v is not None for v in pp.values()):
-        figures.update({
-            f"pp_w{w}_l{l}_measured_over_formula_ratio": r["pp"] / r["pp_formula"]
-            for (w, l), r in pp.items()})
-        figures["pp_bytes_layers16_over_layers4_ratio"] = pp[(8, 16)]["pp"] / pp[(8, 4)]["pp"]
-        figures["pp_bytes_width32_over_width8_ratio"] = pp[(32, 4)]["pp"] / pp[(8, 4)]["pp"]
-        figures["pp_executed_over_useful_ratio"] = pp[(8, 4)]["pp"] / pp[(8, 4)]["pp_useful"]
-        notes.append(f"PP: 1F1B, {N} stages, 4 microbatches of 2 rows; the SPMD executor sends on "
-                     "every step (idle stages send zeros), so executed/useful = steps/M")
-    else:
-        notes.append("PP skipped: mlsys_jax.parallel.pipeline_run not in this checkout")
+    figures.update({f"pp_w{w}_l{l}_measured_over_formula_ratio": r["pp"] / r["pp_formula"]
+                    for (w, l), r in pp.items()})
+    figures["pp_bytes_layers16_over_layers4_ratio"] = pp[(8, 16)]["pp"] / pp[(8, 4)]["pp"]
+    figures["pp_bytes_width32_over_width8_ratio"] = pp[(32, 4)]["pp"] / pp[(8, 4)]["pp"]
+    figures["pp_executed_over_useful_ratio"] = pp[(8, 4)]["pp"] / pp[(8, 4)]["pp_useful"]
+    notes.append(f"PP: 1F1B, {N} stages, 4 microbatches of 2 rows; the SPMD executor sends on "
+                 "every step (idle stages send zeros), so executed/useful = steps/M")
     user = _user_transformer()
     if user is None:
         notes.append("flax transformer (mlsys-jax shard) skipped: flax is not installed "

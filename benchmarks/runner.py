@@ -16,7 +16,8 @@ import time
 
 import benchmarks
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import fmt, to_jsonable
+from mlsys_jax.report import to_jsonable
+from mlsys_jax.tables import fmt, markdown_table, wrap
 
 
 def discover() -> dict[str, str]:
@@ -84,8 +85,8 @@ def markdown(report: dict, names: list[str]) -> str:
                 rows.setdefault(base, {})[leaf] = value
             else:
                 rows[key] = value
-        out += [f"## {name} ({res.get('seconds')} s)", "", "| figure | value |", "|---|---|"]
-        out += [f"| {k} | {_cell(v)} |" for k, v in rows.items()]
+        out += [f"## {name} ({res.get('seconds')} s)", "",
+                markdown_table([{"figure": k, "value": _cell(v)} for k, v in rows.items()])]
         out += [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
     return "\n".join(out)
 
@@ -125,6 +126,6 @@ def main(args) -> int:
         for k, v in flat.items():
             print(f"  {k.ljust(width)}  {fmt(v)}")
         for note in out.get("notes", []):
-            print(f"  - {note}")
+            print(wrap(note, first="  - "))
     print(f"\ntotal {report['seconds']} s")
     return 0

@@ -1,4 +1,4 @@
-"""Experiment 04, demo 3 and 3D (lecture §5.3–5.4, §12 exercise 6), merged by s04_parallel.
+"""Experiment 04, demo 3 (lecture §5.3, §12 exercise 6): pipeline schedules as data and executed.
 
 Every bubble and in-flight figure is counted on a built schedule table (and, for the executed
 layout, on the executor's own idle steps); the formula (P-1)/(M+P-1) only sits beside it.
@@ -10,6 +10,7 @@ from fractions import Fraction
 import jax
 import numpy as np
 
+from experiments._s04_compare import TOL
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
@@ -24,11 +25,11 @@ LECTURE_TIMELINE = ("GPU1 | F1 F2 F3 F4  .  . B4 B3 B2 B1",
                     "GPU2 |  . F1 F2 F3 F4 B4 B3 B2 B1  .")
 LECTURE_BUBBLES = {(2, 1): 0.5, (2, 4): 0.2, (2, 64): 0.015}
 SCHEDULE_NAMES = ("gpipe", "1f1b")
-TOL = 1e-12
 WIDE = 40  # steps beyond which a timeline is too wide to print
 
 
-def _devices(devices) -> list:
+def devices_of(devices) -> list:
+    """The devices a section may use: all of JAX's (None), the first N (an int), or those given."""
     if devices is None:
         return list(jax.devices())
     if isinstance(devices, int):
@@ -90,8 +91,8 @@ def _executor_rows(stages: int, microbatches: int, devs: list) -> list[dict]:
 
 
 def pipeline_section(pp_stages: int = 2, microbatches: int = 4,
-                     devices=None) -> tuple[dict[str, list[dict]], list[Check]]:
-    """Demo 3: timeline, bubbles, exercise 6, in-flight peaks and the executor's equality."""
+                     devices=None) -> dict[str, list[dict]]:
+    """Demo 3 as tables: timeline, bubbles, exercise 6, in-flight peaks, the executor's equality."""
     runtime.enable_x64()  # the executor is compared with one device in float64
     if isinstance(pp_stages, bool) or not isinstance(pp_stages, int) or pp_stages < 1:
         raise MlsysError(f"experiment 04: pp_stages must be an integer >= 1, got {pp_stages!r}")
@@ -115,15 +116,30 @@ def pipeline_section(pp_stages: int = 2, microbatches: int = 4,
                "peak_in_flight": list(make_schedule(name, p, m).in_flight_peaks()),
                "lecture": lecture_peaks.get((name, (p, m)))}
               for p, m in flight_cases for name in SCHEDULE_NAMES]
-    executor = _executor_rows(pp_stages, microbatches, _devices(devices))
+    executor = _executor_rows(pp_stages, microbatches, devices_of(devices))
 
-    tables = {"pipeline timeline (§5.3)": timeline, "pipeline bubble": bubbles,
-              "exercise 6 (P=4, bubble < 10%)": ex6, "in-flight microbatches per stage": flight,
-              "pipeline executor vs single device": executor}
-    return tables, _pipeline_checks(tables, chosen)
+    return {"pipeline timeline (§5.3)": timeline, "pipeline bubble": bubbles,
+            "exercise 6 (P=4, bubble < 10%)": ex6, "in-flight microbatches per stage": flight,
+            "pipeline executor vs single device": executor}
 
 
-def _pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
+def schedule_grids(p: int = 4, m: int = 8) -> dict[str, list[list[str | None]]]:
+    """GPipe and 1F1B side by side as grids of cells (stage × step), titled with their bubble and
+    peak in-flight microbatches: the in-flight example of §5.3, for the report's picture."""
+    grids = {}
+    for name in SCHEDULE_NAMES:
+        sched = make_schedule(name, p, m)
+        grids[f"{name}: P={p}, M={m}, bubble {float(sched.bubble_fraction()):.1%}, "
+              f"peak in flight {list(sched.in_flight_peaks())}"] = [
+            [None if c is None else str(c) for c in row] for row in sched.table]
+    return grids
+
+
+def pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
+    """§5.3's claims on the demo 3 tables (none if the section did not run); ``chosen`` is the
+    (pp_stages, microbatches) setting the tables were built for."""
+    if "pipeline bubble" not in tables:
+        return []
     lines = tuple(r["timeline"] for r in tables["pipeline timeline (§5.3)"]
                   if (r["P"], r["M"], r["schedule"]) == (2, 4, "gpipe"))
     checks = [Check("GPipe timeline, 2 stages × 4 microbatches, as drawn in §5.3",
@@ -165,23 +181,3 @@ def _pipeline_checks(tables: dict, chosen: tuple[int, int]) -> list[Check]:
                             r["stash_rows"] == r["max_in_flight"], r["stash_rows"],
                             r["max_in_flight"]))
     return checks
-
-
-def threed_section(devices=None) -> tuple[dict[str, list[dict]], list[Check]]:
-    """§5.4: one (data × tensor × pipeline) = 2×2×2 Adam step equals the single-device step."""
-    runtime.enable_x64()
-    from mlsys_jax.parallel.threed import compare_3d
-
-    devs = _devices(devices)
-    claim = "3D (data 2 × tensor 2 × pipe 2, 1F1B) Adam step: loss, grads, params == 1 device"
-    if len(devs) < 8:
-        note = (f"skipped: the 2×2×2 mesh needs 8 devices, {len(devs)} available "
-                "(start with --devices 8 or more)")
-        return {"3D step vs single device": [{"layout": "data 2 × tensor 2 × pipe 2",
-                                              "note": note}]}, [Check(claim, True, note)]
-    got = compare_3d(devices=devs[:8])
-    row = {"layout": "data 2 × tensor 2 × pipe 2", "schedule": "1f1b", "microbatches": 2,
-           "loss": got["loss"], "loss_diff": got["loss_diff"], "grad_diff": got["grad_diff"],
-           "param_diff": got["param_diff"], "param_change": got["param_change"]}
-    worst = max(got["loss_diff"], got["grad_diff"], got["param_diff"])
-    return {"3D step vs single device": [row]}, [Check(claim, worst < TOL, worst, f"< {TOL}")]

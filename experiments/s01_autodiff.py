@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import experiments
 from mlsys_jax import models, runtime
 from mlsys_jax.cost import estimate, liveness
 from mlsys_jax.errors import MlsysError
@@ -21,7 +22,7 @@ from mlsys_jax.execute import tape as T
 from mlsys_jax.ir import op_view, primitive_counts, trace
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.models.mlp import softmax_xent
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 
 ID = "01"
 TITLE = "Autodiff and execution models: graph vs tape, partial execution, tracers, graph breaks"
@@ -358,11 +359,10 @@ def check(result: Result) -> list[Check]:
     ]
 
 
-def main(**overrides):
-    result = run(**overrides)
-    print(format_result(result, check(result)))
+def plots(result: Result, directory: str) -> list[str]:
+    """No picture for this section: its figures are the tables (and the report shows them)."""
+    return []
 
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

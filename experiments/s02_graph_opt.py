@@ -8,6 +8,7 @@ finds the same sequence by itself, while a greedy one stops at ②.
 """
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import jax
@@ -15,10 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mlsys_jax import cost, ir, models, passes as P, runtime, timing
+import experiments
+from experiments._s02_xla_cpu import measure_cpu
+from mlsys_jax import cost, ir, models, passes as P, runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.viz import plots as viz
 
 ID = "02"
 TITLE = "Graph optimizations: Conv+BN folding, conv merging, worse-before-better (§4)"
@@ -120,7 +124,8 @@ def run(**overrides) -> Result:
                                  "rules": [s.rule for s in r.path], "explored": r.explored,
                                  "seconds": r.seconds, "alpha": alpha}
         tables[f"{label} path (α={alpha}, {r.explored} graphs, {r.seconds:.2f} s)"] = r.path_rows()
-    data["cpu"] = measure_cpu(cfg)
+    _, timed = _block(tuple(cfg["timing_shape"]), jnp.float32, cfg["seed"])
+    data["cpu"] = measure_cpu(five_steps(timed), cfg["timing_shape"], cfg["repeats"])
     tables["XLA:CPU measured vs cost model ('cpu' hardware)"] = data["cpu"]["rows"]
     notes = [f"max |diff| in float64 at {'×'.join(map(str, cfg['small_shape']))}; costs from the "
              f"roofline model ({cfg['hw']}, {cfg['dtype']}); rewrites found by the passes, "
@@ -210,57 +215,6 @@ def exercises(steps) -> dict:
             "enlarged_gflops": enlarged}
 
 
-def measure_cpu(cfg) -> dict:
-    """XLA:CPU wall time of original / folded / enlarged / final (jit, f32), side by side, and
-    the 'cpu' cost model's estimate of each."""
-    params, closed = _block(tuple(cfg["timing_shape"]), jnp.float32, cfg["seed"])
-    graphs = five_steps(closed)
-    chosen = {"original": graphs[0][0], "folded": graphs[1][0], "enlarged": graphs[3][0],
-              "final": graphs[5][0]}
-    x = jnp.asarray(np.random.default_rng(3).standard_normal(cfg["timing_shape"]), jnp.float32)
-    fns = {k: jax.jit(ir.as_function(g)) for k, g in chosen.items()}
-    times = timing.compare({k: partial(f, x) for k, f in fns.items()}, repeats=cfg["repeats"])
-    hw = cost.get_hardware("cpu")
-    est = {k: cost.estimate(g, hw=hw).time_us for k, g in chosen.items()}
-    rows = [{"graph": k, "measured_us": times[k].median_us, "min_us": times[k].min_s * 1e6,
-             "max_us": times[k].max_s * 1e6, "estimate_us": est[k],
-             "gflops": cost.estimate(chosen[k]).total_flops / 1e9} for k in chosen]
-    measured_order = sorted(chosen, key=lambda k: times[k].median_s)
-    estimated_order = sorted(chosen, key=lambda k: est[k])
-    speedup = times["original"].median_s / times["final"].median_s
-    # Pairs the measurement separates clearly (>15%): does the model order them the same way?
-    pairs = [(a, b) for a in chosen for b in chosen if times[a].median_s > 1.15 * times[b].median_s]
-    disagree = [(a, b) for a, b in pairs if not est[a] > est[b]]
-    achieved = rows[2]["gflops"] / times["enlarged"].median_s  # GFLOP/s of the enlarged graph
-    peak = hw.peak("f32") / 1e9
-    note = (f"XLA:CPU at {'×'.join(map(str, cfg['timing_shape']))} f32: original/final = "
-            f"{speedup:.3g}× (median of {cfg['repeats']} rounds); measured order "
-            f"{' < '.join(measured_order)}; cost model ('cpu') order {' < '.join(estimated_order)}."
-            + _disagreement_note(disagree, achieved, peak,
-                                 times["folded"].median_s / times["original"].median_s))
-    return {"rows": rows, "speedup": speedup, "achieved_gflops": achieved, "peak_gflops": peak,
-            "enlarged_over_folded": times["enlarged"].median_s / times["folded"].median_s, "measured_order": measured_order,
-            "estimated_order": estimated_order, "clear_pairs": pairs, "disagree": disagree,
-            "note": note}
-
-
-def _disagreement_note(disagree, achieved_gflops, peak_gflops, folded_over_original) -> str:
-    """Why the 'cpu' cost model and the measurement order the graphs differently (if they do)."""
-    if not disagree:
-        return " The two orders agree."
-    share = achieved_gflops / peak_gflops
-    conv = (f" XLA:CPU's convolutions run at {achieved_gflops:.3g} GFLOP/s, {share:.0%} of the "
-            f"calibrated matmul peak ({peak_gflops:.3g} GFLOP/s)")
-    conv += (", so the model under-prices conv FLOPs." if share < 0.8 else
-             ", so conv FLOPs are not under-priced: the enlarged conv's 9× FLOPs are paid in full "
-             "on this compute-bound CPU.")
-    bn = (f" Folding measured {folded_over_original:.3g}× the original's time where the model "
-          "predicts a saving: the model charges each BN as its own memory-bound kernel, but "
-          "XLA:CPU fuses elementwise work into neighbouring loops, so the BN kernels it removes "
-          "cost little here.") if folded_over_original > 1 else ""
-    return " Where they differ:" + conv + bn
-
-
 def _near_us(ours, lecture) -> bool:
     return lecture is None or abs(ours - lecture) <= US_TOL
 
@@ -317,18 +271,21 @@ def check(result: Result) -> list[Check]:
                      _near_rel(ex["conv1x1_gflops"], 0.822, 0.01) and
                      abs(ex["enlarged_gflops"] / ex["conv1x1_gflops"] - 9) < 1e-9,
                      (round(ex["conv1x1_gflops"], 3), round(ex["enlarged_gflops"], 3)), (0.82, 7.4))]
-    cpu = d["cpu"]
-    checks.append(Check("measured on XLA:CPU: ③ really is worse on a compute-bound machine "
-                        "(enlarged slower than folded)", cpu["enlarged_over_folded"] > 1.0,
-                        round(cpu["enlarged_over_folded"], 3), "> 1"))
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
+def plots(result: Result, directory: str) -> list[str]:
+    """Each rewrite step's kernels on the roofline model as a PNG in ``directory``, drawn from
+    ``result``; returns its path ([] without matplotlib)."""
+    d = result.data
+    steps = {row["step"]: ks for row, ks in zip(d["steps"], d["step_kernels"])}
+    r = d["roofline"]
+    path = viz.roofline_steps(os.path.join(directory, "02_roofline_steps.png"), steps,
+                              peak_flops=r["peak_flops"], bandwidth=r["bandwidth"],
+                              title=f"§4.2 rewrite steps on the {r['hw']} roofline model "
+                                    f"({r['dtype']})")
+    return [path] if path else []
 
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

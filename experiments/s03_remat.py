@@ -11,12 +11,13 @@ import os
 
 import numpy as np
 
+import experiments
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,
                              solve_chain, store_all)
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
-from mlsys_jax.viz.plots import plot_notes
+from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.viz import plots as viz
 
 ID = "03"
 TITLE = "Rematerialization: schedules, exact counts, measured memory, optimal planners (§7.2)"
@@ -193,9 +194,10 @@ def run(**overrides) -> Result:
         tables["milp"], milp_notes = milp_rows(cfg["milp_budgets"])
         notes += milp_notes
     notes.append(_torch_note())
+    result = Result(ID, TITLE, tables, notes, data)
     if cfg["plots"]:
-        notes += plot_notes(write_plots(cfg["plots"], tables))
-    return Result(ID, TITLE, tables, notes, data)
+        result.notes.extend(viz.plot_notes(plots(result, cfg["plots"])))
+    return result
 
 
 def _torch_note() -> str:
@@ -262,15 +264,14 @@ def check(result: Result) -> list[Check]:
     return checks
 
 
-def write_plots(directory: str, tables: dict) -> list[str]:
-    """Write the trade-off PNG; returns its path ([] without matplotlib)."""
-    from mlsys_jax.viz import plots
-
-    if plots.unavailable_reason():
+def plots(result: Result, directory: str) -> list[str]:
+    """The memory/recompute trade-off (every-K vs optimal_chain) as a PNG in ``directory``, drawn
+    from ``result``; returns its path ([] without matplotlib)."""
+    if viz.unavailable_reason():
         return []
-    rows = tables["tradeoff"]
+    rows = result.tables["tradeoff"]
     ek = [r for r in rows if r["every_k_forwards"] is not None]
-    path = plots.lines(os.path.join(directory, "03_tradeoff.png"),
+    path = viz.lines(os.path.join(directory, "03_tradeoff.png"),
                        {"every-K (Pareto K's)": ([r["budget"] for r in ek],
                                                  [r["every_k_forwards"] for r in ek]),
                         "optimal_chain": ([r["budget"] for r in rows],
@@ -280,11 +281,5 @@ def write_plots(directory: str, tables: dict) -> list[str]:
     return [path] if path else []
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
-
-
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -7,18 +7,19 @@ medians measured side by side in this run (mlsys_jax.timing); bytes come from th
 """
 from __future__ import annotations
 
-import math
+import os
 
 import jax
-import numpy as np
 
-from experiments._s05_parts import (FUSION_NOTES, LECTURE_FUSION_RATIO, breakdown,  # noqa: F401
-                                    capture_rows, conv_bias_relu, elementwise, fusion_rows,
-                                    hlo_kernels, ramp, small_model, write_plots)
-from mlsys_jax import runtime, timing
+import experiments
+from experiments._inputs import small_model
+from experiments._s05_breakdown import SEED_BREAKDOWN, breakdown
+from experiments._s05_capture import capture_rows
+from experiments._s05_dispatch import chain_sweep, dispatch_vs_size
+from experiments._s05_fusion import FUSION_NOTES, LECTURE_FUSION_RATIO, fusion_rows
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
-from mlsys_jax.viz.plots import plot_notes
+from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.viz import plots as viz
 
 ID = "05"
 TITLE = "Dispatch and fusion: the framework–hardware gap (seed 003)"
@@ -61,6 +62,13 @@ def run(**overrides) -> Result:
                      "crossover comes early; a likely cause (not verified here) is XLA:CPU "
                      "running only tiny kernels inline and handing larger ones to its thread "
                      "pool, which costs tens of µs on a busy 2-core machine")
+    d = sweep["summary"]
+    notes.append(f"small inputs: one eager op {d['eager_op_us']:.3g} µs vs one call of it jitted "
+                 f"{d['jit_op_call_us']:.3g} µs ({d['eager_op_over_jit_call']:.2f}×; vs a whole "
+                 f"{d['chain_len']}-op chain {d['eager_op_over_jit_chain_call']:.2f}×). Seed 003's "
+                 "claim that the eager op takes longer holds by a small margin on a CPU (an eager "
+                 "op is itself a cached one-primitive executable), so it is a benchmark figure, "
+                 "not a check: `mlsys-jax bench dispatch`, eager_op_over_jit_call_ratio")
     if sweep["summary"]["crossover_elems"] is None:
         notes.append("no crossover inside the sizes swept: raise --set sizes=... to larger tensors")
 
@@ -78,15 +86,14 @@ def run(**overrides) -> Result:
                  "size sweep; optimized: one jit call); 'measured_us' is the wall time of the same "
                  "step. On a CPU the step's working set sits in cache, so a DRAM-bandwidth model "
                  "overstates memory wait; the seed's bars are illustrative GPU figures")
-    cap_rows, cap_note = capture_rows(small, reps)
-    if cap_rows:
-        tables["capture"] = cap_rows
-    data["capture"] = cap_rows
+    tables["capture"], cap_note = capture_rows(small, reps)
+    data["capture"] = tables["capture"]
     notes.append(cap_note)
 
+    result = Result(ID, TITLE, tables, notes, data)
     if cfg["plots"]:
-        notes += plot_notes(write_plots(cfg["plots"], tables, data))
-    return Result(ID, TITLE, tables, notes, data)
+        result.notes.extend(viz.plot_notes(plots(result, cfg["plots"])))
+    return result
 
 
 def hardware_name(device) -> str:
@@ -113,126 +120,15 @@ def _validate(cfg: dict) -> None:
                          f"{cfg['conv_shape']!r} (e.g. --set conv_shape=8,32,32,16)")
 
 
-# --- 1. per-op dispatch vs tensor size -----------------------------------------------------
-
-# Cheap ops (a multiply, an add): the arithmetic is ~free, so what is left is dispatch and
-# memory traffic — the two costs seed 003 is about. (XLA does not reassociate float arithmetic,
-# so the chain is not folded away under jit; x → x/2 + 1/2 stays bounded.) Eager mul and add
-# executables are cached per shape and shared with relu(x*2+1)*0.5 below.
-_CHAIN_OPS = (lambda x: x * 0.5, lambda x: x + 0.5)
-
-
-def chain(x, n: int):
-    """N elementwise ops, one after another (×0.5, +0.5, ×0.5, ...)."""
-    for i in range(n):
-        x = _CHAIN_OPS[i % len(_CHAIN_OPS)](x)
-    return x
-
-
-def dispatch_vs_size(sizes, k: int, repeats: int) -> dict:
-    """Eager per-op time vs a jitted k-op chain's call time, at each tensor size.
-
-    All sizes and both modes are timed in one interleaved comparison, so the ratios between sizes
-    are paired round by round too (load on the shared machine cancels).
-    """
-    jitted = jax.jit(chain, static_argnums=1)
-    xs = {n: ramp(n) for n in sizes}
-    fns = {}
-    for n, x in xs.items():
-        fns[f"eager{n}"] = lambda x=x: chain(x, k)
-        fns[f"jit{n}"] = lambda x=x: jitted(x, k)
-    t = timing.compare(fns, repeats=repeats)
-    small = t[f"eager{sizes[0]}"]
-    rows = []
-    for n in sizes:
-        eager, jit = t[f"eager{n}"], t[f"jit{n}"]
-        # §003: dispatch = the eager cost of an op whose arithmetic is ~free (the smallest tensor);
-        # an op's own work = eager − dispatch; clamped at 0 (at small sizes it is timing noise).
-        growth = timing.ratio(eager, small).median
-        rows.append({"elements": n, "MB": 4 * n / 1e6,
-                     "eager_us_per_op": eager.median_us / k, "jit_call_us": jit.median_us,
-                     "jit_us_per_op": jit.median_us / k,
-                     "eager/jit": timing.ratio(eager, jit).median,
-                     "eager_op_vs_smallest": growth,
-                     "dispatch_share": min(1.0, 1.0 / growth)})
-    dispatch_us = rows[0]["eager_us_per_op"]
-    # Compute hides dispatch where an op's own work equals its dispatch: eager op time = 2 × dispatch.
-    crossover = _crossover(list(sizes), [r["eager_op_vs_smallest"] for r in rows], 2.0)
-    return {"rows": rows, "summary": {
-        "dispatch_us_per_op": dispatch_us, "jit_call_us": rows[0]["jit_call_us"],
-        "chain_len": k, "crossover_elems": crossover,
-        **_one_op_vs_one_call(xs[sizes[0]], k, repeats),
-        "eager_over_jit_small": rows[0]["eager/jit"],
-        "dispatch_share_small": rows[0]["dispatch_share"],
-        "dispatch_share_large": rows[-1]["dispatch_share"]}}
-
-
-def _one_op_vs_one_call(x, k: int, repeats: int) -> dict:
-    """One eager op vs one jit call (of the same op, and of the whole k-op chain), on a tiny tensor.
-
-    The margin is small on CPU (an eager op *is* a cached one-primitive executable plus the
-    jnp/Python layer), so it gets its own measurement: three candidates, adjacent in every round,
-    three times the rounds.
-    """
-    one = jax.jit(lambda x: x * 0.5)
-    whole = jax.jit(chain, static_argnums=1)
-    t = timing.compare({"eager_op": lambda: x * 0.5, "jit_op": lambda: one(x),
-                        "jit_chain": lambda: whole(x, k)}, repeats=3 * repeats)
-    return {"eager_op_us": t["eager_op"].median_us, "jit_op_call_us": t["jit_op"].median_us,
-            "eager_op_over_jit_call": timing.ratio(t["eager_op"], t["jit_op"]).median,
-            "eager_op_over_jit_chain_call": timing.ratio(t["eager_op"], t["jit_chain"]).median}
-
-
-def _crossover(xs, ys, level: float) -> float | None:
-    """First x where y reaches ``level``, interpolated linearly in log-log between samples."""
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if y0 < level <= y1:
-            f = (math.log(level) - math.log(y0)) / (math.log(y1) - math.log(y0))
-            return float(math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0))))
-    return None
-
-
-# --- 2. a chain of N small ops: eager grows ≈ N × dispatch, jit stays flat -------------------
-
-def chain_sweep(ns, size: int, repeats: int) -> dict:
-    x = ramp(size)
-    jitted = jax.jit(chain, static_argnums=1)
-    fns = {}
-    for n in ns:
-        fns[f"eager{n}"] = lambda n=n: chain(x, n)
-        fns[f"jit{n}"] = lambda n=n: jitted(x, n)
-    t = timing.compare(fns, repeats=repeats)
-    rows = [{"N": n, "eager_us": t[f"eager{n}"].median_us, "jit_us": t[f"jit{n}"].median_us,
-             "eager_range_us": _range(t[f"eager{n}"]), "jit_range_us": _range(t[f"jit{n}"]),
-             "eager/jit": timing.ratio(t[f"eager{n}"], t[f"jit{n}"]).median} for n in ns]
-    eager_slope = _theil_sen(ns, [r["eager_us"] for r in rows])
-    jit_slope = _theil_sen(ns, [r["jit_us"] for r in rows])
-    return {"rows": rows, "summary": {"elements": size, "eager_slope_us_per_op": eager_slope,
-                                      "jit_slope_us_per_op": jit_slope,
-                                      "slope_ratio": eager_slope / max(jit_slope, 1e-3)}}
-
-
-def _range(t: timing.Timing) -> str:
-    return f"{t.min_s * 1e6:.3g}–{t.max_s * 1e6:.3g}"
-
-
-def _theil_sen(xs, ys) -> float:
-    """Median of pairwise slopes: one noisy point on a shared machine cannot tilt the fit."""
-    return float(np.median([(ys[j] - ys[i]) / (xs[j] - xs[i])
-                            for i in range(len(xs)) for j in range(i + 1, len(xs))]))
-
-
 # --- claims ----------------------------------------------------------------------------------
 
 def check(result: Result) -> list[Check]:
     d, ch = result.data["dispatch"], result.data["chain"]
     fu, bd = result.data["fusion"], result.data["breakdown"]
+    # The timed claims below clear their thresholds by 3× or more on a quiet CPU (the unit test
+    # says which it asserts, and why). One eager op vs one jit call, whose margin is small, is a
+    # note of run() and a figure of `mlsys-jax bench dispatch` instead.
     checks = [
-        Check("small inputs: one eager op takes longer than one call of a jitted function",
-              d["eager_op_over_jit_call"] > 1.0,
-              f"{d['eager_op_us']:.3g} vs {d['jit_op_call_us']:.3g} µs "
-              f"({d['eager_op_over_jit_call']:.2f}×; vs a whole {d['chain_len']}-op chain "
-              f"{d['eager_op_over_jit_chain_call']:.2f}×)", "per-op dispatch > one call"),
         Check("small inputs: eager per op ≥ 3× jit per op (dispatch-bound)",
               d["eager_over_jit_small"] >= 3.0, round(d["eager_over_jit_small"], 1), "CPU-bound"),
         Check("compute hides dispatch on large tensors: a crossover size exists in the sweep",
@@ -268,17 +164,59 @@ def check(result: Result) -> list[Check]:
                         bd["measured_ratio"] > 1.0, round(bd["measured_ratio"], 2), 120 / 52,
                         note="seed 003's bars (40+50+30 vs 40+10+2) are illustrative; ours is "
                              "measured on this CPU"))
-    for row in result.data["capture"] or ():
+    for row in result.data["capture"]:
         if row["mode"] == "captured":
             checks.append(Check("graph capture: same loss as eager", row["matches_eager"], True, True))
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
+# --- plots -----------------------------------------------------------------------------------
+
+def plots(result: Result, directory: str) -> list[str]:
+    """The dispatch sweep, the chain slopes and the time breakdown as PNGs in ``directory``, drawn
+    from ``result`` ([] without matplotlib: see viz.unavailable_reason)."""
+    if viz.unavailable_reason():
+        return []
+    tables, data = result.tables, result.data
+    rows, d = tables["dispatch_vs_size"], data["dispatch"]
+    sizes = [r["elements"] for r in rows]
+    written = [viz.lines(
+        os.path.join(directory, "05_dispatch_vs_size.png"),
+        {"eager, per op": (sizes, [r["eager_us_per_op"] for r in rows]),
+         f"jit, {d['chain_len']}-op chain call / {d['chain_len']}":
+             (sizes, [r["jit_us_per_op"] for r in rows])},
+        xlabel="tensor size (float32 elements)", ylabel="time per op (µs)", log=True,
+        title="Per-op time: eager dispatch vs one jitted call",
+        hlines={f"eager dispatch ≈ {d['dispatch_us_per_op']:.1f} µs/op": d["dispatch_us_per_op"]},
+        vlines=({f"crossover ≈ {d['crossover_elems']:.2g} elements": d["crossover_elems"]}
+                if d["crossover_elems"] else {}))]
+    ch = tables["chain"]
+    written.append(viz.lines(
+        os.path.join(directory, "05_chain.png"),
+        {f"eager (slope {data['chain']['eager_slope_us_per_op']:.2f} µs/op)":
+            ([r["N"] for r in ch], [r["eager_us"] for r in ch]),
+         f"jit (slope {data['chain']['jit_slope_us_per_op']:.3f} µs/op)":
+            ([r["N"] for r in ch], [r["jit_us"] for r in ch])},
+        xlabel="ops in the chain N", ylabel="time per call (µs)",
+        title=f"Chain of N elementwise ops on {data['chain']['elements']} elements"))
+    # Ours (cost model + measured dispatch) beside seed 003's bars, each as % of its eager total.
+    bd = {r["mode"]: r for r in tables["breakdown"]}
+    ours_total = bd["eager"]["model_total_us"]
+    seed_total = sum(SEED_BREAKDOWN["eager"].values())
+    groups = ["eager (ours)", "optimized (ours)", "eager (seed 003)", "optimized (seed 003)"]
+    parts = {"kernel compute": ("compute_us", "compute"), "memory wait": ("memory_wait_us", "memory"),
+             "CPU dispatch": ("dispatch_us", "dispatch")}
+    stacks = {label: [100 * bd[m][ours] / ours_total for m in ("eager", "optimized")]
+              + [100 * SEED_BREAKDOWN[m][seed] / seed_total for m in ("eager", "optimized")]
+              for label, (ours, seed) in parts.items()}
+    measured = [100.0, bd["optimized"]["measured_%_of_eager"], None, None]
+    written.append(viz.stacked_bars(
+        os.path.join(directory, "05_breakdown.png"), groups, stacks,
+        markers={"measured wall time (ours)": measured},
+        ylabel="time (% of the eager total)",
+        title=f"Time breakdown, {data['breakdown']['model']}"))
+    return [p for p in written if p]
 
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

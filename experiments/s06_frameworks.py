@@ -7,18 +7,17 @@ timed side by side in one run (mlsys_jax.timing: paired medians of interleaved r
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
-from experiments import _s06_parts as parts
-from experiments._s05_parts import f32
+import experiments
+from experiments._s06_ad_cost import JAC_NOTE, higher_order, jacobian_sweep
+from experiments._s06_ad_examples import slip_note, small_network, worked_example
+from experiments._s06_graphs import trace_counts
+from experiments._s06_jit import MISCONCEPTION_NOTES, compile_once
+from experiments._s06_vmap import per_example
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import Check, Result, resolve_overrides
 
 ID = "06"
 TITLE = "Frameworks: forward vs reverse AD, static vs dynamic graphs, JIT (seed 001)"
@@ -44,25 +43,25 @@ def run(**overrides) -> Result:
              "times are medians of interleaved rounds after warm-up; ratios are paired per round"]
     tables, data = {}, {"device": {"platform": device.platform, "device_kind": device.device_kind}}
 
-    fwd, rev, worked = parts.worked_example(X0)
+    fwd, rev, worked = worked_example(X0)
     tables["forward_mode"], tables["reverse_mode"], data["worked"] = fwd, rev, worked
-    notes.append(parts.slip_note(worked))
-    tables["small_network"], data["network"] = parts.small_network(*NETWORK)
+    notes.append(slip_note(worked))
+    tables["small_network"], data["network"] = small_network(*NETWORK)
 
     pairs = [(cfg["jac_big"], s) for s in cfg["jac_small"]]
     pairs += [(s, cfg["jac_big"]) for s in cfg["jac_small"] if s != cfg["jac_big"]]
-    tables["jacfwd_vs_jacrev"], data["jac"] = parts.jacobian_sweep(
+    tables["jacfwd_vs_jacrev"], data["jac"] = jacobian_sweep(
         sorted(set(pairs), key=lambda p: p[0] / p[1], reverse=True), cfg["jac_hidden"],
         cfg["repeats"])
-    notes.append(parts.JAC_NOTE + f"; the winner changes {data['jac']['crossover']}")
+    notes.append(JAC_NOTE + f"; the winner changes {data['jac']['crossover']}")
 
-    tables["higher_order"], data["higher"] = parts.higher_order(X0, cfg["hvp_n"], cfg["repeats"])
-    tables["per_example_grads"], data["vmap"] = parts.per_example(cfg["batch"], cfg["repeats"])
+    tables["higher_order"], data["higher"] = higher_order(X0, cfg["hvp_n"], cfg["repeats"])
+    tables["per_example_grads"], data["vmap"] = per_example(cfg["batch"], cfg["repeats"])
     tables["traces"], data["traces"] = trace_counts()
     (tables["compile_once_run_many"], data["compile"], tables["execution_modes"],
-     data["modes"]) = parts.compile_once(cfg["batch"], cfg["repeats"])
+     data["modes"]) = compile_once(cfg["batch"], cfg["repeats"])
     notes.append(f"compile_once_run_many and execution_modes: {data['compile']['model']}")
-    notes += parts.MISCONCEPTION_NOTES
+    notes += MISCONCEPTION_NOTES
     return Result(ID, TITLE, tables, notes, data)
 
 
@@ -73,64 +72,6 @@ def _validate(cfg: dict) -> None:
     if not cfg["jac_small"] or min(cfg["jac_small"]) < 1:
         raise MlsysError(f"experiment 06: jac_small needs sizes ≥ 1, got {cfg['jac_small']!r} "
                          "(e.g. --set jac_small=1,16,256)")
-
-
-# --- static vs dynamic graphs: count traces --------------------------------------------------
-
-def trace_counts() -> tuple[list[dict], dict]:
-    """Seed 001 static vs dynamic graphs, as JAX sees them: a trace is one graph built.
-
-    A Python ``if`` on a *static* argument picks the graph at trace time: one graph per branch
-    taken. ``lax.cond`` puts both branches in one graph (TF's Switch/Merge). A new input shape
-    is a new graph. A Python ``if`` on a traced value has no value to branch on: an error.
-    """
-    traces: Counter = Counter()
-    x3 = f32(np.arange(3))
-
-    def python_if(x, mode):
-        traces["python_if"] += 1
-        return x * x if mode == "square" else jnp.sin(x)
-
-    def with_cond(x, square):
-        traces["cond"] += 1
-        return lax.cond(square, lambda v: v * v, jnp.sin, x)
-
-    def plain(x):
-        traces["shapes"] += 1
-        return jnp.sin(x) * 2.0
-
-    modes = ["square", "sin", "square", "sin"]
-    jit_if = jax.jit(python_if, static_argnames="mode")
-    for m in modes:
-        jit_if(x3, mode=m)
-    flags = [True, False, True, False]
-    jit_cond = jax.jit(with_cond)
-    same = [np.array_equal(jit_cond(x3, f), jit_if(x3, mode="square" if f else "sin"))
-            for f in flags]
-    lengths = [3, 4, 3]
-    jit_plain = jax.jit(plain)
-    for n in lengths:
-        jit_plain(f32(np.arange(n)))
-    try:
-        jax.jit(lambda x: x if x.sum() > 0 else -x)(x3)
-        error = "no error"
-    except jax.errors.TracerBoolConversionError as e:
-        error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    rows = [
-        {"function": "python `if` on a static argument (jit, static_argnames)",
-         "calls": len(modes), "traces": traces["python_if"], "expected": len(set(modes)),
-         "why": "one graph per branch taken (branch chosen at trace time)"},
-        {"function": "lax.cond on a traced flag", "calls": len(flags), "traces": traces["cond"],
-         "expected": 1, "why": "both branches in one graph; the flag picks at run time"},
-        {"function": "same function, new input shapes", "calls": len(lengths),
-         "traces": traces["shapes"], "expected": len(set(lengths)),
-         "why": "shapes are static: each new shape is a new graph"},
-        {"function": "python `if` on a traced value", "calls": 1, "traces": None, "expected": None,
-         "why": error},
-    ]
-    return rows, {"python_if": traces["python_if"], "cond": traces["cond"],
-                  "shapes": traces["shapes"], "expected": [r["expected"] for r in rows[:3]],
-                  "cond_matches_if": all(same), "error": error}
 
 
 # --- claims ----------------------------------------------------------------------------------
@@ -182,19 +123,16 @@ def check(result: Result) -> list[Check]:
               "no value at trace time"),
         Check("JIT: compile once (trace+lower+compile) ≥ 10× one compiled call",
               co["compile/call"] >= 10, round(co["compile/call"]), "compile once, run many"),
-        Check("same model, different execution mode: eager step ≥ 2× the jitted step",
-              md["eager/jit"] >= 2.0, round(md["eager/jit"], 1), "misconception 1"),
         Check("a new input shape per call recompiles: ≥ 10× a cached jitted step",
               md["new_shape/jit"] >= 10.0, round(md["new_shape/jit"]), "hidden complexity"),
     ]
     return checks
 
 
-def main() -> None:
-    result = run()
-    print(format_result(result, check(result)))
+def plots(result: Result, directory: str) -> list[str]:
+    """No picture for this section: its figures are the tables (and the report shows them)."""
+    return []
 
 
 if __name__ == "__main__":
-    runtime.configure()
-    main()
+    raise SystemExit(experiments.main([ID]))

@@ -47,20 +47,6 @@ def bind_equation(eqn, invals):
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def nested_jaxprs(eqn):
-    """(param name, index or None, Jaxpr, consts) for every jaxpr in an equation's params."""
-    out = []
-    for name, val in eqn.params.items():
-        items = val if isinstance(val, (tuple, list)) else (val,)
-        for i, item in enumerate(items):
-            idx = i if isinstance(val, (tuple, list)) else None
-            if isinstance(item, ClosedJaxpr):
-                out.append((name, idx, item.jaxpr, item.consts))
-            elif isinstance(item, Jaxpr):
-                out.append((name, idx, item, ()))
-    return out
-
-
 def varying_axes(x) -> frozenset:
     """Mesh axes over which ``x`` varies inside shard_map (JAX 0.10: ``aval.manual_axis_type``;
     older releases called it ``aval.vma``). Empty outside shard_map."""

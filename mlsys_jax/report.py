@@ -1,8 +1,8 @@
-"""Experiment results as data: tables, checked claims, and plain-text rendering.
+"""Experiment results as data: tables, checked claims, and their plain-text rendering.
 
-Every experiment module has ``run(**overrides) -> Result`` (computes, never prints),
-``check(result) -> list[Check]`` (the lecture's claims, tested on the returned data) and
-``main()`` (prints). The CLI's ``run --json`` prints :meth:`Result.to_json`.
+Every experiment module has ``run(**overrides) -> Result`` (computes, never prints) and
+``check(result) -> list[Check]`` (the lecture's claims, tested on the returned data);
+``experiments.run_and_print`` prints them with :func:`format_result`, or :meth:`Result.to_json`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.tables import format_table, wrap
 
 
 @dataclass(frozen=True)
@@ -119,47 +120,13 @@ def to_jsonable(x: Any) -> Any:
     return str(x)
 
 
-def fmt(x: Any) -> str:
-    """Render a cell: floats with 4 significant digits (scientific when tiny/huge)."""
-    if isinstance(x, bool) or x is None:  # ✓/✗ are kept for checked claims (format_result)
-        return "" if x is None else ("yes" if x else "no")
-    if isinstance(x, (np.generic,)):
-        x = x.item()
-    if isinstance(x, float):
-        if x == 0:
-            return "0"
-        if not math.isfinite(x):
-            return str(x)
-        ax = abs(x)
-        if ax < 1e-3 or ax >= 1e6:
-            return f"{x:.2e}"
-        return f"{x:.4g}"
-    return str(x)
-
-
-def format_table(rows: list[dict], title: str | None = None) -> str:
-    """Plain-text table of row dicts (columns in first-seen order)."""
-    if not rows:
-        return f"{title}\n  (empty)" if title else "(empty)"
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = lambda vals: "  " + " | ".join(v.ljust(w) for v, w in zip(vals, widths))
-    out = [title] if title else []
-    out += [line(cols), "  " + "-+-".join("-" * w for w in widths)]
-    out += [line(row) for row in cells]
-    return "\n".join(out)
-
-
 def format_result(result: Result, checks: Iterable[Check] = ()) -> str:
     """The whole printed report of one experiment: tables, notes, then checked claims."""
-    parts = [f"== {result.id} · {result.title} =="]
+    parts = [wrap(f"== {result.id} · {result.title} ==", first="")]
     for name, rows in result.tables.items():
         parts.append(format_table(rows, title=f"\n[{name}]"))
     if result.notes:
-        parts.append("\nNotes:\n" + "\n".join(f"  - {n}" for n in result.notes))
+        parts.append("\nNotes:\n" + "\n".join(wrap(n, first="  - ") for n in result.notes))
     checks = list(checks)
     if checks:
         rows = [{"claim": c.claim, "ours": c.ours, "lecture": c.lecture, "ok": "✓" if c.ok else "✗"}

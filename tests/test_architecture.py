@@ -1,50 +1,168 @@
-"""Imports point one way (DESIGN.md §2), and only compat.py touches jax._src."""
+"""Imports point one way, no module imports itself back, and only compat.py touches jax._src."""
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "mlsys_jax"
-# Lower layers never import higher ones. A module may import its own layer and any lower one.
-# CLI front-ends (cli*.py) sit on top of everything and are exempt.
-RANK = {"errors": 0, "compat": 0, "report": 1, "timing": 1, "runtime": 1, "ir": 2, "cost": 3,
-        "models": 3, "passes": 4, "remat": 4, "parallel": 4, "execute": 5, "fuzz": 6, "viz": 6}
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "mlsys_jax"
+EXPERIMENTS = ROOT / "experiments"
+BENCHMARKS = ROOT / "benchmarks"
+# Lower layers never import higher ones; a module may import its own layer and any lower one.
+# `experiments` (the lecture) and `benchmarks` (top-level packages) build on the whole library and
+# the library never imports them; `cli` (the `mlsys-jax` command) sits on top of everything.
+RANK = {"errors": 0, "compat": 0, "report": 1, "tables": 1, "timing": 1, "runtime": 1, "ir": 2,
+        "cost": 3, "models": 3, "passes": 4, "remat": 4, "parallel": 4, "execute": 5, "fuzz": 6,
+        "viz": 6, "experiments": 7, "benchmarks": 7, "cli": 8}
 
 
-def mlsys_imports(path: Path) -> set[str]:
-    """First component after ``mlsys_jax.`` of every mlsys_jax import in a file."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every module a file imports, at top level or inside a function.
+
+    ``from a.b import c`` is an import of ``a.b.c`` when that is a module, else of ``a.b``.
+    """
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("mlsys_jax.")}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module.startswith("mlsys_jax."):
-                out.add(node.module.split(".")[1])
-            elif node.module == "mlsys_jax":
-                out |= {a.name for a in node.names}
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if module_path(sub) else node.module)
     return out
 
 
-def layer_of(path: Path) -> str:
-    rel = path.relative_to(PKG)
-    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+def module_path(name: str) -> Path | None:
+    """The file of a module of this repository (mlsys_jax.x.y, experiments.z), or None."""
+    base = ROOT.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(name: str) -> str | None:
+    """``mlsys_jax.passes.core`` -> passes; ``experiments.s01_autodiff`` -> experiments."""
+    parts = name.split(".")
+    if parts[0] in ("experiments", "benchmarks"):
+        return parts[0]
+    return parts[1] if parts[0] == "mlsys_jax" and len(parts) > 1 else None
 
 
 def test_only_compat_touches_jax_internals():
-    def touches(p):
-        return any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("jax._src")
-                   or isinstance(n, ast.Import) and any(a.name.startswith("jax._src") for a in n.names)
-                   for n in ast.walk(ast.parse(p.read_text())))
-    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "compat.py" and touches(p)]
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "compat.py"
+                 and any(m.startswith("jax._src") for m in imported_modules(p))]
     assert offenders == []
 
 
 def test_imports_point_one_way():
-    bad = []
-    for path in PKG.rglob("*.py"):
-        if path.name.startswith("cli") or path.name == "__init__.py" and path.parent == PKG:
+    bad = set()
+    for path in [*PKG.rglob("*.py"), *EXPERIMENTS.glob("*.py"), *BENCHMARKS.glob("*.py")]:
+        if path == PKG / "__init__.py":  # the package's lazy attributes, not a layer
             continue
-        layer = layer_of(path)
-        assert layer in RANK, f"new layer {layer}: give it a rank in tests/test_architecture.py"
-        for dep in mlsys_imports(path):
-            if dep in RANK and RANK[dep] > RANK[layer]:
-                bad.append(f"{path.relative_to(PKG)} ({layer}) imports {dep}")
+        mine = layer(module_name(path))
+        assert mine in RANK, f"new layer {mine}: give it a rank in tests/test_architecture.py"
+        for dep in {layer(m) for m in imported_modules(path)} - {None}:
+            if RANK[dep] > RANK[mine]:
+                bad.add(f"{path.relative_to(ROOT)} ({mine}) "
+                        f"imports {dep}")
+    assert sorted(bad) == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the mlsys_jax modules it imports (top level and function-local alike)."""
+    graph = {module_name(p): set() for p in PKG.rglob("*.py")}
+    for name in graph:
+        deps = imported_modules(module_path(name))
+        graph[name] = {d for d in deps if d in graph and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [{"a", "b", "c"}]
+
+
+def test_no_import_cycles_in_the_library():
+    graph = import_graph()
+    assert len(graph) > 50 and graph["mlsys_jax.cli.main"]  # the graph is really built
+    found = cycles(graph)
+    assert found == [], "import cycles: " + "; ".join(" ↔ ".join(sorted(c)) for c in found)
+
+
+def _pass_name_literals(path: Path, names: set, own: dict) -> list[str]:
+    """String constants equal to a pass name in one file, except a factory naming its own Pass
+    (``own``: module → {function name}) and ``__all__`` lists."""
+    module = ".".join(path.relative_to(PKG.parent).with_suffix("").parts)
+    found = []
+
+    def visit(node, inside: tuple):  # inside: the names of the enclosing functions
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inside += (node.name,)
+        if isinstance(node, ast.Constant) and node.value in names \
+                and not (node.value in inside and node.value in own.get(module, ())):
+            found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.value!r}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+    visit(ast.parse(path.read_text()), ())
+    return found
+
+
+# String constants that equal a pass name but mean something else.
+NOT_PASS_NAMES = {("execute/_record.py", "inline")}  # jit's own `inline` parameter
+
+
+def test_every_pass_name_comes_from_the_registry():
+    """A pass is named in passes/registry.py and by its own factory, nowhere else: the CLI, the
+    search, the fuzzer's campaign, oracles and mutants take names (and kinds) from the registry."""
+    from mlsys_jax.passes import registry
+
+    names = set(registry.NAMES)
+    own: dict = {}
+    for n, e in registry.PASSES.items():
+        assert e.factory.__name__ == n, f"factory of {n!r} is {e.factory.__name__}"
+        own.setdefault(e.factory.__module__, set()).add(n)
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.relative_to(PKG) == Path("passes/registry.py"):
+            continue
+        bad += [hit for hit in _pass_name_literals(path, names, own)
+                if (hit.split(":")[0], hit.split(" ")[1].strip("'")) not in NOT_PASS_NAMES]
     assert bad == []

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from mlsys_jax import cli
+from mlsys_jax.tables import WIDTH, markdown_table
 
 USER_FILE = textwrap.dedent("""
     import numpy as np, jax, jax.numpy as jnp
@@ -76,3 +77,23 @@ def test_a_real_process_prints_no_traceback(user_file):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "failed to trace" in proc.stderr
+
+
+def test_run_fits_120_columns_and_json_keeps_every_column(capsys):
+    argv = ["run", "03", "--set", "jax=false", "--set", "milp_budgets=0"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "[schedules]" in text and max(map(len, text.splitlines())) <= WIDTH
+    assert cli.main(argv + ["--json"]) == 0
+    schedules = json.loads(capsys.readouterr().out)["tables"]["schedules"]
+    assert len(markdown_table(schedules).splitlines()[0]) > WIDTH  # too wide to print as is
+    assert {"formula_forwards", "lecture_forwards", "predicted_match", "grads_bitwise"} <= set(schedules[0])
+
+
+def test_python_m_experiments_shares_the_error_handling():
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.run([sys.executable, "-m", "experiments", "99"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("experiments: error: unknown experiment '99'")
+    assert proc.stderr.count("\n") == 1

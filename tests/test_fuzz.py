@@ -1,5 +1,6 @@
 """The fuzzer's own parts: generator, builder, oracles (an identity rebuild passes every tier;
-a broken rewrite fails), shrinking and reproducers, the hypothesis strategy."""
+a broken rewrite fails), shrinking a broken pass's failure and reproducers, the hypothesis
+strategy."""
 import jax
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from mlsys_jax.fuzz import Spec, generate_seeded, program_seed
 from mlsys_jax.fuzz import oracles
 from mlsys_jax.fuzz.build import build
-from mlsys_jax.fuzz.campaign import Failure, check_program
+from mlsys_jax.fuzz.judge import check_program, reason
+from mlsys_jax.fuzz.mutants import MUTANTS
 from mlsys_jax.fuzz.reproduce import replay, reproducer_source, shrink
 from mlsys_jax.fuzz.spec import all_ops
 from mlsys_jax.ir import rebuild
@@ -112,21 +114,36 @@ def test_derivative_modes():
     assert oracles.derivative_mode(spec) in ("vjp", "jvp", "none")
 
 
-def test_shrink_and_reproducer(tmp_path):
-    spec = Spec("dense", "f32", [[4, 8], [4, 8]],
-                [{"op": "unary", "fn": "tanh", "args": [0]},
-                 {"op": "unary", "fn": "sin", "args": [2]},
-                 {"op": "binary", "fn": "add", "args": [3, 1]}], [4, 2])
-    fake = Failure("rebuild", "mismatch", "x", spec, 3)
-    # rebuild never fails, so nothing shrinks away from a passing program except what keeps the
-    # (absent) failure; shrink must terminate and return a valid spec
-    small = shrink(fake)
-    assert small.spec.size() <= spec.size()
-    src = reproducer_source(small, xfail_reason="demo")
-    assert "xfail(strict=True" in src and "def test_reproducer" in src
+def _first_failure(broken: dict, limit: int = 20):
+    """The first campaign program (seed 0) on which the broken pass fails, and that failure."""
+    for i in range(limit):
+        seed = program_seed(0, i)
+        spec = generate_seeded(seed)
+        failures = check_program(spec, broken, seed, gradients=False).failures
+        if failures:
+            return spec, failures[0]
+    pytest.fail(f"no failure of {list(broken)} in {limit} programs")
+
+
+# two kinds of failure: a bitwise mismatch (param-blind CSE) and a verifier failure (lost effects)
+@pytest.mark.parametrize("name,kind", [("cse_ignores_params", "mismatch"),
+                                       ("dce_drops_effects", "verifier")])
+def test_shrink_keeps_a_broken_pass_failing_for_the_same_reason(name, kind):
+    mutant = next(m for m in MUTANTS if m.name == name)
+    broken = {mutant.target: mutant.make()}
+    spec, failure = _first_failure(broken)
+    assert (failure.pass_name, failure.kind) == (mutant.target, kind)
+    small = shrink(failure, broken)
+    assert small.spec.size() < spec.size()
+    got = replay(small.spec, mutant.target, failure.seed, passes=broken)
+    assert reason(failure.kind, failure.message) in [reason(k, m) for k, m in got]
+    assert reason(small.kind, small.message) == reason(failure.kind, failure.message)
+    assert replay(small.spec, mutant.target, failure.seed) == []  # the real pass is correct
+    # its reproducer, saved as a test of the real pass, passes
     ns = {}
-    exec(compile(src, "repro.py", "exec"), ns)
-    assert replay(ns["SPEC"], "dce", 3) == []
+    exec(compile(reproducer_source(small), "repro.py", "exec"), ns)
+    ns["test_reproducer"]()
+    assert "xfail(strict=True" in reproducer_source(small, xfail_reason="a known bug")
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))

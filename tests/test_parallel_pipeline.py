@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from experiments._s04_pipeline import LECTURE_TIMELINE, pipeline_section, threed_section
+from experiments._s04_pipeline import LECTURE_TIMELINE, pipeline_checks, pipeline_section
+from experiments._s04_threed import threed_checks, threed_section
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipeline import (Action, Schedule, bubble_formula, gpipe, make_schedule,
@@ -155,7 +156,8 @@ def test_executor_bad_input():
 # --- 3D and the experiment sections ------------------------------------------------------------
 
 def test_threed_step_equals_single_device():
-    tables, checks = threed_section()
+    tables = threed_section()
+    checks = threed_checks(tables)
     row, = tables["3D step vs single device"]
     assert max(row["loss_diff"], row["grad_diff"], row["param_diff"]) < TOL
     assert row["param_change"] > 1e-3  # the step really moved the parameters
@@ -176,20 +178,23 @@ def test_threed_bad_input():
 
 
 def test_threed_section_skips_when_devices_do_not_fit():
-    tables, checks = threed_section(devices=jax.devices()[:4])
+    tables = threed_section(devices=jax.devices()[:4])
+    checks = threed_checks(tables)
     assert "needs 8 devices, 4 available" in tables["3D step vs single device"][0]["note"]
     assert len(checks) == 1 and checks[0].ok
 
 
 def test_pipeline_section_defaults_pass_every_check():
-    tables, checks = pipeline_section()
+    tables = pipeline_section()
+    checks = pipeline_checks(tables, (2, 4))
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
     bubbles = {(r["P"], r["M"], r["schedule"]): r["bubble"] for r in tables["pipeline bubble"]}
     assert bubbles[(2, 1, "gpipe")] == 0.5 and bubbles[(2, 4, "1f1b")] == 0.2
 
 
 def test_pipeline_section_overrides_and_skips():
-    tables, checks = pipeline_section(pp_stages=3, microbatches=5, devices=2)
+    tables = pipeline_section(pp_stages=3, microbatches=5, devices=2)
+    checks = pipeline_checks(tables, (3, 5))
     assert all(c.ok for c in checks)
     bubble_rows = [r for r in tables["pipeline bubble"] if (r["P"], r["M"]) == (3, 5)]
     assert [r["bubble"] for r in bubble_rows] == [2 / 7, 2 / 7]

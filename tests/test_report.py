@@ -1,11 +1,10 @@
 """The run-all report: verdicts beside the lecture's figures, markdown tables, PNGs."""
-import os
 import types
 
 import pytest
 
 from mlsys_jax.report import Check, Result, resolve_overrides, OverrideError
-from mlsys_jax.viz import report, report_plots
+from mlsys_jax.viz import plots, report
 
 
 @pytest.mark.parametrize("check, want", [
@@ -25,14 +24,22 @@ def test_verdicts(check, want):
 def test_markdown_report_with_tables_checks_and_plots(tmp_path):
     result = Result("04", "Parallelism", {"bubble": [{"P": 2, "M": 4, "bubble": 0.2}]}, ["a note"])
     checks = [Check("bubble 20%", True, 0.2, 0.2), Check("broken claim", False, 3, 2)]
-    path = report.write_report(str(tmp_path), [(types.SimpleNamespace(), result, checks)], {"04": 1.5})
+    asked = []
+
+    def draw(res, directory):  # the experiment module draws its own pictures from its result
+        asked.append((res, directory))
+        return [str(tmp_path / "04_bubble.png")]
+    module = types.SimpleNamespace(plots=draw)
+    path = report.write_report(str(tmp_path), [(module, result, checks)], {"04": 1.5})
     text = open(path).read()
     assert "| 04 | Parallelism | 1.5 | 2 | 1 |" in text
     assert "| bubble 20% | 0.2 | 0.2 | ✓ |" in text and "| broken claim | 2 | 3 | ✗ |" in text
     assert "| P | M | bubble |" in text and "- a note" in text
-    if report_plots.unavailable() is None:  # the pipeline picture is drawn from schedules as data
-        assert "![04_pipeline_timeline.png](04_pipeline_timeline.png)" in text
-        assert os.path.getsize(tmp_path / "04_pipeline_timeline.png") > 10_000
+    if plots.unavailable_reason() is None:
+        assert asked == [(result, str(tmp_path))]
+        assert "![04_bubble.png](04_bubble.png)" in text
+    else:  # without matplotlib no module is asked, and the report says why
+        assert asked == [] and plots.unavailable_reason() in text
 
 
 def test_overrides_are_coerced_and_unknown_keys_refused():

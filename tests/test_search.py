@@ -46,7 +46,9 @@ def test_greedy_stops_at_step_two(block):
 def test_search_rejects_bad_settings(block):
     with pytest.raises(MlsysError, match="alpha"):
         search(block, alpha=0.5)
-    with pytest.raises(MlsysError, match="unknown rule"):
+    with pytest.raises(MlsysError, match="unknown pass"):
         search(block, rules=["nope"])
+    with pytest.raises(MlsysError, match="'dce'; choose from fold_conv_bn"):  # not a search move
+        search(block, rules=["dce"])
     with pytest.raises(MlsysError, match="unknown hardware"):
         search(block, hw="tpu9")

@@ -17,11 +17,13 @@ import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Var
 from mlsys_jax.cost.hardware import Hardware, get_hardware
-from mlsys_jax.cost.rules import CALLS, FLOP_RULES, FREE, MOVEMENT, body_jaxprs, known
+from mlsys_jax.cost.rules import FLOP_RULES, known
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.ir.opview import (CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY, Op,
-                                  consumers, op_view)
+from mlsys_jax.ir.opview import Op, consumers, op_view
+from mlsys_jax.ir.primitives import (CALLS, CONTRACTIONS, ELEMENTWISE, FREE, MOVEMENT, REDUCTIONS,
+                                     SHAPE_ONLY)
 from mlsys_jax.ir.trace import aval_bytes, parse_dtype, shape_str
+from mlsys_jax.ir.walk import bodies
 
 _SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
           "int8": "i8", "float8_e4m3fn": "f8", "float8_e5m2": "f8"}
@@ -52,9 +54,9 @@ def eqn_flops(eqn) -> tuple[int, frozenset]:
         return int(FLOP_RULES[prim](eqn)), frozenset()
     if not known(prim):
         return 0, frozenset({prim})
-    bodies = [_jaxpr_flops(j) for j in body_jaxprs(eqn)]
-    unknown = frozenset().union(*(u for _, u in bodies)) if bodies else frozenset()
-    flops = [f for f, _ in bodies]
+    inner = [_jaxpr_flops(b.jaxpr) for b in bodies(eqn)]
+    unknown = frozenset().union(*(u for _, u in inner)) if inner else frozenset()
+    flops = [f for f, _ in inner]
     if prim == "cond":
         return max(flops, default=0), unknown
     total = sum(flops)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from mlsys_jax.compat import ClosedJaxpr
-from mlsys_jax.ir.opview import ELEMENTWISE, REDUCTIONS
+from mlsys_jax.ir.primitives import (CALLS, COLLECTIVE_REDUCTIONS, CONTROL, ELEMENTWISE, FREE,
+                                     MOVEMENT, REDUCTIONS, RNG_BITS)
 
 
 def _size(aval) -> int:
@@ -56,20 +56,6 @@ ZERO = lambda eqn: 0  # noqa: E731
 PER_OUTPUT = _out
 PER_INPUT = _in0
 
-# Data movement and bookkeeping: no arithmetic.
-MOVEMENT = frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice", "dynamic_slice",
-    "dynamic_update_slice", "concatenate", "pad", "gather", "rev", "iota", "select_and_gather_add",
-    "convert_element_type", "bitcast_convert_type", "copy", "copy_p", "stop_gradient", "split",
-    "real", "imag", "reduce_precision", "squeeze_p", "device_put", "full_like",
-    "all_gather", "all_to_all", "ppermute", "axis_index", "pbroadcast", "pvary", "pcast",
-    "random_seed", "random_wrap", "random_unwrap", "random_fold_in", "sharding_constraint",
-    "mesh_cast", "reshard", "empty",
-})
-# Identity-like or host-side: no kernel at all.
-FREE = frozenset({"name", "optimization_barrier", "debug_callback", "debug_print",
-                  "checkpoint_name"})
-
 FLOP_RULES = {
     "dot_general": _dot_general,
     "conv_general_dilated": _conv,
@@ -79,35 +65,16 @@ FLOP_RULES = {
     "scatter": ZERO, "scatter_mul": _scatter, "scatter_min": _scatter, "scatter_max": _scatter,
     "cumsum": PER_INPUT, "cumprod": PER_INPUT, "cummax": PER_INPUT, "cummin": PER_INPUT,
     "cumlogsumexp": PER_INPUT, "sort": _sort, "top_k": PER_INPUT,
-    "psum": PER_INPUT, "pmax": PER_INPUT, "pmin": PER_INPUT, "psum_scatter": PER_INPUT,
-    "reduce_scatter": PER_INPUT, "psum_invariant": PER_INPUT,
-    "random_bits": PER_OUTPUT, "threefry2x32": PER_OUTPUT, "rng_bit_generator": PER_OUTPUT,
-    "rng_uniform": PER_OUTPUT,
 }
-for _p in ELEMENTWISE:
+# The classes of ir.primitives: per output element, per input element, or no arithmetic at all.
+for _p in ELEMENTWISE | RNG_BITS:
     FLOP_RULES.setdefault(_p, PER_OUTPUT)
-for _p in REDUCTIONS:
+for _p in REDUCTIONS | COLLECTIVE_REDUCTIONS:
     FLOP_RULES.setdefault(_p, PER_INPUT)
-for _p in MOVEMENT | FREE | {"convert_element_type", "copy", "copy_p", "stop_gradient"}:
+for _p in MOVEMENT | FREE:
     FLOP_RULES[_p] = ZERO
-
-# Primitives with bodies: FLOPs come from the body (× trip count for scan).
-CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                   "custom_vjp_call", "remat2", "checkpoint", "custom_lin", "shard_map", "xla_pmap"})
-CONTROL = frozenset({"cond", "scan", "while"})
 
 
 def known(prim: str) -> bool:
+    """Has a FLOP rule, or bodies whose FLOPs are counted (calls, control flow)."""
     return prim in FLOP_RULES or prim in CALLS or prim in CONTROL
-
-
-def body_jaxprs(eqn):
-    """The jaxprs a call/control-flow equation runs (for recursion)."""
-    out = []
-    for val in eqn.params.values():
-        for item in (val if isinstance(val, (tuple, list)) else (val,)):
-            if isinstance(item, ClosedJaxpr):
-                out.append(item.jaxpr)
-            elif hasattr(item, "eqns") and hasattr(item, "invars"):
-                out.append(item)
-    return out

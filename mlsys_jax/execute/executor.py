@@ -22,7 +22,7 @@ import numpy as np
 from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, ShapedArray, Var, bind_equation
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import aval_bytes, op_view, trace_tree
-from mlsys_jax.ir.opview import walk_eqn
+from mlsys_jax.ir.walk import walk_eqn
 
 
 @dataclass(frozen=True)

@@ -7,103 +7,14 @@ runs (tests/regressions/).
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.fuzz import oracles
-from mlsys_jax.fuzz.build import build
-from mlsys_jax.fuzz.spec import Knobs, Spec, generate_seeded, program_seed
-from mlsys_jax.ir import rebuild
-
-PASS_NAMES = ("dce", "cse", "fold_constants", "inline", "fold_conv_bn", "merge_parallel_convs",
-              "enlarge_conv_kernel")
-
-
-def make_passes(names=None) -> dict:
-    """{name: Pass} for the named passes (default: all of PASS_NAMES), from mlsys_jax.passes."""
-    from mlsys_jax import passes
-
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    names = list(names or PASS_NAMES)
-    unknown = [n for n in names if n not in PASS_NAMES]
-    if unknown or not names:
-        raise MlsysError(f"fuzz: unknown pass {', '.join(map(repr, unknown)) or '(none given)'}; "
-                         f"choose from {', '.join(PASS_NAMES)}")
-    return {n: getattr(passes, n)() for n in names}
-
-
-@dataclass
-class Failure:
-    """One failure: which pass, what kind (verifier, mismatch, crash), where it came from."""
-
-    pass_name: str
-    kind: str
-    message: str
-    spec: Spec
-    seed: int
-    program: int = -1
-
-
-@dataclass
-class Outcome:
-    """What one program did: rejection reason, rewrites per pass, failures, worst ratio."""
-
-    rejected: str | None = None
-    rewrites: dict = field(default_factory=dict)
-    failures: list = field(default_factory=list)
-    error_ratio: float = 0.0
-    twin_checks: int = 0
-
-
-def apply_pass(p, closed):
-    """Run one pass with the verifier (TESTING.md §1); returns the RunResult."""
-    from mlsys_jax.passes import run
-
-    return run(p, closed, verify=True, cost=False)
-
-
-def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -> Outcome:
-    """Run every pass on one program and judge it; never raises for a pass's failure."""
-    from mlsys_jax.passes import VerificationError
-
-    out = Outcome()
-    try:
-        closed = build(spec)
-    except Exception as e:  # a generator bug, not a pass bug: reported as a rejection reason
-        out.rejected = f"trace failed: {type(e).__name__}"
-        return out
-    try:
-        ref = oracles.reference(spec, closed, seed, gradients)
-    except oracles.Rejected as e:
-        out.rejected = str(e)
-        return out
-    v = oracles.compare(ref, rebuild(closed), oracles.BITWISE, gradients=False)
-    if not v.ok:
-        out.failures.append(Failure("rebuild", "mismatch", v.failures[0], spec, seed))
-    for name, p in passes.items():
-        try:
-            result = apply_pass(p, closed)
-        except VerificationError as e:
-            msg = str(e).splitlines()[0].removeprefix("verifier: ")
-            out.failures.append(Failure(name, "verifier", msg, spec, seed))
-            continue
-        except Exception as e:  # a pass that crashes on valid input is a failure too
-            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            out.failures.append(Failure(name, "crash", msg[:300], spec, seed))
-            continue
-        out.rewrites[name] = len(result.rewrites) if result.changed else 0
-        if not result.changed:
-            continue
-        v = oracles.compare(ref, result.jaxpr, oracles.TIERS.get(name, oracles.NUMERIC),
-                            rewrite64=lambda p=p: apply_pass(p, ref.closed64).jaxpr)
-        out.error_ratio = max(out.error_ratio, v.error_ratio)
-        out.twin_checks += v.twin_checks
-        if not v.ok:
-            out.failures.append(Failure(name, "mismatch", v.failures[0], spec, seed))
-    return out
+from mlsys_jax.fuzz.judge import Failure, check_program
+from mlsys_jax.fuzz.reproduce import save_reproducer, shrink
+from mlsys_jax.fuzz.spec import Knobs, generate_seeded, program_seed
+from mlsys_jax.passes import registry
 
 
 @dataclass
@@ -157,7 +68,7 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {programs!r}")
     if time_budget is not None and time_budget <= 0:
         raise MlsysError(f"fuzz: --time-budget must be positive seconds, got {time_budget!r}")
-    passes = passes if isinstance(passes, dict) else make_passes(passes)
+    passes = passes if isinstance(passes, dict) else registry.instantiate(passes, "fuzz")
     s = Summary(seed, list(passes), per_pass={n: {"fired": 0, "rewrites": 0} for n in passes})
     t0, seen = time.perf_counter(), set()
     for i in range(first, first + programs):
@@ -186,11 +97,8 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
             s.mismatches += f.kind == "mismatch"
             s.crashes += f.kind == "crash"
             s.failures.append(f)
-            if out_dir is not None and f.spec is not None and _signature(f) not in seen:
-                from mlsys_jax.fuzz.reproduce import save_reproducer, shrink
-
-                seen.add(_signature(f))  # one reproducer per distinct failure
-
+            if out_dir is not None and f.spec is not None and f.signature not in seen:
+                seen.add(f.signature)  # one reproducer per distinct failure
                 small = shrink(f, passes) if shrink_failures else f
                 s.reproducers.append(save_reproducer(small, out_dir))
         if out.failures and stop_at_first_failure:
@@ -199,21 +107,13 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
     return s
 
 
-def _signature(f: Failure) -> tuple:
-    return f.pass_name, f.kind, re.sub(r"\d[\d.e+-]*", "#", f.message)
-
-
 def _system_cases(s: Summary, pseed: int) -> None:
-    """One remat and one data-parallel case; an area not in this checkout is recorded as skipped."""
+    """One remat and one data-parallel case (data parallel is skipped on a single device)."""
     from mlsys_jax.fuzz import systems
 
     for name, case in (("remat", systems.remat_case), ("data_parallel", systems.dp_case)):
         row = s.systems.setdefault(name, {"cases": 0, "failures": 0})
-        try:
-            fails = case(pseed)
-        except ImportError as e:
-            row["skipped"] = f"not available: {e}"
-            continue
+        fails = case(pseed)
         if fails is None:
             row["skipped"] = "needs at least 2 devices"
             continue

@@ -10,6 +10,7 @@ import math
 UNARY = ("neg", "sin", "tanh", "abs", "square", "cos", "logistic", "exp_tanh", "log1p_sq",
          "relu", "where_relu", "stop_gradient")
 BINARY = ("add", "mul", "sub", "max", "div")
+WRAPPERS = ("jit", "checkpoint", "cond", "scan", "while", "custom_jvp", "custom_vjp")
 POLICIES = (None, "nothing_saveable", "everything_saveable", "dots_saveable")
 PADDINGS = ("SAME", "VALID", [[0, 1], [1, 0]])
 BN_FORMS = ("rsqrt", "div", "named", "affine")
@@ -257,8 +258,6 @@ def draw_body(g: Builder, kind: str, shape) -> list:
 
 
 def draw_wrapper(g: Builder, knobs):
-    from mlsys_jax.fuzz.spec import WRAPPERS
-
     kind = g.c.choice(WRAPPERS)
     v = g.pick_main()
     node = {"op": kind, "args": [v], "body": draw_body(g, kind, g.shapes[v]),

@@ -16,8 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from mlsys_jax.fuzz.campaign import check_program, make_passes
+from mlsys_jax.fuzz.judge import check_program
 from mlsys_jax.fuzz.spec import generate_seeded, program_seed
+from mlsys_jax.passes import basic, conv, registry
 
 
 @contextlib.contextmanager
@@ -50,7 +51,7 @@ def cse_ignoring_params():
 
     if "param_blind" in inspect.signature(cse).parameters:
         return cse(param_blind=True)
-    return _during(cse(), (basic, "param_key", lambda value: ""))
+    return _during(cse(), (basic, "params_key", lambda params, strict=True: ""))
 
 
 def dce_dropping_effects():
@@ -65,7 +66,7 @@ def dce_dropping_effects():
         drop = lambda eqn, invals: [] if eqn.effects and not eqn.outvars else None  # noqa: E731
         new = rebuild(r.jaxpr, handler=drop)
         return PassResult(new, True, r.rewrites, r.refusals)
-    return Pass("dce", fn)
+    return Pass(real.name, fn)
 
 
 def folding_clearing_weak_type():
@@ -161,29 +162,35 @@ def enlarge_off_centre():
 
 @dataclass(frozen=True)
 class Mutant:
-    """A broken variant: its name, the pass it replaces (or 'data_parallel'), how to build it."""
+    """A broken variant: its name, the factory of the registered pass it replaces (None: the
+    data-parallel step), how to build it, and what it gets wrong."""
 
     name: str
-    target: str
-    make: Callable
+    breaks: Callable | None
+    make: Callable | None
     what: str
+
+    @property
+    def target(self) -> str:
+        """The registered name of the pass it breaks, or 'data_parallel'."""
+        return "data_parallel" if self.breaks is None else registry.name_of(self.breaks)
 
 
 MUTANTS = (
-    Mutant("cse_ignores_params", "cse", cse_ignoring_params, "CSE keyed without params"),
-    Mutant("dce_drops_effects", "dce", dce_dropping_effects, "DCE deleting debug callbacks"),
-    Mutant("fold_clears_weak_type", "fold_constants", folding_clearing_weak_type,
+    Mutant("cse_ignores_params", basic.cse, cse_ignoring_params, "CSE keyed without params"),
+    Mutant("dce_drops_effects", basic.dce, dce_dropping_effects, "DCE deleting debug callbacks"),
+    Mutant("fold_clears_weak_type", basic.fold_constants, folding_clearing_weak_type,
            "constant folding that makes weak-typed results strong"),
-    Mutant("conv_bn_wrong_channel_axis", "fold_conv_bn", conv_bn_wrong_channel_axis,
+    Mutant("conv_bn_wrong_channel_axis", conv.fold_conv_bn, conv_bn_wrong_channel_axis,
            "BN scale applied along W's input-feature axis"),
-    Mutant("conv_bn_no_eps", "fold_conv_bn", conv_bn_without_eps, "BN folded without eps"),
-    Mutant("conv_bn_bf16_in_f32", "fold_conv_bn", conv_bn_bf16_in_f32,
+    Mutant("conv_bn_no_eps", conv.fold_conv_bn, conv_bn_without_eps, "BN folded without eps"),
+    Mutant("conv_bn_bf16_in_f32", conv.fold_conv_bn, conv_bn_bf16_in_f32,
            "folded weights rounded to bfloat16 in float32 programs only"),
-    Mutant("merge_concat_wrong_axis", "merge_parallel_convs", merge_concatenating_wrong_axis,
+    Mutant("merge_concat_wrong_axis", conv.merge_parallel_convs, merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
-    Mutant("enlarge_off_centre", "enlarge_conv_kernel", enlarge_off_centre,
+    Mutant("enlarge_off_centre", conv.enlarge_conv_kernel, enlarge_off_centre,
            "1x1 kernel zero-padded on one side: the tap moves off centre"),
-    Mutant("dp_double_psum", "data_parallel", None,
+    Mutant("dp_double_psum", None, None,
            "data-parallel step that psums the already-summed gradient"),
 )
 
@@ -193,8 +200,8 @@ def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
     from mlsys_jax.fuzz.systems import dp_case
 
     t0 = time.perf_counter()
-    broken = None if mutant.target == "data_parallel" else {mutant.target: mutant.make()}
-    real = None if broken is None else make_passes([mutant.target])
+    broken = None if mutant.breaks is None else {mutant.target: mutant.make()}
+    real = None if broken is None else registry.instantiate([mutant.target])
     for i in range(limit):
         pseed = program_seed(seed, i)
         if broken is None:

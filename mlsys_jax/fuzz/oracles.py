@@ -15,18 +15,22 @@ import numpy as np
 from mlsys_jax.compat import Literal
 from mlsys_jax.fuzz.build import build, make_inputs
 from mlsys_jax.fuzz.spec import Spec, derivative_mode
-from mlsys_jax.fuzz import evaluate
-from mlsys_jax.ir import walk
+from mlsys_jax.ir import evaluate, signature, walk
 from mlsys_jax.ir.trace import DTYPES
+from mlsys_jax.passes import registry
 
 RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (TESTING.md §3)
 TWIN_RTOL = 1e-9                   # the rewrite on the float64 program vs the float64 program
 MIRROR_ULPS = 64                   # constants of the two rewrites agree (measured: ≤ 2.3 ulp)
 FLOOR = ATOL / 2                   # err(new) <= k*err(orig) + 1e-5  <=>  ratio <= k
 BITWISE, NUMERIC = "bitwise", "numeric"
-TIERS = {"rebuild": BITWISE, "dce": BITWISE, "cse": BITWISE, "inline": BITWISE,
-         "remat": BITWISE, "fold_constants": NUMERIC, "fold_conv_bn": NUMERIC,
-         "merge_parallel_convs": NUMERIC, "enlarge_conv_kernel": NUMERIC}
+
+
+def tier(pass_name: str) -> str:
+    """The oracle tier of a registered pass, from its kind: a structural rewrite must give bitwise
+    equal outputs, a numeric one stay within the error-ratio allowance (an identity rebuild and
+    remat schedules are held to the bitwise tier where they are judged)."""
+    return BITWISE if registry.kind(pass_name) == registry.STRUCTURAL else NUMERIC
 
 
 class Rejected(Exception):
@@ -119,8 +123,8 @@ class Verdict:
 
 
 def types_of(closed) -> list:
-    return [(tuple(v.aval.shape), str(v.aval.dtype), bool(getattr(v.aval, "weak_type", False)))
-            for v in closed.jaxpr.outvars]
+    """(shape, dtype, weak_type) of every output."""
+    return signature(closed)[1]
 
 
 def _err(x, ref, norm: str) -> float:

@@ -1,7 +1,8 @@
 """Shrinking a failing program and saving it as a pytest reproducer (TESTING.md §4).
 
 Shrinking is greedy: drop outputs, drop nodes (their uses rewired to the node's first argument),
-drop wrapper-body nodes — keeping each step only if the same pass still fails the same way.
+drop wrapper-body nodes — keeping each step only if the same pass still fails for the same reason
+(same kind, same message up to numbers).
 """
 from __future__ import annotations
 
@@ -11,17 +12,25 @@ import json
 import os
 import pprint
 
+from mlsys_jax.fuzz.judge import check_program, reason
 from mlsys_jax.fuzz.spec import Spec
+from mlsys_jax.passes import registry
 
 MAX_ATTEMPTS = 200
 
 
-def replay(spec, pass_name: str, seed: int, gradients: bool = True) -> list:
-    """Failures of ``pass_name`` on one program: ``[(kind, message), ...]`` (empty: it passes)."""
-    from mlsys_jax.fuzz.campaign import check_program, make_passes
+def replay(spec, pass_name: str, seed: int, gradients: bool = True, passes=None) -> list:
+    """Failures of ``pass_name`` on one program: ``[(kind, message), ...]`` (empty: it passes).
 
+    The pass is the registered one, or ``passes[pass_name]`` (e.g. the broken pass a campaign
+    caught)."""
     spec = spec if isinstance(spec, Spec) else Spec.from_json(spec)
-    passes = make_passes([pass_name]) if pass_name != "rebuild" else {}
+    if pass_name == "rebuild":
+        passes = {}
+    elif passes is not None:
+        passes = {pass_name: passes[pass_name]}
+    else:
+        passes = registry.instantiate([pass_name], "replay")
     out = check_program(spec, passes, seed, gradients)
     if out.rejected:
         return [("rejected", out.rejected)]
@@ -29,11 +38,12 @@ def replay(spec, pass_name: str, seed: int, gradients: bool = True) -> list:
 
 
 def _drop_value(nodes: list, n_in: int, k: int, outputs: list):
-    """Nodes and outputs without node ``k``: uses of its value go to its first argument."""
+    """Nodes and outputs without node ``k``: uses of its value go to its first argument (a node
+    without arguments, such as a constant, goes only if nothing uses it)."""
     vid, node = n_in + k, nodes[k]
-    if not node["args"]:
+    if not node["args"] and (vid in outputs or any(vid in n["args"] for n in nodes)):
         return None
-    sub = node["args"][0]
+    sub = node["args"][0] if node["args"] else None
 
     def remap(a):
         a = sub if a == vid else a
@@ -78,15 +88,16 @@ def _candidates(spec: Spec):
 
 
 def shrink(failure, passes=None):
-    """A smaller program on which ``failure.pass_name`` still fails with the same kind."""
-    spec, attempts = failure.spec, 0
+    """A smaller program on which ``failure.pass_name`` (the registered pass, or the one in
+    ``passes``) still fails for the same reason."""
+    spec, attempts, why = failure.spec, 0, reason(failure.kind, failure.message)
 
     def still_fails(candidate) -> bool:
         try:
-            got = replay(candidate, failure.pass_name, failure.seed)
+            got = replay(candidate, failure.pass_name, failure.seed, passes=passes)
         except Exception:
             return False
-        return any(kind == failure.kind for kind, _ in got)
+        return any(reason(kind, message) == why for kind, message in got)
 
     progress = True
     while progress and attempts < MAX_ATTEMPTS:
@@ -98,8 +109,8 @@ def shrink(failure, passes=None):
             if still_fails(cand):
                 spec, progress = cand, True
                 break
-    got = replay(spec, failure.pass_name, failure.seed)
-    message = next((m for k, m in got if k == failure.kind), failure.message)
+    got = replay(spec, failure.pass_name, failure.seed, passes=passes)
+    message = next((m for k, m in got if reason(k, m) == why), failure.message)
     return type(failure)(failure.pass_name, failure.kind, message, spec, failure.seed,
                          failure.program)
 

@@ -23,7 +23,6 @@ from mlsys_jax.fuzz import motifs
 LAYOUTS = ("dense", "nchw", "nhwc")
 SHAPES = {"dense": (4, 8), "nchw": (2, 4, 6, 6), "nhwc": (2, 6, 6, 4)}
 DTYPES = ("f32", "f16", "bf16")
-WRAPPERS = ("jit", "checkpoint", "cond", "scan", "while", "custom_jvp", "custom_vjp")
 
 
 @dataclass

@@ -1,13 +1,18 @@
-"""The jaxpr is our computation graph: trace, walk, rebuild (by re-tracing), op view, hash, DOT."""
+"""The jaxpr is our computation graph: trace, walk, rebuild (by re-tracing), op view, hash, DOT.
+
+``ir.primitives`` is the one table of primitive classes; ``ir.walk`` the one walk into nested
+bodies and path format; ``ir.keys`` the one structural key; ``ir.evaluate`` the op-by-op evaluator.
+"""
 from mlsys_jax.ir.dot import to_dot
 from mlsys_jax.ir.interpret import as_function, eval_jaxpr, interpret, rebuild
+from mlsys_jax.ir.keys import signature, structural_hash
 from mlsys_jax.ir.opview import Op, op_name, op_view
 from mlsys_jax.ir.trace import (DTYPES, Traced, aval_bytes, input_structs, parse_dtype, parse_spec,
                                 random_inputs, trace, trace_tree)
-from mlsys_jax.ir.walk import primitive_counts, structural_hash, walk
+from mlsys_jax.ir.walk import Body, bodies, primitive_counts, walk
 
 
 __all__ = ["to_dot", "as_function", "eval_jaxpr", "interpret", "rebuild", "Op", "op_name",
            "op_view", "DTYPES", "Traced", "input_structs", "parse_dtype", "parse_spec",
            "random_inputs", "trace", "trace_tree", "primitive_counts", "structural_hash", "walk",
-           "aval_bytes"]
+           "aval_bytes", "Body", "bodies", "signature"]

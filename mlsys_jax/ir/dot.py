@@ -1,9 +1,10 @@
 """Graphviz DOT export of a jaxpr: equations as nodes, values as edges, nested bodies as clusters."""
 from __future__ import annotations
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, nested_jaxprs
+from mlsys_jax.compat import ClosedJaxpr, Literal
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.ir.trace import shape_str
+from mlsys_jax.ir.walk import bodies
 
 
 def _esc(s: str) -> str:
@@ -32,11 +33,10 @@ def to_dot(closed, name: str = "jaxpr") -> str:
             for v in eqn.invars:
                 if not isinstance(v, Literal) and v in producers:
                     lines.append(f"{indent}{producers[v]} -> {nid};")
-            for pname, idx, sub, _ in nested_jaxprs(eqn):
+            for body in bodies(eqn):
                 cid = fresh("cluster_")
-                tag = f"{eqn.primitive.name}.{pname}" + (f"[{idx}]" if idx is not None else "")
-                lines.append(f'{indent}subgraph {cid} {{ label="{_esc(tag)}"; style=dashed;')
-                emit(sub, indent + "  ", {})
+                lines.append(f'{indent}subgraph {cid} {{ label="{_esc(body.label)}"; style=dashed;')
+                emit(body.jaxpr, indent + "  ", {})
                 lines.append(f"{indent}}}")
             for v in eqn.outvars:
                 producers[v] = nid

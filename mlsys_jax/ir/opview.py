@@ -10,24 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var, call_name
-from mlsys_jax.ir.walk import walk
+from mlsys_jax.ir.primitives import ELEMENTWISE, NAMED_CALLS, SHAPE_ONLY
+from mlsys_jax.ir.walk import walk_eqn
 
-SHAPE_ONLY = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
-ELEMENTWISE = frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "pow", "integer_pow", "max", "min", "neg",
-    "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "lgamma", "digamma",
-    "square", "reciprocal", "is_finite", "select_n", "clamp", "convert_element_type",
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "nextafter", "copy",
-    "copy_p", "stop_gradient", "imag", "real", "conj", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "population_count",
-})
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                        "reduce_or", "argmax", "argmin", "reduce_precision"})
-CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
-NAMED_CALLS = frozenset({"jit", "pjit", "custom_jvp_call", "custom_vjp_call", "closed_call",
-                         "core_call"})
 LECTURE_NAMES = {"dot_general": "matmul", "conv_general_dilated": "conv"}
 
 
@@ -52,14 +37,6 @@ class Op:
     def main(self):
         """The equation that names the op (the last one; absorbed shape ops come first)."""
         return self.eqns[-1]
-
-
-def walk_eqn(eqn):
-    yield "", eqn
-    for name, val in eqn.params.items():
-        for item in (val if isinstance(val, (tuple, list)) else (val,)):
-            if hasattr(item, "eqns") or isinstance(item, ClosedJaxpr):
-                yield from walk(item)
 
 
 def op_name(eqn) -> str:

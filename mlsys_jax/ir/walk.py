@@ -1,34 +1,77 @@
-"""Walking jaxprs recursively, counting primitives, and hashing structure."""
+"""The one walk into nested bodies (jit, cond, scan, while, remat, custom_jvp/vjp, shard_map) and
+the one equation-path format.
+
+A path names an equation: its index, and for an equation inside a body, the path of the equation
+holding the body, the body's label and the index inside it: ``"3/jit[softmax_xent]/0"``,
+``"1/cond.branches[1]/2"``, ``"4/scan.jaxpr/0"``. ``ir.walk`` yields these paths and the passes log
+rewrites and refusals with them, so a rewrite's ``where`` names an equation of the original.
+"""
 from __future__ import annotations
 
-import hashlib
-import re
 from collections import Counter
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
-import numpy as np
+from mlsys_jax.compat import ClosedJaxpr, Jaxpr, call_name
 
-from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, call_name, nested_jaxprs
+
+class Body(NamedTuple):
+    """One jaxpr held in an equation's params."""
+
+    param: str            # the param holding it: "jaxpr", "call_jaxpr", "branches", ...
+    index: int | None     # its position when the param is a tuple (cond's branches), else None
+    jaxpr: Jaxpr          # the open jaxpr
+    consts: tuple         # its constants (empty for an open Jaxpr param)
+    label: str            # its path component: "jit[relu]", "cond.branches[1]", "remat2.jaxpr"
+    is_closed: bool       # the param holds a ClosedJaxpr (remat2 and shard_map hold open ones)
 
 
 def _open(j) -> Jaxpr:
     return j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
 
-def walk(closed, path: str = "") -> Iterator[tuple[str, object]]:
-    """Yield ``(path, eqn)`` for every equation, recursively into nested bodies.
+def bodies(eqn) -> list[Body]:
+    """The nested bodies of an equation, in param order (empty for a primitive without bodies).
 
-    Paths read like ``"3/jit[softmax_xent]/0"``: equation indices and, for nested bodies, the
-    primitive with its name or param (``cond.branches[1]``, ``scan.jaxpr``, ``remat2.jaxpr``).
+    A body's label is ``prim[name]`` when the equation is a named call with one body, else
+    ``prim.param`` with ``[index]`` for tuple params.
     """
+    found = []
+    for pname, val in eqn.params.items():
+        items = val if isinstance(val, (tuple, list)) else (val,)
+        for i, item in enumerate(items):
+            if isinstance(item, (ClosedJaxpr, Jaxpr)):
+                idx = i if isinstance(val, (tuple, list)) else None
+                found.append((pname, idx, item))
+    if not found:
+        return []
+    name = call_name(eqn) if len(found) == 1 else None
+    prim = eqn.primitive.name
+    out = []
+    for pname, idx, item in found:
+        label = (f"{prim}[{name}]" if name
+                 else f"{prim}.{pname}" + (f"[{idx}]" if idx is not None else ""))
+        closed = isinstance(item, ClosedJaxpr)
+        out.append(Body(pname, idx, _open(item), tuple(item.consts) if closed else (), label,
+                        closed))
+    return out
+
+
+def body_path(here: str, body: Body) -> str:
+    """The path prefix of the equations inside ``body`` of the equation at ``here``."""
+    return f"{here}/{body.label}/"
+
+
+def walk(closed, path: str = "") -> Iterator[tuple[str, object]]:
+    """Yield ``(path, eqn)`` for every equation, recursively into nested bodies."""
     for i, eqn in enumerate(_open(closed).eqns):
-        here = f"{path}{i}"
-        yield here, eqn
-        for pname, idx, sub, _ in nested_jaxprs(eqn):
-            label = call_name(eqn)
-            tag = (f"{eqn.primitive.name}[{label}]" if label
-                   else f"{eqn.primitive.name}.{pname}" + (f"[{idx}]" if idx is not None else ""))
-            yield from walk(sub, f"{here}/{tag}/")
+        yield from walk_eqn(eqn, f"{path}{i}")
+
+
+def walk_eqn(eqn, here: str = "") -> Iterator[tuple[str, object]]:
+    """Yield ``(here, eqn)`` and then every equation nested in its bodies, with their paths."""
+    yield here, eqn
+    for body in bodies(eqn):
+        yield from walk(body.jaxpr, body_path(here, body))
 
 
 def primitive_counts(closed, recursive: bool = True) -> Counter:
@@ -36,56 +79,3 @@ def primitive_counts(closed, recursive: bool = True) -> Counter:
     if recursive:
         return Counter(eqn.primitive.name for _, eqn in walk(closed))
     return Counter(eqn.primitive.name for eqn in _open(closed).eqns)
-
-
-_ADDR = re.compile(r" at 0x[0-9a-f]+")
-
-
-def _param_repr(value) -> str:
-    if isinstance(value, (ClosedJaxpr, Jaxpr)):
-        return "{" + _jaxpr_key(_open(value), getattr(value, "consts", ())) + "}"
-    if isinstance(value, (tuple, list)):
-        return "(" + ",".join(_param_repr(v) for v in value) + ")"
-    if hasattr(value, "f") and hasattr(value, "transforms"):  # a WrappedFun: key by its function
-        value = value.f
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"<fn {value.__module__}.{value.__qualname__}>"
-    return _ADDR.sub("", repr(value))
-
-
-def _const_key(c) -> str:
-    arr = np.asarray(c)
-    return f"{arr.dtype}{arr.shape}:{hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
-
-
-def _jaxpr_key(jaxpr: Jaxpr, consts=()) -> str:
-    names: dict = {}
-
-    def name(v) -> str:
-        if isinstance(v, Literal):
-            aval = v.aval
-            return f"lit({np.asarray(v.val).tolist()!r}:{aval.dtype}:{int(aval.weak_type)})"
-        if v not in names:
-            names[v] = f"v{len(names)}"
-        return names[v]
-
-    if consts:
-        cparts = [f"{name(v)}={_const_key(c)}" for v, c in zip(jaxpr.constvars, consts)]
-    else:
-        cparts = [name(v) for v in jaxpr.constvars]
-    parts = ["c:" + ",".join(cparts)]
-    parts.append("in:" + ",".join(f"{name(v)}:{v.aval.str_short()}:{int(getattr(v.aval, 'weak_type', 0))}"
-                                  for v in jaxpr.invars))
-    for eqn in jaxpr.eqns:
-        params = ";".join(f"{k}={_param_repr(v)}" for k, v in sorted(eqn.params.items()))
-        ins = ",".join(name(v) for v in eqn.invars)
-        outs = ",".join(f"{name(v)}:{v.aval.str_short()}" for v in eqn.outvars)
-        parts.append(f"{outs}={eqn.primitive.name}[{params}]({ins})")
-    parts.append("out:" + ",".join(name(v) for v in jaxpr.outvars))
-    return "\n".join(parts)
-
-
-def structural_hash(closed) -> str:
-    """A hash that is equal for structurally identical jaxprs (variable names don't matter)."""
-    key = _jaxpr_key(_open(closed), getattr(closed, "consts", ()))
-    return hashlib.sha256(key.encode()).hexdigest()

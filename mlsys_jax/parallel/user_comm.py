@@ -23,7 +23,9 @@ from collections import defaultdict
 import jax
 import numpy as np
 
-from mlsys_jax.compat import Literal, dce_jaxpr_consts, nested_jaxprs
+from mlsys_jax.compat import Literal, dce_jaxpr_consts
+from mlsys_jax.ir import bodies
+from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.layout import Layout, shard_bytes
 from mlsys_jax.parallel.rules import array_paths
@@ -147,9 +149,8 @@ def _follow(jaxpr, split: dict, depends: set, found: dict) -> None:
                     found["forward"].append(_aval_bytes(eqn.outvars[0]))
                 elif eqn.invars[1 - i] in depends:
                     found["backward"].append(_aval_bytes(eqn.invars[1 - i]))
-        elif nested_jaxprs(eqn) and name in ("pjit", "jit", "closed_call", "custom_jvp_call",
-                                             "custom_vjp_call", "remat", "checkpoint"):
-            sub = nested_jaxprs(eqn)[0][2]
+        elif name in TRANSPARENT_CALLS and bodies(eqn):  # the body runs on the call's inputs
+            sub = bodies(eqn)[0].jaxpr
             inner = {sv: split[ov] for ov, sv in zip(eqn.invars, sub.invars)
                      if not isinstance(ov, Literal) and ov in split}
             inner_dep = {sv for ov, sv in zip(eqn.invars, sub.invars)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var
+from mlsys_jax.ir.primitives import JIT
 from mlsys_jax.passes.convsites import Consts, Site
 
 AFFINE = frozenset({"add", "add_any", "sub", "mul", "div", "neg"})
@@ -153,7 +154,7 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict):
         if len(us) != 1 or us[0] < 0:
             for u in us:  # several users: training-mode BN reads z for its statistics too
                 e = jaxpr.eqns[u] if u >= 0 else None
-                if e is not None and e.primitive.name in ("jit", "pjit"):
+                if e is not None and e.primitive.name in JIT:
                     try:
                         through_call(e, t, consts, aff, shape, fd, z)  # raises Refuse
                     except Stop:
@@ -168,7 +169,7 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict):
             break
         e = jaxpr.eqns[us[0]]
         try:
-            if e.primitive.name in ("jit", "pjit"):
+            if e.primitive.name in JIT:
                 aff = through_call(e, t, consts, aff, shape, fd, z)
             else:
                 aff = step(e, t, consts, aff, shape, fd, z)

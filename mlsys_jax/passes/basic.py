@@ -5,15 +5,15 @@ broken variants (TESTING.md §4) — e.g. ``cse(param_blind=True)`` or ``fold_co
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import jax
-import numpy as np
 
-from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal, bind_equation, dce_jaxpr_consts
-from mlsys_jax.ir import eval_jaxpr, input_structs, interpret, structural_hash
-from mlsys_jax.ir.walk import walk
+from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation, dce_jaxpr_consts
+from mlsys_jax.ir import eval_jaxpr, input_structs, interpret
+from mlsys_jax.ir.keys import params_key, value_key
+from mlsys_jax.ir.primitives import PLAIN_CALLS
+from mlsys_jax.ir.walk import bodies, body_path, walk
 from mlsys_jax.passes.core import (Log, Pass, PassResult, default_outputs, is_concrete, is_pure,
                                    simple_pass)
 
@@ -59,27 +59,10 @@ def prune_outputs(closed: ClosedJaxpr, keep) -> ClosedJaxpr:
 
 # ---- cse ------------------------------------------------------------------------------------
 
-def _value_key(val, aval) -> str:
-    arr = np.asarray(val)
-    digest = hashlib.sha256(arr.tobytes()).hexdigest()[:16]
-    return f"lit:{aval.dtype}:{int(getattr(aval, 'weak_type', False))}:{arr.shape}:{digest}"
-
-
-def param_key(value) -> str:
-    """Params as a string: bodies by structure, callables by identity (two custom_jvp rules with
-    the same body may differ), everything else by repr."""
-    if isinstance(value, (ClosedJaxpr, Jaxpr)):
-        return "{" + structural_hash(value) + "}"
-    if isinstance(value, (tuple, list)):
-        return "(" + ",".join(param_key(v) for v in value) + ")"
-    if callable(value) and not isinstance(value, type):
-        return f"<fn {id(value)}>"
-    return repr(value)
-
-
 def cse(param_blind: bool = False) -> Pass:
     """Common-subexpression elimination: merge pure equations with the same primitive, params and
-    inputs (literals keyed by value, dtype and weak_type). Effectful, opaque (unknown) and
+    inputs (literals keyed by value, dtype and weak_type; params by ``ir.keys`` at full strictness:
+    bodies by structure, rules and other functions by identity). Effectful, opaque (unknown) and
     remat-protected (``prevent_cse``) equations are never merged."""
     def make_rule(closed, log, path):
         rep: dict = {}     # original var -> representative original var
@@ -87,14 +70,13 @@ def cse(param_blind: bool = False) -> Pass:
 
         def canon(v):
             if isinstance(v, Literal):
-                return _value_key(v.val, v.aval)
+                return value_key(v.val, v.aval)
             return id(rep.get(v, v))
 
         def rule(i, eqn, invals, lookup, here):
             if not is_pure(eqn) or eqn.params.get("prevent_cse"):
                 return None
-            params = "" if param_blind else ";".join(
-                f"{k}={param_key(v)}" for k, v in sorted(eqn.params.items()))
+            params = "" if param_blind else params_key(eqn.params, strict=True)
             key = (eqn.primitive.name, params, tuple(canon(v) for v in eqn.invars))
             if key in table:
                 outs, first, first_vars = table[key]
@@ -137,9 +119,6 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
 
 # ---- inline ----------------------------------------------------------------------------------
 
-INLINABLE = frozenset({"jit", "pjit", "closed_call", "core_call"})
-
-
 def inline(names=None) -> Pass:
     """Inline named calls (``jit[name=...]``) into their parent, recursively, so rules that match
     primitives can see them. custom_jvp/vjp calls stay calls: inlining would drop their derivative
@@ -148,7 +127,7 @@ def inline(names=None) -> Pass:
 
     def make_rule(closed, log, path):
         def rule(i, eqn, invals, lookup, here):
-            if eqn.primitive.name not in INLINABLE:
+            if eqn.primitive.name not in PLAIN_CALLS:
                 return None
             name = eqn.params.get("name")
             if wanted is not None and name not in wanted:
@@ -157,7 +136,9 @@ def inline(names=None) -> Pass:
             if not isinstance(body, ClosedJaxpr) or body.effects:
                 return None  # keep effectful calls as calls: order and effects stay explicit
             log.fired(here, f"inlined {name}")
+            inner = body_path(here, bodies(eqn)[0])  # calls inside are logged at their own path
+            index = {id(e): j for j, e in enumerate(body.jaxpr.eqns)}
             return eval_jaxpr(body.jaxpr, body.consts, *invals, handler=lambda e, v: rule(
-                -1, e, v, lookup, f"{here}/{name}"))
+                index[id(e)], e, v, lookup, f"{inner}{index[id(e)]}"))
         return rule
     return simple_pass("inline", make_rule)

@@ -96,7 +96,7 @@ def _fold_plans(jaxpr, consts, log, path):
         try:
             found = affine_chain(jaxpr, c, site, users)
         except Refuse as e:
-            log.refused(f"{path}{site.index}", str(e), "fold_conv_bn")
+            log.refused(f"{path}{site.index}", str(e))
             continue
         if found is None:
             continue
@@ -160,8 +160,7 @@ def _merge_plans(jaxpr, consts, log, path, concat=True):
         if diff is None and (users.get(a.out) != [i] or users.get(b.out) != [i]):
             diff = "a conv output is also used elsewhere"
         if diff is not None:
-            log.refused(f"{path}{i}", f"cannot merge convs {a.index} and {b.index}: {diff}",
-                        "merge_parallel_convs")
+            log.refused(f"{path}{i}", f"cannot merge convs {a.index} and {b.index}: {diff}")
             continue
         used |= {a.index, b.index}
 
@@ -195,7 +194,7 @@ def _explain_nonlinear(producer, add, i, by_out, log, path):
     if sa is not None and sb is not None and sa.x is sb.x and (oa or ob):
         log.refused(f"{path}{i}", f"cannot merge convs {sa.index} and {sb.index}: a nonlinear op "
                     f"({oa or ob}) sits between a conv and the add; rule (2) needs the conv "
-                    "outputs summed directly", "merge_parallel_convs")
+                    "outputs summed directly")
 
 
 def _concat_plans(jaxpr, c, sites, used, plans, path):
@@ -263,11 +262,10 @@ def _enlarge_plans(jaxpr, consts, log, path, size=None):
         if any(g % 2 for g in grow):
             log.refused(f"{path}{s.index}", f"cannot enlarge {_fmt_window(s)} to "
                         f"{'×'.join(map(str, target))}: the size difference must be even to keep "
-                        "the kernel centred", "enlarge_conv_kernel")
+                        "the kernel centred")
             continue
         if any(d != 1 for d in s.params["lhs_dilation"]):
-            log.refused(f"{path}{s.index}", "cannot enlarge a conv with lhs (input) dilation",
-                        "enlarge_conv_kernel")
+            log.refused(f"{path}{s.index}", "cannot enlarge a conv with lhs (input) dilation")
             continue
 
         def emit(lookup, state, s=s, grow=grow):

@@ -15,6 +15,7 @@ from jax import lax
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var, bind_equation
 from mlsys_jax.ir.opview import consumers
+from mlsys_jax.ir.primitives import JIT
 from mlsys_jax.passes.core import is_pure
 
 CONV = "conv_general_dilated"
@@ -137,7 +138,7 @@ def find_sites(jaxpr) -> list[Site]:
     for i, e in enumerate(jaxpr.eqns):
         if e.primitive.name == CONV and len(e.invars) == 2:
             sites.append(Site(i, e, e, e.invars[0], e.invars[1], None, e.outvars[0]))
-        elif e.primitive.name in ("jit", "pjit") and isinstance(e.params.get("jaxpr"), ClosedJaxpr):
+        elif e.primitive.name in JIT and isinstance(e.params.get("jaxpr"), ClosedJaxpr):
             conv = _conv_bias_body(e.params["jaxpr"])
             if conv is not None:
                 sites.append(Site(i, e, conv, e.invars[0], e.invars[1], e.invars[2], e.outvars[0]))

@@ -12,22 +12,11 @@ from typing import Callable, Optional
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, nested_jaxprs
-from mlsys_jax.ir import eval_jaxpr, input_structs
-from mlsys_jax.ir.opview import CONTRACTIONS, ELEMENTWISE, REDUCTIONS, SHAPE_ONLY
-from mlsys_jax.cost.rules import MOVEMENT
-
-# Primitives known to be pure and deterministic: safe to fold, merge (CSE) and evaluate early.
-# Anything else (user primitives, RNG state, collectives, callbacks) is opaque (TESTING.md §5).
-PURE = (ELEMENTWISE | REDUCTIONS | CONTRACTIONS | SHAPE_ONLY | MOVEMENT | {
-    "select_n", "clamp", "iota", "cumsum", "cumprod", "cummax", "cummin", "sort", "argsort",
-    "dynamic_slice", "integer_pow", "square", "dot_general", "transpose", "rev", "pad",
-    "concatenate", "squeeze", "reduce_precision"}) - {
-    "device_put", "all_gather", "all_to_all", "ppermute", "axis_index", "pbroadcast", "pvary",
-    "pcast", "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
-    "sharding_constraint", "mesh_cast", "reshard", "empty"}
-PURE_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                        "custom_vjp_call"})
+from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
+from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
+from mlsys_jax.ir.keys import signature
+from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
+from mlsys_jax.ir.walk import bodies, body_path
 
 
 @dataclass(frozen=True)
@@ -60,19 +49,43 @@ class PassResult:
 
 @dataclass(frozen=True)
 class Pass:
-    """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it)."""
+    """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it).
+
+    A plain pass's ``fn`` takes the jaxpr (and may return just a jaxpr). A ``chain``'s or
+    ``fixpoint``'s ``fn`` takes the jaxpr and a :class:`Runner` that applies each plain pass:
+    calling a pass uses the bare ``Runner``, ``passes.run`` one that verifies after every pass and
+    logs costs — so sequencing and fixpoint iteration exist once, in :func:`chain` and
+    :func:`fixpoint`.
+    """
 
     name: str
     fn: Callable = field(repr=False)
-    parts: tuple = ()        # chain: the passes in order
+    parts: tuple = ()        # chain: the passes in order; fixpoint: the repeated pass
     kind: str = "pass"       # "pass" | "chain" | "fixpoint"
     max_iter: int = 25
 
     def __call__(self, closed: ClosedJaxpr) -> PassResult:
-        out = self.fn(closed)
+        return self.apply(closed, Runner())
+
+    def apply(self, closed: ClosedJaxpr, runner: "Runner") -> PassResult:
+        """Run this pass with ``runner`` applying every plain pass inside it."""
+        if self.kind == "pass":
+            return runner.step(self, closed)
+        return self.fn(closed, runner)
+
+
+class Runner:
+    """Applies one plain pass and hashes graphs for :func:`fixpoint`'s cycle check. This one just
+    calls the pass; ``passes.run`` subclasses it to verify and log every step."""
+
+    def step(self, p: Pass, closed: ClosedJaxpr) -> PassResult:
+        out = p.fn(closed)
         if isinstance(out, ClosedJaxpr):  # a bare function may return just the jaxpr
             return PassResult(out, out is not closed)
         return out
+
+    def hash(self, closed: ClosedJaxpr) -> str:
+        return structural_hash(closed)
 
 
 def make_pass(name: str, fn: Callable) -> Pass:
@@ -81,10 +94,10 @@ def make_pass(name: str, fn: Callable) -> Pass:
 
 def chain(*passes: Pass) -> Pass:
     """Run passes in order (like optax.chain); ``run`` verifies after each one."""
-    def fn(closed):
+    def fn(closed, runner):
         rewrites, refusals, changed = [], [], False
         for p in passes:
-            r = p(closed)
+            r = p.apply(closed, runner)
             closed, changed = r.jaxpr, changed or r.changed
             rewrites += r.rewrites
             refusals += r.refusals
@@ -99,24 +112,24 @@ class FixpointError(RuntimeError):
 def fixpoint(p: Pass, max_iter: int = 25) -> Pass:
     """Repeat ``p`` until it changes nothing; at most ``max_iter`` rounds (XLA uses 25), and a
     revisited graph (a rewrite cycle) is an error."""
-    from mlsys_jax.ir import structural_hash
+    name = f"fixpoint({p.name})"
 
-    def fn(closed):
-        seen = {structural_hash(closed)}
+    def fn(closed, runner):
+        seen = {runner.hash(closed)}
         rewrites, refusals, changed = [], [], False
         for _ in range(max_iter):
-            r = p(closed)
+            r = p.apply(closed, runner)
             if not r.changed:
                 return PassResult(closed, changed, tuple(rewrites), tuple(refusals) + r.refusals)
             closed, changed = r.jaxpr, True
             rewrites += r.rewrites
             refusals += r.refusals
-            h = structural_hash(closed)
+            h = runner.hash(closed)
             if h in seen:
-                raise FixpointError(f"fixpoint({p.name}): rewrite cycle — a graph came back")
+                raise FixpointError(f"{name}: rewrite cycle — a graph came back")
             seen.add(h)
-        raise FixpointError(f"fixpoint({p.name}): no fixpoint within {max_iter} rounds")
-    return Pass(f"fixpoint({p.name})", fn, (p,), "fixpoint", max_iter)
+        raise FixpointError(f"{name}: no fixpoint within {max_iter} rounds")
+    return Pass(name, fn, (p,), "fixpoint", max_iter)
 
 
 def is_concrete(x) -> bool:
@@ -131,8 +144,8 @@ def is_pure(eqn) -> bool:
     name = eqn.primitive.name
     if name in PURE:
         return True
-    if name in PURE_CALLS:
-        return all(is_pure(e) for _, _, sub, _ in nested_jaxprs(eqn) for e in sub.eqns)
+    if name in NAMED_CALLS:  # pure exactly when the body is
+        return all(is_pure(e) for b in bodies(eqn) for e in b.jaxpr.eqns)
     return False
 
 
@@ -203,27 +216,27 @@ def default_outputs(eqn, invals, make_rule, log, here) -> list:
 def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
     """Apply the pass to every nested body; rebind with the new bodies when their signatures are
     unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
-    subs = nested_jaxprs(eqn)
+    subs = bodies(eqn)
     if not subs:
         return None
     params = dict(eqn.params)
     changed = False
-    for pname, idx, sub, consts in subs:
-        old = eqn.params[pname] if idx is None else eqn.params[pname][idx]
-        old_closed = old if isinstance(old, ClosedJaxpr) else ClosedJaxpr(old, ())
-        label = f"{eqn.primitive.name}.{pname}" + (f"[{idx}]" if idx is not None else "")
-        new = transform(old_closed, make_rule, log, f"{here}/{label}/")
+    for b in subs:
+        old = eqn.params[b.param] if b.index is None else eqn.params[b.param][b.index]
+        old_closed = old if b.is_closed else ClosedJaxpr(old, ())
+        new = transform(old_closed, make_rule, log, body_path(here, b))
         if new is old_closed:
             continue
-        if not _same_signature(old_closed, new) or (not isinstance(old, ClosedJaxpr) and new.consts):
-            log.refused(f"{here}/{label}", "rewritten body would change its signature or need "
+        if signature(old_closed) != signature(new) or (not b.is_closed and new.consts):
+            log.refused(f"{here}/{b.label}", "rewritten body would change its signature or need "
                         "constants an open jaxpr cannot hold; body left as it was")
             continue
-        new_val = new if isinstance(old, ClosedJaxpr) else new.jaxpr
-        if idx is None:
-            params[pname] = new_val
+        new_val = new if b.is_closed else new.jaxpr
+        if b.index is None:
+            params[b.param] = new_val
         else:
-            params[pname] = tuple(new_val if k == idx else v for k, v in enumerate(params[pname]))
+            params[b.param] = tuple(new_val if k == b.index else v
+                                    for k, v in enumerate(params[b.param]))
         changed = True
     if not changed:
         return None
@@ -233,13 +246,6 @@ def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
         log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(e).__name__}); "
                     "equation left as it was")
         return None
-
-
-def _same_signature(a: ClosedJaxpr, b: ClosedJaxpr) -> bool:
-    def sig(vs):
-        return [(v.aval.shape, v.aval.dtype, getattr(v.aval, "weak_type", False)) for v in vs]
-    return (sig(a.jaxpr.invars) == sig(b.jaxpr.invars)
-            and sig(a.jaxpr.outvars) == sig(b.jaxpr.outvars))
 
 
 def simple_pass(name: str, make_rule: Callable, recurse: bool = True,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from mlsys_jax.compat import ClosedJaxpr
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
-from mlsys_jax.passes.core import FixpointError, Pass, PassResult
+from mlsys_jax.passes.core import Pass, PassResult, Runner
 from mlsys_jax.passes.verify import require_static_shapes, verify as verify_step
 
 
@@ -68,54 +68,38 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
         raise MlsysError(f"passes.run: expected a Pass (e.g. passes.chain(passes.dce())), got "
                          f"{type(pipeline).__name__}")
     require_static_shapes(closed, "passes.run")
-    log: list = []
-    out = _run(pipeline, closed, verify, log, (hw, dtype) if cost else None, _Hashes())
-    return RunResult(out, tuple(log))
+    runner = _VerifyingRunner(verify, (hw, dtype) if cost else None)
+    out = pipeline.apply(closed, runner)
+    return RunResult(out.jaxpr, tuple(runner.log))
 
 
-class _Hashes:
-    """Structural hashes of the graphs of one run (a graph is hashed once; references are held
-    so ids stay unique)."""
+class _VerifyingRunner(Runner):
+    """Applies each plain pass of a pipeline (``chain``/``fixpoint`` sequence them), verifying
+    it and logging its rewrites and costs. A graph is hashed once per run (references are held so
+    ids stay unique)."""
 
-    def __init__(self):
-        self.table: dict = {}
+    def __init__(self, verify: bool, costing):
+        self.verify, self.costing, self.log, self.hashes = verify, costing, [], {}
 
-    def __call__(self, closed) -> str:
-        hit = self.table.get(id(closed))
+    def hash(self, closed) -> str:
+        hit = self.hashes.get(id(closed))
         if hit is None:
-            hit = self.table[id(closed)] = (closed, structural_hash(closed))
+            hit = self.hashes[id(closed)] = (closed, structural_hash(closed))
         return hit[1]
 
-
-def _run(p: Pass, closed, verify, log, costing, hashes):
-    if p.kind == "chain":
-        for part in p.parts:
-            closed = _run(part, closed, verify, log, costing, hashes)
-        return closed
-    if p.kind == "fixpoint":
-        seen = {hashes(closed)}
-        for _ in range(p.max_iter):
-            n = len(log)
-            closed = _run(p.parts[0], closed, verify, log, costing, hashes)
-            if not any(e.changed for e in log[n:]):
-                return closed
-            h = hashes(closed)
-            if h in seen:
-                raise FixpointError(f"{p.name}: rewrite cycle — a graph came back")
-            seen.add(h)
-        raise FixpointError(f"{p.name}: no fixpoint within {p.max_iter} rounds")
-    before_hash = hashes(closed) if verify else None
-    cost_before = cost_summary(closed, *costing) if costing else None
-    t0 = time.perf_counter()
-    result: PassResult = p(closed)
-    seconds = time.perf_counter() - t0
-    if verify:
-        input_now = structural_hash(closed)  # was the input mutated?
-        after_hash = input_now if result.jaxpr is closed else hashes(result.jaxpr)
-        verify_step(p.name, closed, result.jaxpr, result.changed, before_hash, after_hash,
-                    input_now)
-    cost_after = (cost_summary(result.jaxpr, *costing) if costing and result.changed
-                  else cost_before)
-    log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals, cost_before,
-                        cost_after, seconds))
-    return result.jaxpr
+    def step(self, p: Pass, closed) -> PassResult:
+        before_hash = self.hash(closed) if self.verify else None
+        cost_before = cost_summary(closed, *self.costing) if self.costing else None
+        t0 = time.perf_counter()
+        result = super().step(p, closed)
+        seconds = time.perf_counter() - t0
+        if self.verify:
+            input_now = structural_hash(closed)  # was the input mutated?
+            after_hash = input_now if result.jaxpr is closed else self.hash(result.jaxpr)
+            verify_step(p.name, closed, result.jaxpr, result.changed, before_hash, after_hash,
+                        input_now)
+        cost_after = (cost_summary(result.jaxpr, *self.costing) if self.costing and result.changed
+                      else cost_before)
+        self.log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals,
+                                 cost_before, cost_after, seconds))
+        return result

@@ -16,11 +16,9 @@ from mlsys_jax.compat import ClosedJaxpr
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.ir.walk import walk
-from mlsys_jax.passes.conv import candidates, enlarge_conv_kernel, fold_conv_bn, merge_parallel_convs
+from mlsys_jax.passes.conv import candidates
 from mlsys_jax.passes.manager import cost_summary, run
-
-RULES = {"fold_conv_bn": fold_conv_bn, "merge_parallel_convs": merge_parallel_convs,
-         "enlarge_conv_kernel": enlarge_conv_kernel}
+from mlsys_jax.passes.registry import search_moves
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
       alpha: keep candidates costing less than ``alpha × best`` (≥ 1; 1.0 = greedy).
       budget: at most this many distinct graphs are generated.
       max_growth: skip graphs with more than this × the starting number of equations.
-      rules: names from RULES (default: all).
+      rules: names of passes the registry marks as search moves (default: all of them).
     """
     if not isinstance(closed, ClosedJaxpr):
         raise MlsysError(f"search: expected a ClosedJaxpr, got {type(closed).__name__}")
@@ -69,10 +67,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
         raise MlsysError(f"search: alpha must be ≥ 1.0 (1.0 = greedy), got {alpha}")
     if budget < 1:
         raise MlsysError(f"search: budget must be ≥ 1 graph, got {budget}")
-    names = list(RULES) if rules is None else list(rules)
-    unknown = [n for n in names if n not in RULES]
-    if unknown:
-        raise MlsysError(f"search: unknown rule(s) {unknown}; choose from {', '.join(RULES)}")
+    moves = search_moves(rules, source="search(rules=...)")
     t0 = time.perf_counter()
     start = cost_summary(closed, hw, dtype)
     size_limit = max_growth * sum(1 for _ in walk(closed))
@@ -82,11 +77,11 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     explored, accepted, tick = 0, 0, 1
     while queue and explored < budget:
         _, _, graph, path = heapq.heappop(queue)
-        for name in names:
-            for k in range(candidates(RULES[name], graph)):
+        for name, factory in moves.items():
+            for k in range(candidates(factory, graph)):
                 if explored >= budget:
                     break
-                res = run(RULES[name](only=k), graph, verify=True, hw=hw, dtype=dtype)
+                res = run(factory(only=k), graph, verify=True, hw=hw, dtype=dtype)
                 if not res.changed:
                     continue
                 new = res.jaxpr

@@ -7,20 +7,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mlsys_jax.compat import ClosedJaxpr, check_jaxpr, nested_jaxprs
+from mlsys_jax.compat import ClosedJaxpr, check_jaxpr
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.ir.walk import walk
+from mlsys_jax.ir.keys import signature
+from mlsys_jax.ir.primitives import JIT
+from mlsys_jax.ir.walk import bodies, walk
 
 
 class VerificationError(AssertionError):
     """A pass produced a jaxpr that is malformed or computes a different signature/effects."""
-
-
-def signature(closed) -> list:
-    """(shape, dtype, weak_type) of every input and output."""
-    j = closed.jaxpr
-    return [[(tuple(v.aval.shape), str(v.aval.dtype), bool(getattr(v.aval, "weak_type", False)))
-             for v in vs] for vs in (j.invars, j.outvars)]
 
 
 def effect_multiset(closed) -> Counter:
@@ -41,7 +36,7 @@ def require_static_shapes(closed, api: str = "passes") -> None:
 def _nested_param_errors(eqn) -> list[str]:
     p, name, errs = eqn.params, eqn.primitive.name, []
     nin = len(eqn.invars)
-    if name in ("jit", "pjit"):
+    if name in JIT:
         body = p["jaxpr"]
         for key in ("in_shardings", "donated_invars", "in_layouts"):
             if key in p and len(p[key]) != len(body.jaxpr.invars):
@@ -81,8 +76,8 @@ def verify(pass_name: str, before: ClosedJaxpr, after: ClosedJaxpr, claimed_chan
     try:
         check_jaxpr(after.jaxpr)
         for _, eqn in walk(after):
-            for _, _, sub, _ in nested_jaxprs(eqn):
-                check_jaxpr(sub)
+            for body in bodies(eqn):
+                check_jaxpr(body.jaxpr)
     except Exception as e:  # JaxprTypeError and friends
         fail(f"check_jaxpr failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if len(after.consts) != len(after.jaxpr.constvars):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlsys_jax.ir.walk import bodies
 from mlsys_jax.remat.schedule import Schedule, plan_length
 
 
@@ -64,11 +65,7 @@ def count_primitive(jaxpr, name: str) -> int:
         if eqn.primitive.name == name:
             total += 1
         mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-        for val in eqn.params.values():
-            for sub in (val if isinstance(val, (tuple, list)) else (val,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += mult * count_primitive(inner, name)
+        total += sum(mult * count_primitive(body.jaxpr, name) for body in bodies(eqn))
     return total
 
 

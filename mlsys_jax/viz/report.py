@@ -7,27 +7,11 @@ import os
 import time
 from typing import Any
 
-from mlsys_jax.report import Check, fmt
+from mlsys_jax.report import Check
+from mlsys_jax.tables import markdown_table
+from mlsys_jax.viz import plots
 
 SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
-
-
-def _cell(x: Any) -> str:
-    if isinstance(x, (list, tuple)):
-        return ", ".join(_cell(v) for v in x)
-    return fmt(x).replace("|", "\\|").replace("\n", " ")
-
-
-def md_table(rows: list[dict]) -> str:
-    """A GitHub-flavoured markdown table of row dicts."""
-    if not rows:
-        return "_(empty)_"
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def _same(ours: Any, lecture: Any) -> bool:
@@ -70,9 +54,11 @@ def verdict(check: Check) -> str:
 
 
 def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) -> str:
-    """Write ``directory/report.md`` (+ PNGs); ``outputs`` holds (module, Result, checks) triples."""
-    from mlsys_jax.viz import report_plots
+    """Write ``directory/report.md`` (+ PNGs); ``outputs`` holds (module, Result, checks) triples.
 
+    Each experiment module draws its own pictures from its result: ``module.plots(result,
+    directory)`` returns the paths of the PNGs it wrote.
+    """
     os.makedirs(directory, exist_ok=True)
     lines = ["# mlsys-jax: the lecture, reproduced", "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `mlsys-jax run all --report {directory}`.",
@@ -81,19 +67,19 @@ def write_report(directory: str, outputs: list[tuple], split: dict[str, float]) 
         bad = sum(not c.ok for c in checks)
         lines.append(f"| {result.id} | {result.title} | {split.get(result.id, '')} | {len(checks)} | {bad} |")
     lines.append(f"| **all** | | **{round(sum(split.values()), 1)}** | | |")
-    plot_note = report_plots.unavailable()
+    plot_note = plots.unavailable_reason()
     for module, result, checks in outputs:
         lines += ["", f"## {result.id} · {result.title}", ""]
         if checks:
             lines += ["### Lecture figures vs ours", "",
-                      md_table([{"claim": c.claim, "lecture": c.lecture, "ours": c.ours,
-                                 "verdict": verdict(c)} for c in checks]), ""]
+                      markdown_table([{"claim": c.claim, "lecture": c.lecture, "ours": c.ours,
+                                      "verdict": verdict(c)} for c in checks]), ""]
         for name, rows in result.tables.items():
-            lines += [f"### {name}", "", md_table(rows), ""]
+            lines += [f"### {name}", "", markdown_table(rows), ""]
         if result.notes:
             lines += ["### Notes", ""] + [f"- {n}" for n in result.notes] + [""]
         if plot_note is None:
-            for path in report_plots.plot(result, directory):
+            for path in module.plots(result, directory):
                 lines += [f"![{os.path.basename(path)}]({os.path.basename(path)})", ""]
     if plot_note:
         lines += ["", f"_{plot_note}_"]

@@ -26,3 +26,11 @@ def test_factories_run_in_float32(module):
     loss_fn, params, batch, optimizer = module.train()
     state = optimizer.init(eqx.filter(params, eqx.is_array))
     assert jnp.isfinite(loss_fn(params, batch)) and state is not None
+
+
+@pytest.mark.parametrize("name", ["flax_resnet", "nnx_resnet", "equinox_cnn", "stax_cnn"])
+def test_inspect_only_factories_run_jitted_in_float32(name):
+    module = __import__(name)
+    f, args = module.inspect()
+    out = eqx.filter_jit(f)(*args)  # equinox modules hold static (non-array) leaves
+    assert out.dtype == jnp.float32 and bool(jnp.isfinite(out).all())

@@ -4,6 +4,7 @@ import pytest
 import experiments.s01_autodiff as s01
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import OverrideError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +44,7 @@ def test_bad_setting():
         s01.run(stepz=3)
     with pytest.raises(MlsysError, match="steps must be"):
         s01.run(steps=0)
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s01.check(result))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from experiments import s02_graph_opt as s02
+from tests.experiments.terminal import assert_fits_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,7 @@ def test_bad_override_is_a_clear_error():
 def test_bad_shape_is_a_clear_error():
     with pytest.raises(ValueError, match="4 positive ints"):
         s02.run(small_shape=(2, 8, 10))
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s02.check(result))

@@ -3,6 +3,7 @@ import pytest
 
 import experiments.s03_remat as s03
 from mlsys_jax.errors import MlsysError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 
 def _by_name(rows):
@@ -25,6 +26,7 @@ def test_default_chain_counts_without_jax():
     assert rev[8]["revolve_closed_form_advances"] == rev[8]["dp_revolve_convention_advances"] == 137
     assert rev[16]["dp_revolve_convention_advances"] == 110
     assert len(checks) >= 11
+    assert_fits_a_terminal(result, checks)
 
 
 def test_short_chain_with_jax():
@@ -38,6 +40,7 @@ def test_short_chain_with_jax():
     assert rows["every-4"]["xla_temp_bytes"] < rows["store-all"]["xla_temp_bytes"]
     assert rows["store-all"]["jax_vs_numpy_max_abs"] < 1e-12
     assert any("PyTorch" in n for n in result.notes)
+    assert_fits_a_terminal(result, checks)
     milp = result.tables["milp"]
     assert len(milp) == 2 and milp[0]["planned_saved"] == 0 and milp[-1]["recompute_flops"] == 0
 

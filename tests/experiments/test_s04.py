@@ -4,7 +4,8 @@ import pytest
 from experiments import s04_parallel as s04
 from mlsys_jax import cli
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import OverrideError
+from mlsys_jax.report import OverrideError, Result
+from tests.experiments.terminal import assert_fits_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +52,34 @@ def test_zero_bytes_and_communication(result):
     assert comm["ZeRO-1"]["bytes_measured"] > comm["DP"]["bytes_measured"]
 
 
-def test_pipeline_sections_are_merged(result):
-    if "pipeline bubble" not in result.tables:
-        pytest.skip("experiments/_s04_pipeline.py not in this checkout")
-    assert "3D step vs single device" in result.tables
+def test_every_claim_is_derived_from_the_result(result):
+    # check() reads the result only: a copy gives the same claims, and a table edited to be
+    # wrong turns exactly its claims false.
+    tables = {k: [dict(r) for r in rows] for k, rows in result.tables.items()}
+    copy = Result(result.id, result.title, tables, [], result.data)
+    assert [c.claim for c in s04.check(copy)] == [c.claim for c in s04.check(result)]
+    tables["pipeline bubble"][0]["exact"] = False
+    tables["demo 1: data parallel (§5.1)"][0]["worst_diff"] = 1.0
+    failed = [c.claim for c in s04.check(copy) if not c.ok]
+    assert len(failed) == 2 and failed[0].startswith("DP on 4 devices")
+    assert "bubble counted on every schedule table" in failed[1]
+
+
+def test_pipeline_and_3d_sections_are_in_the_result(result):
+    assert "pipeline bubble" in result.tables and "3D step vs single device" in result.tables
+
+
+def test_pipeline_picture_drawn_from_the_result(result, tmp_path):
+    from mlsys_jax.viz import plots
+
+    paths = s04.plots(result, str(tmp_path))
+    if plots.unavailable_reason() is None:
+        assert paths == [str(tmp_path / "04_pipeline_timeline.png")]
+        assert (tmp_path / "04_pipeline_timeline.png").stat().st_size > 10_000
+    else:
+        assert paths == []
+    data_only = s04.run(sections=("data",))
+    assert s04.plots(data_only, str(tmp_path / "none")) == []  # no schedules, no picture
 
 
 def test_pipeline_overrides_and_section_choice():
@@ -91,3 +116,7 @@ def test_processes_2_equals_one_process(capsys):
     assert s04.launch_processes(2, {"batch": "16"}, None) == 0
     out = capsys.readouterr().out
     assert "2 processes × 4 CPU devices (gloo)" in out and "✗" not in out
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s04.check(result))

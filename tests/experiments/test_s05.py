@@ -3,7 +3,9 @@ import jax
 import pytest
 
 from experiments import s05_dispatch_fusion as s05
+from experiments._s05_fusion import hlo_kernels
 from mlsys_jax.errors import MlsysError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 SMALL = dict(sizes=(10, 1_000_000), chain_ns=(1, 50), chain_size=100, fusion_size=1_000_000,
              conv_shape=(2, 16, 16, 8), batch=32, repeats=7)
@@ -14,8 +16,20 @@ def result():
     return s05.run(**SMALL)
 
 
+# A claim that rests on a measured time is asserted here only if every run we measured at these
+# settings (11 runs on the shared 2-core machine, load average 3 to 13) cleared its threshold by
+# 2× or more: dispatch share on the largest tensor 0.008–0.07 (claim < 0.5), chain slopes
+# 21–236× (≥ 5×), unfused/fused 5.8–9.7× (≥ 1.5×), eager dispatch 2.5–15× the jitted call's
+# (claim: less), measured eager/jit step 3.0–5.4× (> 1). One claim did not clear it; it stays a
+# claim of `mlsys-jax run 05`, and `mlsys-jax bench dispatch` measures it side by side:
+NOT_ASSERTED = {"small inputs: eager per op ≥ 3× jit per op (dispatch-bound)":
+                "17–20× on a quiet machine, 4.3× at load average 13 (1.4× its threshold)"}
+
+
 def test_every_claim_holds(result):
-    failed = [c for c in s05.check(result) if not c.ok]
+    checks = s05.check(result)
+    assert set(NOT_ASSERTED) <= {c.claim for c in checks}  # left out by name, never by accident
+    failed = [c for c in checks if not c.ok and c.claim not in NOT_ASSERTED]
     assert failed == []
 
 
@@ -64,13 +78,13 @@ ENTRY %main (x: f32[4], w: f32[3,3]) -> (f32[4], f32[4]) {
   ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%f, %d)
 }
 """
-    assert dict(s05.hlo_kernels(text)) == {"fusion": 1, "convolution": 1}
+    assert dict(hlo_kernels(text)) == {"fusion": 1, "convolution": 1}
 
 
 def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
     from mlsys_jax.viz import plots
 
-    paths = s05.write_plots(str(tmp_path), result.tables, result.data)
+    paths = s05.plots(result, str(tmp_path))
     if plots.unavailable_reason() is None:
         names = sorted(p.name for p in tmp_path.iterdir())
         assert names == ["05_breakdown.png", "05_chain.png", "05_dispatch_vs_size.png"]
@@ -78,7 +92,7 @@ def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
         assert all((tmp_path / n).stat().st_size > 1000 for n in names)
         assert plots.plot_notes(paths) == [f"plot written: {p}" for p in paths]
     monkeypatch.setattr(plots, "unavailable_reason", lambda: "plots skipped: no matplotlib")
-    assert s05.write_plots(str(tmp_path / "none"), result.tables, result.data) == []
+    assert s05.plots(result, str(tmp_path / "none")) == []
     assert plots.plot_notes([]) == ["plots skipped: no matplotlib"]
 
 
@@ -87,3 +101,7 @@ def test_plots_written_or_skipped_with_reason(tmp_path, monkeypatch, result):
 def test_bad_settings_are_clear_errors(bad):
     with pytest.raises(MlsysError, match="experiment 05"):
         s05.run(**bad)
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s05.check(result))

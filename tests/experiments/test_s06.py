@@ -3,6 +3,7 @@ import pytest
 
 from experiments import s06_frameworks as s06
 from mlsys_jax.errors import MlsysError
+from tests.experiments.terminal import assert_fits_a_terminal
 
 SMALL = dict(jac_big=512, jac_small=(1,), jac_hidden=64, hvp_n=100, batch=16, repeats=7)
 
@@ -13,6 +14,10 @@ def result():
 
 
 def test_every_claim_holds(result):
+    # Five of these claims rest on measured times; each cleared its threshold by 3.5× or more in
+    # every run we measured at these settings (11 runs on the shared 2-core machine, load average
+    # 3 to 13): jacrev/jacfwd 32–45× and 30–47× (claims ≥ 3×), Hessian/HVP 11–15× (≥ 3×),
+    # loop/vmap 8.9–13× (≥ 2×), compile/call and new shape/call ≥ 1,900× (≥ 10×).
     failed = [c for c in s06.check(result) if not c.ok]
     assert failed == []
 
@@ -50,6 +55,7 @@ def test_jacobian_flops_scale_with_n_over_m(result):
     assert (big["n_inputs"], big["m_outputs"]) == (512, 1)
     assert (small["n_inputs"], small["m_outputs"]) == (1, 512)
     assert big["jacfwd_flops"] == small["jacrev_flops"]  # n JVPs of one map = m VJPs of its mirror
+    # timed: the winner won by 30× or more in every run we measured (see test_every_claim_holds)
     assert (big["winner"], small["winner"]) == ("jacrev", "jacfwd")
 
 
@@ -58,3 +64,7 @@ def test_bad_settings_are_clear_errors():
         s06.run(batch=0)
     with pytest.raises(MlsysError, match="experiment 06"):
         s06.run(jac_small=(0,))
+
+
+def test_printed_report_fits_a_terminal(result):
+    assert_fits_a_terminal(result, s06.check(result))

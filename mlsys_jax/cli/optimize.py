@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import json
 
+from mlsys_jax.cli import target
 from mlsys_jax.errors import MlsysError
 
-PASSES = ("dce", "cse", "fold_constants", "inline", "fold_conv_bn", "merge_parallel_convs",
-          "enlarge_conv_kernel")
-DEFAULT = ("fold_constants", "cse", "fold_conv_bn", "merge_parallel_convs", "dce")
+HELP = "apply verified rewrite passes to a function"
 
 
-def build_pipeline(spec: str | None):
-    """A chain of passes from ``'dce,cse,...'`` (None: the default pipeline)."""
-    from mlsys_jax import passes as P
-
-    names = DEFAULT if spec is None else tuple(s.strip() for s in spec.split(",") if s.strip())
-    if not names:
-        raise MlsysError(f"--passes is empty; give a comma-separated list from {', '.join(PASSES)}")
-    unknown = [n for n in names if n not in PASSES]
-    if unknown:
-        raise MlsysError(f"unknown pass(es) {', '.join(unknown)}; choose from {', '.join(PASSES)}")
-    return P.chain(*(getattr(P, n)() for n in names))
+def add_arguments(p) -> None:
+    target.add_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--passes", default=None,
+                   help="comma-separated passes (default: the standard pipeline)")
+    p.add_argument("--search", action="store_true", help="cost-based search over rewrites")
+    p.add_argument("--alpha", type=float, default=1.05, help="search slack (default 1.05)")
 
 
 def max_abs_diff(before, after, structs) -> float:
@@ -51,22 +46,20 @@ def _summary(report) -> dict:
     return {**report.totals(), "primitives": dict(report.primitives)}
 
 
-def optimize_main(args) -> int:
+def main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cli_inspect import validate_cost_options, arg_structs, load_target, trace_user
     from mlsys_jax.cost import estimate
+    from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
-    from mlsys_jax.report import format_table
+    from mlsys_jax.tables import format_table, wrap
 
-    validate_cost_options(args.hw, args.dtype)
     if args.search and args.passes is not None:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
     if args.search and not args.alpha >= 1.0:
         raise MlsysError(f"--alpha must be ≥ 1.0 (1.0 = greedy), got {args.alpha}")
-    pipeline = None if args.search else build_pipeline(args.passes)
-    fn = load_target(args.target)
-    structs = arg_structs(args.arg, fn)
-    closed = trace_user(fn, structs)
+    pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
+    user = target.resolve(args)
+    closed = user.trace()
     try:
         if args.search:
             found = search(closed, alpha=args.alpha, hw=args.hw, dtype=args.dtype)
@@ -84,7 +77,7 @@ def optimize_main(args) -> int:
         after, rewrites, refusals, verified, failure = closed, [], [], False, str(e)
     before_r = estimate(closed, hw=args.hw, dtype=args.dtype)
     after_r = estimate(after, hw=args.hw, dtype=args.dtype)
-    diff = max_abs_diff(closed, after, structs)
+    diff = max_abs_diff(closed, after, user.args)
     if args.json:
         print(json.dumps({"before": _summary(before_r), "after": _summary(after_r),
                           "rewrites": rewrites, "refusals": refusals, "max_abs_diff": diff,
@@ -100,6 +93,6 @@ def optimize_main(args) -> int:
     print(format_table(rewrites, title="\n[rewrites applied]"))
     if refusals:
         print(format_table(refusals, title="\n[refused]"))
-    print(f"\nverified: {'yes' if verified else 'NO — ' + failure}; max |output diff| on seeded "
-          f"random inputs: {diff:.3g}")
+    print("\n" + wrap(f"verified: {'yes' if verified else 'NO — ' + failure}; max |output diff| "
+                      f"on seeded random inputs: {diff:.3g}", first=""))
     return 0 if verified else 1

@@ -1,17 +1,54 @@
-"""``mlsys-jax inspect FILE.py:FN --arg SPEC ...``: a user's function as a costed graph.
+"""A user's function on the command line: ``FILE.py:FN`` with ``--arg`` specs, loaded and traced.
 
-Also home of the helpers every command that takes a user's function shares: loading
-``FILE.py:FN``, checking ``--arg`` specs against its signature, and tracing with one-line errors.
+Every command that works on a user's function (``inspect``, ``optimize``) declares its arguments
+with :func:`add_arguments` and gets a :class:`Target` from :func:`resolve`: the function and the
+arguments it is traced with. ``--arg`` specs become ``jax.ShapeDtypeStruct`` values, checked
+against the function's signature. Another form of target (a factory returning the function and
+example arguments) is one more branch in :func:`resolve`; the commands do not change.
 """
 from __future__ import annotations
 
 import importlib.util
-import inspect as pyinspect
-import json
+import inspect
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from mlsys_jax.errors import MlsysError
+
+
+@dataclass(frozen=True)
+class Target:
+    """The function a command works on and the arguments it is traced with."""
+
+    fn: Callable
+    args: tuple[Any, ...]  # jax.ShapeDtypeStruct per positional argument
+    name: str              # as the user wrote it: FILE.py:FN
+
+    def trace(self, grad: bool = False):
+        """The ClosedJaxpr of the function (or of its gradient, see :func:`trace_user`)."""
+        return trace_user(self.fn, list(self.args), grad=grad)
+
+
+def add_arguments(p, cost: bool = True) -> None:
+    """``FILE.py:FN --arg SPEC ...`` (and ``--hw``/``--dtype`` for commands that cost a graph)."""
+    p.add_argument("target", metavar="FILE.py:FN")
+    p.add_argument("--arg", action="append", default=[], metavar="SPEC",
+                   help="argument shape spec like f32[32,784] (one per positional argument)")
+    if cost:
+        p.add_argument("--hw", default="h100", help="hardware model: h100, h200, a100, cpu")
+        p.add_argument("--dtype", default=None,
+                       help="cost every float tensor as this dtype (e.g. bf16)")
+
+
+def resolve(args) -> Target:
+    """The Target named by parsed arguments (``args.target``, ``args.arg``); checks ``--hw``
+    and ``--dtype`` first when the command has them, so bad options fail before any import."""
+    if hasattr(args, "hw"):
+        validate_cost_options(args.hw, args.dtype)
+    fn = load_target(args.target)
+    return Target(fn, tuple(arg_structs(args.arg, fn)), args.target)
 
 
 def load_target(target: str):
@@ -47,7 +84,7 @@ def arg_structs(specs: list[str], fn) -> list:
         raise MlsysError("give one --arg SPEC per positional argument, e.g. --arg f32[32,784]")
     structs = [parse_spec(s) for s in specs]
     try:
-        params = list(pyinspect.signature(fn).parameters.values())
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return structs
     if any(p.kind == p.VAR_POSITIONAL for p in params):
@@ -93,6 +130,7 @@ def trace_user(fn, structs, grad: bool = False):
 
 
 def validate_cost_options(hw: str, dtype: str | None) -> None:
+    """``--hw`` names a hardware model and ``--dtype`` a dtype (MlsysError otherwise)."""
     from mlsys_jax.cost.hardware import NAMES
     from mlsys_jax.ir import parse_dtype
 
@@ -100,41 +138,3 @@ def validate_cost_options(hw: str, dtype: str | None) -> None:
         raise MlsysError(f"unknown hardware {hw!r}; use one of {', '.join(NAMES)}")
     if dtype is not None:
         parse_dtype(dtype)
-
-
-def report_json(report) -> dict:
-    """The ``--json`` object shared by inspect and optimize."""
-    return {"ops": [{"name": k.name, "primitives": list(k.primitives), "flops": k.flops,
-                     "bytes": k.bytes, "time_us": k.time_us} for k in report.kernels],
-            "total": report.totals(), "unknown": list(report.unknown),
-            "primitives": dict(report.primitives)}
-
-
-def inspect_main(args) -> int:
-    from mlsys_jax.cost import estimate
-    from mlsys_jax.ir import to_dot
-    from mlsys_jax.report import format_table
-
-    validate_cost_options(args.hw, args.dtype)
-    fn = load_target(args.target)
-    closed = trace_user(fn, arg_structs(args.arg, fn), grad=args.grad)
-    report = estimate(closed, hw=args.hw, dtype=args.dtype, fused=args.fused)
-    if args.dot:
-        Path(args.dot).write_text(to_dot(closed, name=args.target))
-    if args.json:
-        print(json.dumps(report_json(report), indent=1))
-        return 0
-    print(closed)
-    rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "intensity", "bound", "time_us")}
-            for r in report.rows()]
-    hw = report.hardware
-    print(format_table(rows, title=f"\n[kernels: {'fused' if args.fused else 'one per op'}; "
-                                   f"{hw.name}, {args.dtype or 'native dtypes'}]"))
-    t = report.totals()
-    print(f"\ntotal: {t['kernels']} kernels, {t['flops'] / 1e9:.4g} GFLOP, {t['bytes'] / 1e6:.4g} MB, "
-          f"{t['time_us']:.4g} µs; peak live {t['peak_bytes'] / 1e6:.4g} MB")
-    if report.unknown:
-        print(f"unknown primitives (no cost rule, counted as 0 FLOPs): {', '.join(report.unknown)}")
-    if args.dot:
-        print(f"DOT written to {args.dot}")
-    return 0

@@ -1,4 +1,4 @@
-"""Evaluating a jaxpr op by op, into every nested body (TESTING.md §3: "evaluated op by op").
+"""Evaluating a jaxpr op by op, into every nested body (how the fuzzer judges a rewrite bitwise).
 
 Call-like equations (jit, remat, custom_jvp/vjp) run their bodies equation by equation, cond picks
 its branch on the host, scan and while loop in Python. Every primitive then runs as JAX's own
@@ -17,17 +17,8 @@ import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, bind_equation, jaxpr_as_fun
 from mlsys_jax.ir.interpret import eval_jaxpr
-
-INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint",
-                     "custom_jvp_call", "custom_vjp_call", "custom_lin"})
-
-
-def _body(eqn):
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        b = eqn.params.get(key)
-        if b is not None:
-            return (b.jaxpr, b.consts) if isinstance(b, ClosedJaxpr) else (b, ())
-    return None
+from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
+from mlsys_jax.ir.walk import bodies
 
 
 def eval_open(jaxpr, consts, args) -> list:
@@ -41,9 +32,10 @@ def _closed(c, args):
 
 def _eval_eqn(eqn, invals) -> list:
     name, p = eqn.primitive.name, eqn.params
-    if name in INLINED and _body(eqn) is not None:
-        jaxpr, consts = _body(eqn)
-        return eval_open(jaxpr, consts, invals)
+    if name in TRANSPARENT_CALLS:
+        inner = bodies(eqn)
+        if len(inner) == 1:
+            return eval_open(inner[0].jaxpr, inner[0].consts, invals)
     if name == "cond":
         index = int(np.asarray(invals[0]))
         return _closed(p["branches"][index], invals[1:])

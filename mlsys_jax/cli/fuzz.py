@@ -4,9 +4,21 @@ from __future__ import annotations
 import json
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import format_table
+from mlsys_jax.tables import format_table, wrap
 
+HELP = "differential testing of passes on random programs"
 DEFAULT_OUT = "fuzz-reproducers"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--programs", type=int, default=300, help="random programs to run (default 300)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--passes", default=None, help="comma-separated passes (default: all)")
+    p.add_argument("--time-budget", type=float, default=None, dest="time_budget",
+                   help="stop after this many seconds")
+    p.add_argument("--mutants", action="store_true", help="run the mutation-score campaign")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=None, help="folder for reproducers of failures")
 
 
 def _check_args(args) -> None:
@@ -20,8 +32,9 @@ def _check_args(args) -> None:
 
 def main(args) -> int:
     """Run the campaign; print a table or one JSON object; exit 1 if anything failed."""
-    from mlsys_jax.fuzz.campaign import make_passes, run_campaign
+    from mlsys_jax.fuzz.campaign import run_campaign
     from mlsys_jax.fuzz.mutants import mutation_score
+    from mlsys_jax.passes import registry
 
     _check_args(args)
     if args.mutants:
@@ -35,7 +48,7 @@ def main(args) -> int:
             print(format_table(rows, f"mutation score {res['caught']}/{res['total']} "
                                      f"(seed {res['seed']}, ≤{res['limit']} programs each)"))
         return 0 if res["caught"] == res["total"] else 1
-    passes = make_passes(args.passes)
+    passes = registry.instantiate(args.passes, "fuzz --passes")
     # failures are shrunk and saved as pytest files (created only when something fails)
     s = run_campaign(args.programs, args.seed, passes, time_budget=args.time_budget,
                      out_dir=args.out or DEFAULT_OUT)
@@ -51,20 +64,22 @@ def _table(d: dict) -> str:
     rows = [{"pass": n, "fired on": v["fired"],
              "% of valid": round(100 * v["fired"] / max(d["valid"], 1), 1),
              "rewrites": v["rewrites"]} for n, v in d["per_pass"].items()]
-    lines = [f"fuzz campaign: seed {d['seed']}, {d['programs']} programs "
-             f"({d['valid']} valid, {d['rejected']} rejected) in {d['seconds']:.1f} s"
-             + (" — stopped by the time budget" if d["stopped_by_time_budget"] else ""),
+    lines = [wrap(f"fuzz campaign: seed {d['seed']}, {d['programs']} programs "
+                  f"({d['valid']} valid, {d['rejected']} rejected) in {d['seconds']:.1f} s"
+                  + (" — stopped by the time budget" if d["stopped_by_time_budget"] else ""),
+                  first=""),
              format_table(rows)]
     for reason, n in d["rejected_reasons"].items():
-        lines.append(f"  rejected: {n} × {reason}")
+        lines.append(wrap(f"rejected: {n} × {reason}", first="  "))
     for name, row in d["systems"].items():
         lines.append(f"  {name}: {row.get('cases', 0)} cases, {row.get('failures', 0)} failures"
                      + (f" ({row['skipped']})" if row.get("skipped") else ""))
     lines.append(f"verifier failures {d['verifier_failures']} · mismatches {d['mismatches']} · "
                  f"crashes {d['crashes']} · worst error ratio {d['worst_error_ratio']:.3g}")
     for f in d["failures"][:20]:
-        lines.append(f"  FAIL program {f['program']} {f['pass']} ({f['kind']}): "
-                     f"{f['message'][:120]}")
+        lines.append(wrap(f"FAIL program {f['program']} {f['pass']} ({f['kind']}): "
+                          f"{f['message'][:120]}", first="  "))
     for path in d["reproducers"]:
-        lines.append(f"  reproducer: {path}  (move it to tests/regressions/ to keep it)")
+        lines.append(wrap(f"reproducer: {path}  (move it to tests/regressions/ to keep it)",
+                          first="  "))
     return "\n".join(lines)

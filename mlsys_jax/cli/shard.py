@@ -13,15 +13,14 @@ import sys
 
 import numpy as np
 
-from mlsys_jax.cli_inspect import load_target
+from mlsys_jax.cli.target import load_target
 from mlsys_jax.errors import MlsysError
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
+HELP = "your training step on a simulated mesh (DP, ZeRO, TP) against one device"
 
 
-def add_parser(subparsers) -> None:
-    q = subparsers.add_parser("shard", help="your training step on a simulated mesh (DP, ZeRO, "
-                                            "TP) against one device")
+def add_arguments(q) -> None:
     q.add_argument("target", metavar="FILE.py:FN", help=f"a factory returning {FORM}")
     q.add_argument("--mesh", required=True, metavar="data=N[,model=M]",
                    help="mesh axes: data (batch, ZeRO) and model (tensor parallel)")
@@ -31,8 +30,6 @@ def add_parser(subparsers) -> None:
     q.add_argument("--processes", type=int, default=1,
                    help="also run across P local processes (jax.distributed)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
-    q.add_argument("--devices", type=int, default=None, dest="devices_sub",
-                   help="simulated CPU device count (default 8)")
 
 
 def parse_mesh(text: str) -> dict:
@@ -105,13 +102,13 @@ def main(args) -> int:
 
 
 def render(target: str, out: dict, devices: int) -> str:
-    """The text report: verdict, differences, bytes, collectives, rules, timing."""
-    from mlsys_jax.report import fmt, format_table
+    """The text report (at most 120 columns): verdict, differences, bytes, collectives, rules."""
+    from mlsys_jax.tables import fmt, format_table, wrap
 
     mesh = ",".join(f"{k}={v}" for k, v in out["mesh"].items())
-    lines = [f"{target}: mesh {mesh}, ZeRO-{out['zero']}, {out['steps']} steps "
-             f"({devices} simulated CPU devices)", "",
-             f"exact: {'yes' if out['exact'] else 'NO'} - {out['reason']}", ""]
+    lines = [wrap(f"{target}: mesh {mesh}, ZeRO-{out['zero']}, {out['steps']} steps ({devices} "
+                  "simulated CPU devices)", first=""), "",
+             wrap(f"exact: {'yes' if out['exact'] else 'NO'} - {out['reason']}", first=""), ""]
     diff = [{"": q, f"free-running, {out['steps']} steps": out["max_abs_diff"][q],
              "teacher-forced (decides)": out["teacher_forced"][q], "rounding bound": out["bound"][q]}
             for q in ("loss", "grads", "params")]
@@ -133,25 +130,27 @@ def render(target: str, out: dict, devices: int) -> str:
     if out["rules"]:
         how = "derived by megatron_rules" if out["rules_derived"] else "given"
         lines.append(f"tensor parallel: {len(out['rules'])} partition rules ({how}):")
-        lines += [f"  {rx}  ->  {spec}" for rx, spec in out["rules"]]
+        lines += [wrap(f"{rx}  ->  {spec}", rest="      ") for rx, spec in out["rules"]]
         if out["replicated_no_rule"]:
-            lines.append(f"  {len(out['replicated_no_rule'])} parameters match no rule "
-                         f"(replicated): {', '.join(out['replicated_no_rule'])}")
+            lines.append(wrap(f"{len(out['replicated_no_rule'])} parameters match no rule "
+                              f"(replicated): {', '.join(out['replicated_no_rule'])}"))
     if out["forward_all_reduces"]:
         f = out["forward_all_reduces"]
-        lines.append(f"forward pass all-reduces over model: {f['measured']} (Megatron: "
-                     f"{f['megatron']}, one per attention output / MLP down projection)")
+        lines.append(wrap(f"forward pass all-reduces over model: {f['measured']} (Megatron: "
+                          f"{f['megatron']}, one per attention output / MLP down projection)",
+                          first=""))
     if out["zero_unsplit"]:
-        lines.append(f"ZeRO keeps these replicated over data (no dimension it divides): "
-                     f"{', '.join(out['zero_unsplit'])}")
+        lines.append(wrap("ZeRO keeps these replicated over data (no dimension it divides): "
+                          + ", ".join(out["zero_unsplit"]), first=""))
     if out["step_time_ratio"] is not None:
         lines.append(f"step time sharded / one device: {fmt(out['step_time_ratio'])}")
-    lines += [f"note: {n}" for n in out["notes"]]
+    lines += [wrap(f"note: {n}", first="") for n in out["notes"]]
     if "processes" in out:
         pr = out["processes"]
-        lines.append(f"{pr['count']} processes x {pr['devices_per_process']} devices (gloo): "
-                     f"{'equal to' if pr['equal'] else 'DIFFERENT from'} one process "
-                     f"(max |Δ| {', '.join(f'{q} {fmt(v)}' for q, v in pr['max_abs_diff'].items())})")
+        diffs = ", ".join(f"{q} {fmt(v)}" for q, v in pr["max_abs_diff"].items())
+        lines.append(wrap(f"{pr['count']} processes x {pr['devices_per_process']} devices (gloo): "
+                          f"{'equal to' if pr['equal'] else 'DIFFERENT from'} one process, step "
+                          f"by step (max |Δ| {diffs})", first=""))
     return "\n".join(lines).rstrip()
 
 
@@ -171,7 +170,7 @@ def _compare_processes(args, mesh: dict, report) -> dict:
     size = int(np.prod(list(mesh.values())))
     settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps}
     many = multiprocess.launch(args.processes, size // args.processes, settings, timeout=600.0,
-                               module="mlsys_jax.cli_shard")
+                               module="mlsys_jax.cli.shard")
     arrays = lambda d: {q: [np.asarray(x) for x in v] for q, v in d.items()}
     one = {k: arrays(_flat(v)) for k, v in report.sharded.items()}
     diff = {k: {q: d for q, (d, _) in max_diffs(arrays(many[k]), one[k]).items()} for k in one}

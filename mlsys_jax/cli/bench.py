@@ -1,0 +1,21 @@
+"""``mlsys-jax bench [NAME ...]``: run the benchmarks side by side and report ratios.
+
+The benchmarks and their runner live in the top-level ``benchmarks`` package (``bench_<name>.py``
+each); this module is the command's front.
+"""
+from __future__ import annotations
+
+HELP = "run benchmarks side by side, report ratios"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("names", nargs="*", help="benchmark names (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quick", action="store_true", help="small sizes (the CI tier)")
+    p.add_argument("--md", metavar="FILE", help="also write the figures as markdown (BENCHMARKS.md)")
+
+
+def main(args) -> int:
+    from benchmarks import runner
+
+    return runner.main(args)

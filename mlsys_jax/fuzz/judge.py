@@ -1,0 +1,92 @@
+"""Judging one program: every pass runs on it under the verifier, each rewrite against the oracles
+(TESTING.md §3, §4). Campaigns, reproducers and the mutation score all judge programs this way.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from mlsys_jax.fuzz import oracles
+from mlsys_jax.fuzz.build import build
+from mlsys_jax.fuzz.spec import Spec
+from mlsys_jax.ir import rebuild
+from mlsys_jax.passes import VerificationError, run
+
+
+@dataclass
+class Failure:
+    """One failure: which pass, what kind (verifier, mismatch, crash), where it came from."""
+
+    pass_name: str
+    kind: str
+    message: str
+    spec: Spec
+    seed: int
+    program: int = -1
+
+    @property
+    def signature(self) -> tuple:
+        """Which pass failed and why, numbers aside: one reproducer per signature."""
+        return (self.pass_name, *reason(self.kind, self.message))
+
+
+def reason(kind: str, message: str) -> tuple:
+    """A failure's kind and message with every number replaced by ``#`` (an error ratio or an
+    output index may change while a program shrinks; the reason does not)."""
+    return kind, re.sub(r"\d[\d.e+-]*", "#", message)
+
+
+@dataclass
+class Outcome:
+    """What one program did: rejection reason, rewrites per pass, failures, worst ratio."""
+
+    rejected: str | None = None
+    rewrites: dict = field(default_factory=dict)
+    failures: list = field(default_factory=list)
+    error_ratio: float = 0.0
+    twin_checks: int = 0
+
+
+def apply_pass(p, closed):
+    """Run one pass with the verifier (TESTING.md §1); returns the RunResult."""
+    return run(p, closed, verify=True, cost=False)
+
+
+def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -> Outcome:
+    """Run every pass ``{name: Pass}`` on one program and judge it (the tier of each pass comes
+    from its registered kind); never raises for a pass's failure."""
+    out = Outcome()
+    try:
+        closed = build(spec)
+    except Exception as e:  # a generator bug, not a pass bug: reported as a rejection reason
+        out.rejected = f"trace failed: {type(e).__name__}"
+        return out
+    try:
+        ref = oracles.reference(spec, closed, seed, gradients)
+    except oracles.Rejected as e:
+        out.rejected = str(e)
+        return out
+    v = oracles.compare(ref, rebuild(closed), oracles.BITWISE, gradients=False)
+    if not v.ok:
+        out.failures.append(Failure("rebuild", "mismatch", v.failures[0], spec, seed))
+    for name, p in passes.items():
+        try:
+            result = apply_pass(p, closed)
+        except VerificationError as e:
+            msg = str(e).splitlines()[0].removeprefix("verifier: ")
+            out.failures.append(Failure(name, "verifier", msg, spec, seed))
+            continue
+        except Exception as e:  # a pass that crashes on valid input is a failure too
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            out.failures.append(Failure(name, "crash", msg[:300], spec, seed))
+            continue
+        out.rewrites[name] = len(result.rewrites) if result.changed else 0
+        if not result.changed:
+            continue
+        v = oracles.compare(ref, result.jaxpr, oracles.tier(name),
+                            rewrite64=lambda p=p: apply_pass(p, ref.closed64).jaxpr)
+        out.error_ratio = max(out.error_ratio, v.error_ratio)
+        out.twin_checks += v.twin_checks
+        if not v.ok:
+            out.failures.append(Failure(name, "mismatch", v.failures[0], spec, seed))
+    return out
