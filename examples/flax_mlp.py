@@ -15,11 +15,13 @@ import optax
 class MLP(nn.Module):
     widths: tuple = (64, 64)
     classes: int = 10
+    dropout: float = 0.0
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, deterministic=True):
         for width in self.widths:
             x = nn.relu(nn.Dense(width)(x))
+            x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
         return nn.Dense(self.classes)(x)
 
 
@@ -38,8 +40,8 @@ def loss_of(model):
     return loss_fn
 
 
-def _setup(widths, n, features=32, classes=10):
-    model = MLP(widths, classes)
+def _setup(widths, n, features=32, classes=10, dropout=0.0):
+    model = MLP(widths, classes, dropout)
     batch = batch_of(n, features, classes)
     return model, model.init(jax.random.key(0), batch["x"]), batch
 
@@ -58,3 +60,14 @@ def train():
     model, variables, batch = _setup((64, 64), 16)
     optimizer = optax.chain(optax.clip_by_global_norm(0.1), optax.adamw(1e-3))
     return loss_of(model), variables, batch, optimizer
+
+
+def train_dropout():
+    """Dropout with one key closed over, as a training script that draws it once would have."""
+    model, variables, batch = _setup((64, 64), 16, dropout=0.2)
+    key = jax.random.key(3)
+
+    def loss_fn(variables, batch):
+        logits = model.apply(variables, batch["x"], deterministic=False, rngs={"dropout": key})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss_fn, variables, batch, optax.adamw(1e-3)

@@ -47,3 +47,19 @@ def test_compiled_psum_is_one_all_reduce_of_the_payload():
     assert quick.as_text() == compiled.as_text()
     assert (quick.memory_analysis().temp_size_in_bytes ==
             compiled.memory_analysis().temp_size_in_bytes)
+
+
+@pytest.mark.parametrize("attrs, groups", [
+    ("replica_groups={{0,1},{2,3}}, to_apply=%add", ((0, 1), (2, 3))),
+    ("replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}", ((0, 2), (1, 3))),
+    ("replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=2] {'axis_0'}, to_apply", ((0, 2), (1, 3))),
+    ("replica_groups=mesh['axis_0'=2,'axis_1'=2], device_ids=([2,2]T(1,0)) {'axis_1'}, x",
+     ((0, 2), (1, 3))),
+    ("replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", ((0, 1), (2, 3), (4, 5), (6, 7))),
+    ("channel_id=1, to_apply=%add", ())])
+def test_replica_groups_in_every_spelling(attrs, groups):
+    assert comm.replica_groups(attrs) == groups
+    line = f"  %ar = (f32[], f32[4]{{0}}) all-reduce(%a, %b), {attrs}"
+    (c,) = comm.collectives(line, 8)
+    assert (c.groups, c.group_size, c.result_bytes, c.scalar_bytes) == (
+        groups, len(groups[0]) if groups else 8, 20, 4)

@@ -2,7 +2,7 @@
 
 ``main.py`` parses and dispatches (``COMMANDS`` lists the commands), ``target.py`` loads a
 user's ``FILE.py:FN`` for every command that takes one, and each command lives in its own module
-(``run``, ``inspect``, ``optimize``, ``bench``, ``fuzz``). Tables are rendered by
+(``run``, ``inspect``, ``optimize``, ``bench``, ``fuzz``, ``shard``). Tables are rendered by
 :mod:`mlsys_jax.tables`.
 """
 from mlsys_jax.cli.main import main

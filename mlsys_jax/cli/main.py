@@ -22,6 +22,7 @@ COMMANDS = (
     "bench",
     "fuzz",
     "remat",
+    "shard",
 )
 
 

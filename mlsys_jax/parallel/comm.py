@@ -28,11 +28,18 @@ _ARRAY = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective in compiled HLO: its kind, result bytes, and group size."""
+    """One collective in compiled HLO: its kind, result bytes, and group size.
+
+    ``groups`` are the device groups (logical device ids, the mesh's flat device order) when the
+    HLO spells them; ``scalar_bytes`` is the part of ``result_bytes`` held by rank-0 arrays
+    (a loss or a norm that XLA's combiner packed into the same collective as a gradient).
+    """
 
     kind: str
     result_bytes: int
     group_size: int
+    groups: tuple = ()
+    scalar_bytes: int = 0
 
     @property
     def ring_bytes(self) -> float:
@@ -74,9 +81,13 @@ def collectives(hlo: str, n_devices: int | None = None) -> list[Collective]:
         shape = m["shape"]
         if m["kind"] != "all-reduce" and shape.startswith("(") and "-start" in line:
             shape = shape.rsplit(",", 1)[-1]  # async start tuples hold (input, output): take output
-        nbytes = sum(_DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-                     for dt, dims in _ARRAY.findall(shape))
-        out.append(Collective(m["kind"], nbytes, _group_size(m["rest"], n_devices)))
+        arrays = [(_DTYPE_BYTES[dt], [int(d) for d in dims.split(",") if d])
+                  for dt, dims in _ARRAY.findall(shape)]
+        nbytes = sum(b * math.prod(dims) for b, dims in arrays)
+        groups = replica_groups(m["rest"])
+        size = len(groups[0]) if groups else _group_size(m["rest"], n_devices)
+        out.append(Collective(m["kind"], nbytes, size, groups,
+                              sum(b for b, dims in arrays if not dims)))
     return out
 
 
@@ -90,13 +101,49 @@ def ring_total(colls: list[Collective]) -> float:
     return float(sum(c.ring_bytes for c in colls))
 
 
+def replica_groups(rest: str) -> tuple:
+    """The device groups of one collective's HLO attributes, in any of XLA's three spellings.
+
+    ``{{0,1},{2,3}}`` (explicit), ``[2,2]<=[2,2]T(1,0)`` (iota: ids reshaped, transposed, cut
+    into rows) and ``mesh['axis_0'=2,'axis_1'=2] {'axis_0'}`` (ids laid out on a mesh, grouped
+    along the named axes; ``device_ids=([2,2]T(1,0))`` permutes the ids first). Returns ``()``
+    when the line names no groups.
+    """
+    m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)+)\}", rest)
+    if m:
+        return tuple(tuple(int(t) for t in g.split(",") if t)
+                     for g in re.findall(r"\{([\d,]*)\}", m[1]))
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", rest)
+    if m:
+        shape = [int(d) for d in m[1].split(",")]
+        ids = np.arange(math.prod(shape)).reshape([int(d) for d in m[2].split(",")])
+        if m[3]:
+            ids = ids.transpose([int(d) for d in m[3].split(",")])
+        return tuple(map(tuple, ids.reshape(-1, shape[-1]).tolist()))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}",
+                  rest)
+    if m:
+        axes = re.findall(r"'(\w+)'=(\d+)", m[1])
+        names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
+        grouped = [names.index(a) for a in re.findall(r"'(\w+)'", m[3])]
+        ids = _device_ids(m[2], math.prod(sizes)).reshape(sizes)
+        ids = np.moveaxis(ids, grouped, range(len(sizes) - len(grouped), len(sizes)))
+        return tuple(map(tuple, ids.reshape(-1, math.prod(sizes[i] for i in grouped)).tolist()))
+    return ()
+
+
+def _device_ids(spec: str | None, n: int) -> np.ndarray:
+    """A mesh's logical device ids: ``None`` (0..n-1), ``[2,2]T(1,0)`` (iota) or ``0,2,1,3``."""
+    if not spec:
+        return np.arange(n)
+    m = re.match(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", spec)
+    if m:
+        ids = np.arange(n).reshape([int(d) for d in m[1].split(",")])
+        return (ids.transpose([int(d) for d in m[2].split(",")]) if m[2] else ids).reshape(-1)
+    return np.array([int(t) for t in re.findall(r"\d+", spec)])
+
+
 def _group_size(rest: str, n_devices: int | None) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]*)\}", rest)
-    if m:
-        return len([t for t in m[1].split(",") if t])
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", rest)  # iota form [groups,size]<=[...]
-    if m:
-        return int(m[2])
     m = re.search(r"source_target_pairs=\{(.*?)\}\}", rest)
     if m:
         return len(m[1].split("},{"))

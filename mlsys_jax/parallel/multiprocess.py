@@ -11,11 +11,13 @@ count (``runtime.configure``) before JAX starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from mlsys_jax.errors import MlsysError
 
 MARKER = "MLSYS_JAX_RESULT "
 SETTINGS = {"seed": 0, "batch": 32, "sizes": (16, 32, 4), "steps": 2, "lr": 0.05}
+MODULE = "mlsys_jax.parallel.multiprocess"
 
 
 def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) -> dict:
@@ -74,29 +77,40 @@ def free_port() -> int:
 
 
 def launch(processes: int, devices_per_process: int, settings: dict | None = None,
-           timeout: float = 180.0) -> dict:
-    """Start ``processes`` workers on 127.0.0.1 and return process 0's result (raises on failure)."""
+           timeout: float = 180.0, module: str = MODULE) -> dict:
+    """Start ``processes`` workers on 127.0.0.1 and return process 0's result (raises on failure).
+
+    ``module`` is run as ``python -m module`` with the arguments :func:`worker_args` parses
+    (default: this module's DP demo); each worker prints its result with :func:`report`.
+    """
     if processes < 2:
         raise MlsysError(f"--processes must be >= 2 for a multi-process run, got {processes}")
     if devices_per_process < 1:
         raise MlsysError(f"each process needs >= 1 device, got {devices_per_process}")
-    cfg = {**SETTINGS, **(settings or {})}
+    cfg = {**SETTINGS, **(settings or {})} if module == MODULE else dict(settings or {})
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    cmd = lambda i: [sys.executable, "-m", "mlsys_jax.parallel.multiprocess", "--process-id",
+    cmd = lambda i: [sys.executable, "-m", module, "--process-id",
                      str(i), "--processes", str(processes), "--port", str(port),
                      "--devices", str(devices_per_process), "--settings", json.dumps(cfg)]
-    procs = [subprocess.Popen(cmd(i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for i in range(processes)]
-    outs = []
+    # Output goes to files, not pipes: a worker whose result overflows a 64 KiB pipe would block
+    # on its print while its peers wait for it in jax.distributed's shutdown barrier.
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(processes)]
+    procs = [subprocess.Popen(cmd(i), stdout=o, stderr=e, text=True, env=env)
+             for i, (o, e) in enumerate(files)]
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=timeout))
+            p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
         raise MlsysError(f"multi-process run: workers did not finish in {timeout:.0f} s "
                          f"(coordinator 127.0.0.1:{port})") from None
+    outs = []
+    for o, e in files:
+        o.seek(0), e.seek(0)
+        outs.append((o.read(), e.read()))
+        o.close(), e.close()
     for i, (p, (out, err)) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
             tail = " | ".join(err.strip().splitlines()[-3:])
@@ -109,30 +123,46 @@ def launch(processes: int, devices_per_process: int, settings: dict | None = Non
     return {**results[0], "ranks_agree": same}
 
 
-def worker_main(argv=None) -> int:
-    """Entry point of one worker process (``python -m mlsys_jax.parallel.multiprocess ...``)."""
+def worker_args(argv=None) -> argparse.Namespace:
+    """The arguments :func:`launch` gives every worker."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--process-id", type=int, required=True)
     ap.add_argument("--processes", type=int, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--devices", type=int, required=True)
     ap.add_argument("--settings", default="{}")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+@contextlib.contextmanager
+def joined(a: argparse.Namespace, x64: bool = True):
+    """Set this worker's devices, join the coordinator (gloo CPU collectives), shut down after."""
     from mlsys_jax import runtime
 
-    runtime.configure(devices=a.devices, x64=True)
+    runtime.configure(devices=a.devices, x64=x64)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{a.port}", num_processes=a.processes,
                                process_id=a.process_id)
     try:
-        cfg = {**SETTINGS, **json.loads(a.settings)}
-        result = run_dp_demo(cfg["seed"], cfg["batch"], tuple(cfg["sizes"]), cfg["steps"],
-                             cfg["lr"])
-        print(MARKER + json.dumps(result), flush=True)
+        yield
     finally:
         jax.distributed.shutdown()
+
+
+def report(result: dict) -> None:
+    """Print a worker's result as the one line :func:`launch` collects."""
+    print(MARKER + json.dumps(result), flush=True)
+
+
+def worker_main(argv=None) -> int:
+    """Entry point of one worker process (``python -m mlsys_jax.parallel.multiprocess ...``)."""
+    a = worker_args(argv)
+    with joined(a, x64=True):
+        cfg = {**SETTINGS, **json.loads(a.settings)}
+        report(run_dp_demo(cfg["seed"], cfg["batch"], tuple(cfg["sizes"]), cfg["steps"],
+                           cfg["lr"]))
     return 0
 
 

@@ -1,0 +1,139 @@
+"""Users' flax/equinox training steps on a simulated mesh (``parallel.simulate``), in float32.
+
+Compiled runs are cached per module: each (model, mesh, stage) compiles once, and the one-device
+reference once per model.
+"""
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import equinox_mlp
+import flax_batchnorm
+import flax_mlp
+import flax_transformer
+from mlsys_jax.parallel import comm, megatron_rules, simulate
+from mlsys_jax.parallel.rules import array_paths
+
+MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,
+          "flax_transformer": flax_transformer.train, "flax_batchnorm": flax_batchnorm.train,
+          "flax_mlp_dropout": flax_mlp.train_dropout}
+_FACTORIES, _CACHES, _REPORTS = {}, {}, {}
+
+
+def run(model, mesh, zero=0, rules=None):
+    key = (model, tuple(mesh.items()), zero, rules is not None)
+    if key not in _REPORTS:
+        if model not in _FACTORIES:
+            _FACTORIES[model] = MODELS[model]()
+        loss_fn, params, batch, optimizer = _FACTORIES[model]
+        given = None if rules is None else rules(params)
+        _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, zero, steps=3,
+                                 rules=given, options=comm.QUICK_COMPILE, time_repeats=0,
+                                 cache=_CACHES.setdefault(model, {}))
+    return _REPORTS[key]
+
+
+def relative(report, quantity, which="teacher_forced"):
+    return getattr(report, which)[quantity] / report.magnitude[quantity]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("model", ["flax_mlp", "equinox_mlp", "flax_transformer"])
+def test_zero_stages_are_exact_with_global_norm_clipping(model, zero):
+    """chain(clip_by_global_norm(0.1), adamw) on data=4: the clip stays global at every stage."""
+    r = run(model, {"data": 4}, zero)
+    assert r.exact, r.reason
+    assert relative(r, "params") <= 1e-6  # the optimizer on the mesh = on one device
+    assert relative(r, "grads") <= 1e-6 and relative(r, "loss") <= 1e-6
+    if model != "flax_transformer":  # free-running too (the transformer: next test)
+        assert relative(r, "params", "max_abs_diff") <= 1e-6
+    assert all(c["ratio"] == pytest.approx(1.0) for c in r.collectives if c["formula_bytes"])
+    measured, expected = r.per_device_bytes["measured"], r.per_device_bytes["expected"]
+    assert measured["arguments"] == expected["arguments"]
+    assert measured["outputs"] == expected["outputs"]
+
+
+def test_transformer_free_running_drift_is_adam_on_rounding_noise():
+    """After 3 free-running steps the transformer's params differ by more than 1e-6 relative;
+    one device with the batch rows reversed (the same sums in another order) drifts as far:
+    Adam divides the rounding noise of gradients that are mathematically zero (attention key
+    biases) by its own magnitude."""
+    r = run("flax_transformer", {"data": 4}, 0)
+    ref = _CACHES["flax_transformer"][("one device", 3)]
+    one, (t, s, b) = ref["compiled"], ref["args"]
+    reversed_batch = jax.tree.map(lambda x: x[::-1], b)
+    for _ in range(3):
+        t, s, _, _ = one(t, s, reversed_batch)
+    ref_params = ref["values"]["params"]
+    drift = {p: float(np.max(np.abs(np.asarray(x) - y))) for (p, x), y in
+             zip(array_paths(t), jax.tree.leaves(ref_params))}
+    assert max(drift.values()) >= r.max_abs_diff["params"] / 10
+    worst = max(drift, key=drift.get)
+    assert "['key']['bias']" in worst
+    grads = dict(array_paths(ref["values"]["grads"][0]))
+    assert float(np.max(np.abs(grads[worst]))) < 1e-7  # zero up to rounding
+
+
+@pytest.mark.parametrize("mesh", [{"data": 2, "model": 2}, {"model": 4}])
+def test_transformer_megatron_rules(mesh):
+    r = run("flax_transformer", mesh, 0, rules=lambda p: megatron_rules(p, size=mesh["model"]))
+    assert r.exact, r.reason
+    assert r.forward_all_reduces == {"measured": 4, "megatron": 4}  # 2 per layer, 2 layers
+    model_axis = [c for c in r.collectives if c["axis"] == "model"]
+    assert model_axis and all(c["ratio"] == pytest.approx(1.0) for c in model_axis)
+    # per-device parameter bytes: replicated leaves whole, split weights 1/M
+    nbytes = {p: x.size * 4 for p, x in array_paths(_FACTORIES["flax_transformer"][1])}
+    spec = {p: next((s for rx, s in r.rules if re.search(rx, p)), "") for p in nbytes}
+    split = sum(b for p, b in nbytes.items() if "model" in spec[p])
+    assert split > sum(nbytes.values()) / 2
+    whole = sum(nbytes.values()) - split
+    assert r.per_device_bytes["layout"]["params"] == whole + split // mesh["model"]
+    assert r.per_device_bytes["measured"]["arguments"] == r.per_device_bytes["expected"]["arguments"]
+
+
+@pytest.mark.parametrize("data", [4, 8])
+def test_zero3_parameter_and_optimizer_bytes_within_5_percent(data):
+    r = run("flax_mlp", {"data": data}, 3)
+    b = r.per_device_bytes
+    measured = b["measured"]["arguments"] - b["layout"]["batch"]  # params + optimizer state
+    formula = b["formula"]["params"] + b["formula"]["optimizer"]
+    assert abs(measured / formula - 1) < 0.05
+    assert r.zero_unsplit == ["['params']['Dense_2']['bias']"]  # 10 entries: kept whole
+
+
+def test_training_batchnorm_is_not_exact_and_says_why():
+    r = run("flax_batchnorm", {"data": 4}, 0)
+    assert not r.exact and "BatchNorm" in r.reason and "not separable" in r.reason
+    assert r.max_abs_diff["grads"] > 1e-3                 # per-shard statistics, measured
+    assert all(r.teacher_forced[q] <= r.bound[q] for q in r.bound)  # the mesh does that exactly
+    # the running statistics do not affect the loss: no gradient is sent for them
+    assert any("['batch_stats']['BatchNorm_0']['mean']" in n for n in r.notes)
+    assert [c["ratio"] for c in r.collectives] == [pytest.approx(1.0)]
+
+
+def test_dropout_key_is_not_exact_and_shards_draw_their_own_masks():
+    r = run("flax_mlp_dropout", {"data": 4}, 0)
+    assert not r.exact and "dropout" in r.reason and "fold_in" in r.reason
+    assert r.max_abs_diff["loss"] > 1e-3
+    assert all(r.teacher_forced[q] <= r.bound[q] for q in r.bound)
+
+
+def test_megatron_rules_name_the_usual_layers():
+    import equinox as eqx
+
+    rules = dict(megatron_rules(eqx.filter(equinox_mlp.make_model(), eqx.is_array)))
+    assert rules == {r"\.layers\[0\]\.weight$": jax.sharding.PartitionSpec("model"),
+                     r"\.layers\[0\]\.bias$": jax.sharding.PartitionSpec("model"),
+                     r"\.layers\[1\]\.weight$": jax.sharding.PartitionSpec(None, "model"),
+                     r"\.layers\[1\]\.bias$": jax.sharding.PartitionSpec()}
+    mha = eqx.nn.MultiheadAttention(4, 16, key=jax.random.key(0))
+    specs = {rx.split(".")[1].split("\\")[0]: s for rx, s in megatron_rules(mha)}
+    assert specs == {"query_proj": jax.sharding.PartitionSpec("model"),
+                     "key_proj": jax.sharding.PartitionSpec("model"),
+                     "value_proj": jax.sharding.PartitionSpec("model"),
+                     "output_proj": jax.sharding.PartitionSpec(None, "model")}
+    _, params, _, _ = flax_transformer.train()
+    rules = megatron_rules(params)
+    assert len(rules) == 12 and all(r"Block_\d+" in rx for rx, _ in rules)  # one per layer kind
