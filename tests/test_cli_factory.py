@@ -172,6 +172,15 @@ def test_value_check_sees_nan_inf_and_the_tolerance():
     assert kept.ok  # an Inf the original has is not a new one
 
 
+def test_a_float64_output_computed_through_float32_gets_the_float32_tolerance():
+    x = [jnp.linspace(0.5, 2.0, 6, dtype=jnp.float64)]
+    f64 = lambda fn: ir.trace(fn, jax.ShapeDtypeStruct((6,), jnp.float64))  # noqa: E731
+    through32 = f64(lambda v: jnp.sin(v.astype(jnp.float32)).astype(jnp.float64))
+    rounded = C.compare_outputs(through32, f64(jnp.sin), x)
+    assert rounded.ok and rounded.max_abs_diff > C.tolerance(np.dtype("float64"), 1.0)
+    assert not C.compare_outputs(f64(jnp.sin), f64(lambda v: jnp.sin(v) + 1e-7), x).ok
+
+
 def test_value_check_integers_and_keys_must_be_equal():
     x = [jnp.arange(6, dtype=jnp.float32)]
     ints = C.compare_outputs(_closed(lambda v: v.astype(jnp.int32)),

@@ -2,8 +2,10 @@
 
 Both jaxprs run (compiled together with ``jax.jit``) on the same inputs: a factory's example
 arguments, or seeded random values for ``--arg`` specs. Outputs must have equal types, and agree
-within a tolerance per dtype: ``|new − old| ≤ atol + rtol · max|old|`` over the output. Integer,
-boolean and PRNG-key outputs must be equal. A NaN or Inf where the original is finite is a
+within a tolerance per dtype: ``|new − old| ≤ atol + rtol · max|old|`` over the output, for the
+output's dtype or the least precise float dtype the original computes in, whichever is looser
+(a float64 model whose BatchNorm statistics are float32 is folded with float32 rounding).
+Integer, boolean and PRNG-key outputs must be equal. A NaN or Inf where the original is finite is a
 mismatch, never hidden by a maximum (``max(0.0, nan)`` is 0.0 in Python).
 """
 from __future__ import annotations
@@ -40,6 +42,19 @@ def tolerance(dtype, scale: float) -> float:
     return atol + rtol * scale
 
 
+def least_precise_float(closed):
+    """The float dtype with the largest machine epsilon among a jaxpr's values (or None)."""
+    import jax.numpy as jnp
+
+    from mlsys_jax.ir import walk
+
+    avals = [v.aval for v in closed.jaxpr.invars + closed.jaxpr.constvars]
+    avals += [v.aval for _, e in walk(closed) for v in e.outvars]
+    floats = {a.dtype for a in avals
+              if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)}
+    return max(floats, key=lambda d: jnp.finfo(d).eps, default=None)
+
+
 def compare_outputs(before, after, inputs) -> OutputCheck:
     """Run both ClosedJaxprs on ``inputs`` and compare every output (see the module doc)."""
     import jax
@@ -49,6 +64,7 @@ def compare_outputs(before, after, inputs) -> OutputCheck:
     from mlsys_jax.ir import interpret
 
     old, new = jax.jit(lambda *a: (interpret(before, *a), interpret(after, *a)))(*inputs)
+    computes_in = least_precise_float(before)
     check = OutputCheck()
     for k, (a, b) in enumerate(zip(old, new)):
         if a.dtype != b.dtype or a.shape != b.shape:
@@ -63,11 +79,12 @@ def compare_outputs(before, after, inputs) -> OutputCheck:
                 check.problems.append(f"output {k} ({a.dtype}) differs in "
                                       f"{int(np.sum(a != b))} of {a.size} elements")
             continue
-        _compare_floats(k, a, b, check)
+        _compare_floats(k, a, b, check, computes_in)
     return check
 
 
-def _compare_floats(k: int, a, b, check: OutputCheck) -> None:
+def _compare_floats(k: int, a, b, check: OutputCheck, computes_in) -> None:
+    import jax.numpy as jnp
     import numpy as np
 
     a64, b64 = (x.astype(np.result_type(x.dtype, np.float64)) for x in (a, b))
@@ -80,7 +97,10 @@ def _compare_floats(k: int, a, b, check: OutputCheck) -> None:
     with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: not counted
         diff = float(np.max(np.abs(a64 - b64), where=both, initial=0.0))
     scale = float(np.max(np.abs(a64), where=finite_a, initial=0.0))
-    tol = tolerance(a.dtype, scale)
+    dtype = a.dtype
+    if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
+        dtype = computes_in
+    tol = tolerance(dtype, scale)
     check.max_abs_diff = max(check.max_abs_diff, diff)
     check.tolerance = max(check.tolerance, tol)
     check.new_nonfinite += new_bad
@@ -90,5 +110,5 @@ def _compare_floats(k: int, a, b, check: OutputCheck) -> None:
     if lost:
         check.problems.append(f"output {k}: {lost} NaN/Inf value(s) of the original changed")
     if diff > tol:
-        check.problems.append(f"output {k}: max |diff| {diff:.3g} above the {a.dtype} tolerance "
+        check.problems.append(f"output {k}: max |diff| {diff:.3g} above the {dtype} tolerance "
                               f"{tol:.3g}")
