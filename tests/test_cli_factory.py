@@ -121,6 +121,12 @@ def test_factory_errors_are_one_line(user_file, capsys, name, message):
                                    if "*" not in message else message, err)
 
 
+def test_inputs_that_cannot_fit_are_refused_before_allocating(user_file, capsys):
+    rc, _, err = _run(["optimize", f"{user_file}:needs_args", "--arg",
+                       "f32[1000000000,1000000000]"], capsys)
+    assert rc == 2 and "GiB of memory" in err and len(err.strip().splitlines()) == 1
+
+
 def test_grad_of_a_function_returning_none_is_a_clear_error(user_file, capsys):
     rc, _, err = _run(["inspect", f"{user_file}:none_output", "--grad"], capsys)
     assert rc == 2 and "needs a float array as" in err

@@ -56,11 +56,19 @@ class Target:
 
     def inputs(self, constant_params: bool = False) -> list:
         """Values for the inputs of :meth:`trace`'s jaxpr: a factory's own example arrays, or
-        seeded random values for ``--arg`` specs."""
-        from mlsys_jax.ir import partition, random_inputs
+        seeded random values for ``--arg`` specs (refused, before any allocation, when they
+        would not fit in this machine's memory)."""
+        from mlsys_jax.ir import aval_bytes, partition, random_inputs
 
         leaves, _ = partition(self._split(constant_params)[1], scalars=False)
-        return list(leaves) if self.examples else random_inputs(leaves, seed=0)
+        if self.examples:
+            return list(leaves)
+        need, have = sum(aval_bytes(s) for s in leaves), _memory_bytes()
+        if have and need > have // 2:
+            raise MlsysError(f"the --arg inputs of {self.name} take {need / 2**30:.3g} GiB, more "
+                             f"than half of this machine's {have / 2**30:.3g} GiB of memory; "
+                             "give smaller shapes")
+        return random_inputs(leaves, seed=0)
 
 
 def add_arguments(p, cost: bool = True) -> None:
@@ -244,6 +252,16 @@ def trace_user(fn, args, name: str):
         shapes = ", ".join(f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}" for s in leaves)
         raise MlsysError(f"{name} failed to trace with arguments {shapes}: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _first_line(e: Exception) -> str:
