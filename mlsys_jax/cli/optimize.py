@@ -90,7 +90,9 @@ def main(args) -> int:
         print(wrap(f"measured here (jax.jit, median of {measured['rounds']} interleaved rounds): "
                    f"original {measured['original_us']:.4g} µs, optimized "
                    f"{measured['optimized_us']:.4g} µs, speedup ×{measured['speedup']:.3g} "
-                   f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]", first=""))
+                   f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]"
+                   + ("" if hw.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"),
+                   first=""))
     print(wrap(f"verified: {'yes' if verified else 'no — ' + failure}; max |output diff| "
                f"on {'the example inputs' if user.examples else 'seeded random inputs'}: "
                f"{check.max_abs_diff:.3g} (tolerance {check.tolerance:.3g})", first=""))
