@@ -112,6 +112,6 @@ def call_is_one_kernel(eqn, kind: str, epilogue: bool) -> bool:
     head, tail = groups[0][0], groups[1]
     users = consumers(view)
     tail_eqns = {id(e) for op in tail for e in op.eqns}
-    index = {i: e for i, e in enumerate(view.eqns)}
-    fed = all(u >= 0 and id(index[u]) in tail_eqns for v in head.outvars for u in users.get(v, []))
+    fed = all(u >= 0 and id(view.eqns[u]) in tail_eqns
+              for v in head.outvars for u in users.get(v, []))
     return not is_fusible(head) and fed and all(is_fusible(op) for op in tail)
