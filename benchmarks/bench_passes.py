@@ -6,6 +6,8 @@
    same at ~1,000 equations, for the scaling (10× the equations should cost ≤ ~12× the time).
 2. XLA:CPU wall time of the §4.2 ResNet block before and after the five rewrites (jit, f32, same
    inputs), side by side, median of interleaved rounds.
+3. The 'cpu' cost model against XLA:CPU (``benchmarks/_cpu_model.py``): calibrated bandwidth
+   over NumPy's copy, and whether the estimate orders graphs as the measurement does.
 """
 from __future__ import annotations
 
@@ -113,9 +115,12 @@ def block_speedup(quick: bool) -> tuple[dict, list]:
 
 
 def run(quick: bool = False) -> dict:
+    from benchmarks import _cpu_model
+
     f1, n1 = pipeline_vs_compile(quick)
     f2, n2 = block_speedup(quick)
-    return {"figures": {**f1, **f2}, "notes": n1 + n2}
+    f3, n3 = _cpu_model.run(quick)
+    return {"figures": {**f1, **f2, **f3}, "notes": n1 + n2 + n3}
 
 
 if __name__ == "__main__":

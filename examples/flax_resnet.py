@@ -50,20 +50,27 @@ class ResNet18(nn.Module):
         return nn.Dense(self.classes, dtype=self.dtype, param_dtype=self.dtype)(x.mean((1, 2)))
 
 
-def random_statistics(variables, seed: int = 1):
-    """Running means ~ N(0, 0.5²) and variances ~ U(0.5, 1.5), as after training."""
+def random_statistics(variables, dtype=jnp.float32, seed: int = 1):
+    """Running means ~ N(0, 0.5²) and variances ~ U(0.5, 1.5), as after training, in ``dtype``
+    (flax creates running statistics in float32 whatever the model's dtype)."""
     stats = variables["batch_stats"]
     leaves, tree = jax.tree_util.tree_flatten_with_path(stats)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    new = [jax.random.uniform(k, x.shape, x.dtype, 0.5, 1.5) if "var" in jax.tree_util.keystr(p)
-           else 0.5 * jax.random.normal(k, x.shape, x.dtype) for (p, x), k in zip(leaves, keys)]
+    new = [jax.random.uniform(k, x.shape, dtype, 0.5, 1.5) if "var" in jax.tree_util.keystr(p)
+           else 0.5 * jax.random.normal(k, x.shape, dtype) for (p, x), k in zip(leaves, keys)]
     return {**variables, "batch_stats": jax.tree_util.tree_unflatten(tree, new)}
+
+
+@partial(jax.jit, static_argnums=0)
+def _init(model, key, x):
+    """``model.init`` compiled once per model and input shape (eager init compiles each op)."""
+    return model.init(key, x)
 
 
 def _setup(dtype=jnp.float32):
     model = ResNet18(dtype=dtype)
     x = jax.random.normal(jax.random.key(2), (2, 32, 32, 3), dtype)
-    variables = random_statistics(model.init(jax.random.key(0), x))
+    variables = random_statistics(_init(model, jax.random.key(0), x), dtype)
     return model, variables, x
 
 

@@ -33,7 +33,7 @@ DEFAULTS = {
     "hw": "h100",
     "dtype": "bf16",
     "alpha": 1.05,
-    "repeats": 5,
+    "repeats": 7,
     "seed": 0,
 }
 STEPS = ("original", "① fold BN", "② merge", "③ enlarge 1×1→3×3", "④ merge", "⑤ final")

@@ -2,10 +2,13 @@
 
 JAX reads ``XLA_FLAGS`` once, when its CPU backend initialises, so the simulated device count
 (the lecture's "GPUs" of §5) must be set before the first computation. The CLI, the test suite and
-``python -m experiments.…`` all go through :func:`configure`.
+``python -m experiments.…`` all go through :func:`configure`. Float64 is the lecture's (its exact
+checks): the experiments turn it on for themselves, while a user's code runs under JAX's own
+defaults unless the user asks (:func:`user_precision`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -44,6 +47,18 @@ def enable_x64() -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+
+
+@contextlib.contextmanager
+def user_precision(x64: bool):
+    """Run a user's code under JAX's defaults — float32, or float64 where the user asked for it
+    (``--x64``, or ``JAX_ENABLE_X64`` set, as JAX itself reads it) — whatever this process
+    enabled for the lecture's own code."""
+    import jax
+
+    asked = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")
+    with jax.enable_x64(bool(x64) or asked):
+        yield
 
 
 def _backend_started() -> bool:

@@ -35,8 +35,10 @@ def test_inspect_json_counts_closed_over_weights(user_file, capsys):
     assert [op["name"] for op in out["ops"]] == ["matmul", "relu"]
     assert out["ops"][0]["bytes"] == (32 * 784 + 784 * 100 + 32 * 100) * 4  # W read as a const
     assert out["ops"][0]["flops"] == 2 * 32 * 784 * 100
-    assert set(out["total"]) == {"flops", "bytes", "kernels", "time_us", "peak_bytes"}
+    assert set(out["total"]) == {"flops", "bytes", "kernels", "time_us", "peak_bytes",
+                                 "fused_kernels", "fused_time_us"}
     assert out["total"]["kernels"] == 2 and out["unknown"] == []
+    assert out["total"]["fused_kernels"] == 2  # the relu is alone beside the matmul
     assert out["primitives"]["max"] == 1  # counted recursively, inside relu
 
 

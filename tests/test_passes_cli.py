@@ -64,7 +64,9 @@ def test_optimize_text_output(target, capsys):
     assert cli.main(["optimize", target, "--arg", "f32[2,8,10,10]",
                      "--passes", "fold_conv_bn,dce"]) == 0
     text = capsys.readouterr().out
-    assert "[before: 6 kernels" in text and "[after: 4 kernels" in text and "verified: yes" in text
+    assert "[before on h100, native dtypes: one kernel per op: 6 kernels" in text
+    assert "[after on h100, native dtypes: one kernel per op: 4 kernels" in text
+    assert "predicted speedup: one kernel per op ×" in text and "verified: yes" in text
 
 
 @pytest.mark.parametrize("extra,needle", [

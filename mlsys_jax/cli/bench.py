@@ -17,5 +17,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     from benchmarks import runner
+    from mlsys_jax import runtime
 
+    runtime.enable_x64()  # the parallel benchmark compares its layouts in float64
     return runner.main(args)

@@ -32,11 +32,13 @@ def _check_args(args) -> None:
 
 def main(args) -> int:
     """Run the campaign; print a table or one JSON object; exit 1 if anything failed."""
+    from mlsys_jax import runtime
     from mlsys_jax.fuzz.campaign import run_campaign
     from mlsys_jax.fuzz.mutants import mutation_score
     from mlsys_jax.passes import registry
 
     _check_args(args)
+    runtime.enable_x64()  # the oracles judge float32 rewrites against the float64 program
     if args.mutants:
         res = mutation_score(args.seed, limit=args.programs)
         if args.json:

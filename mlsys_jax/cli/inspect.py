@@ -1,4 +1,4 @@
-"""``mlsys-jax inspect FILE.py:FN --arg SPEC ...``: a user's function as a costed graph."""
+"""``mlsys-jax inspect FILE.py:FN [--arg SPEC ...]``: a user's function as a costed graph."""
 from __future__ import annotations
 
 import json
@@ -13,44 +13,64 @@ def add_arguments(p) -> None:
     target.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--grad", action="store_true",
-                   help="inspect the gradient of the summed first output w.r.t. the first argument")
-    p.add_argument("--fused", action="store_true", help="group kernels with the fusion model")
+                   help="inspect the gradient of the summed first output w.r.t. the first "
+                        "argument (a factory's parameters)")
+    table = p.add_mutually_exclusive_group()
+    table.add_argument("--fused", action="store_true", default=None,
+                       help="table of the fused kernels (the default on cpu)")
+    table.add_argument("--unfused", action="store_false", dest="fused",
+                       help="table of one kernel per op (the default on the GPU models)")
     p.add_argument("--dot", metavar="OUT.dot", help="write a Graphviz DOT file")
 
 
-def report_json(report) -> dict:
-    """The ``--json`` object: every kernel, the totals, unknown primitives, primitive counts."""
+def report_json(report, both) -> dict:
+    """The ``--json`` object: every kernel of the table, the totals (unfused, with the fused
+    estimate beside them), unknown primitives, primitive counts."""
     return {"ops": [{"name": k.name, "primitives": list(k.primitives), "flops": k.flops,
                      "bytes": k.bytes, "time_us": k.time_us} for k in report.kernels],
-            "total": report.totals(), "unknown": list(report.unknown),
-            "primitives": dict(report.primitives)}
+            "fused": report.fused,
+            "total": {**both.totals(), "peak_bytes": report.peak_bytes},
+            "unknown": list(report.unknown), "primitives": dict(report.primitives)}
 
 
 def main(args) -> int:
-    from mlsys_jax.cost import estimate
+    from mlsys_jax.cli.headline import compiler_note, estimates
+    from mlsys_jax.cost.fusion import LABELS
     from mlsys_jax.ir import to_dot
     from mlsys_jax.tables import format_table, wrap
 
     user = target.resolve(args)
     closed = user.trace(grad=args.grad)
-    report = estimate(closed, hw=args.hw, dtype=args.dtype, fused=args.fused)
+    both = estimates(closed, args.hw, args.dtype)
+    report = both.default if args.fused is None else both.fused if args.fused else both.unfused
     if args.dot:
         Path(args.dot).write_text(to_dot(closed, name=user.name))
     if args.json:
-        print(json.dumps(report_json(report), indent=1))
+        print(json.dumps(report_json(report, both), indent=1))
         return 0
     print(closed)
     rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "intensity", "bound", "time_us")}
             for r in report.rows()]
     hw = report.hardware
-    print(format_table(rows, title=f"\n[kernels: {'fused' if args.fused else 'one per op'}; "
-                                   f"{hw.name}, {args.dtype or 'native dtypes'}]"))
+    model = LABELS[hw.fusion] if report.fused else LABELS["none"]
+    dtypes = args.dtype or "native dtypes: " + ", ".join(_input_dtypes(closed))
+    print(format_table(rows, title=f"\n[kernels: {model}; {hw.name}, {dtypes}]"))
     t = report.totals()
-    print(f"\ntotal: {t['kernels']} kernels, {t['flops'] / 1e9:.4g} GFLOP, {t['bytes'] / 1e6:.4g} MB, "
-          f"{t['time_us']:.4g} µs; peak live {t['peak_bytes'] / 1e6:.4g} MB")
+    print(f"\ntotal: {t['flops'] / 1e9:.4g} GFLOP, {t['bytes'] / 1e6:.4g} MB moved, "
+          f"peak live {t['peak_bytes'] / 1e6:.4g} MB")
+    print(wrap(f"estimate: {both.line()}", first=""))
+    print(wrap(compiler_note(hw), first=""))
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
     if args.dot:
         print(f"DOT written to {args.dot}")
     return 0
+
+
+def _input_dtypes(closed) -> list[str]:
+    """The dtypes of the graph's inputs and constants (``f32``, ``key<fry>``), for the title."""
+    from mlsys_jax.cost.model import dtype_name
+
+    avals = [v.aval for v in closed.jaxpr.invars + closed.jaxpr.constvars]
+    return list(dict.fromkeys(dtype_name(a.dtype) for a in avals if hasattr(a, "dtype")))

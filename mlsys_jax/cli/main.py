@@ -7,6 +7,8 @@ A command is a module ``mlsys_jax/cli/<name>.py`` with ``HELP`` (one line), ``ad
 and ``main(args) -> exit status``, listed in :data:`COMMANDS`. Command modules import JAX only
 inside ``main``: JAX must start after ``--devices`` has set the simulated CPU device count.
 A user error prints ``mlsys-jax: error: ...`` and exits 2; a failed experiment check exits 1.
+Commands on a user's function (those with ``--x64``, from :mod:`mlsys_jax.cli.target`) run it
+under JAX's defaults (float32 unless ``--x64``); the others enable float64 where they need it.
 """
 from __future__ import annotations
 
@@ -54,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         from mlsys_jax import runtime
 
-        runtime.configure(devices=args.devices or runtime.DEFAULT_DEVICES, x64=True)
-        return command_module(args.command).main(args)
+        runtime.configure(devices=args.devices or runtime.DEFAULT_DEVICES, x64=False)
+        if not hasattr(args, "x64"):
+            return command_module(args.command).main(args)
+        with runtime.user_precision(args.x64):
+            return command_module(args.command).main(args)
 
     return run_command(command)

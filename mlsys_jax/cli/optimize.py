@@ -1,8 +1,9 @@
-"""``mlsys-jax optimize FILE.py:FN --arg SPEC ... [--passes LIST] [--search] [--alpha A] [--json]``.
+"""``mlsys-jax optimize FILE.py:FN [--arg SPEC ...] [--passes LIST] [--search] [--measure]``.
 
-Applies verified passes (or the TASO-style search) to a user's function and prints the op tables
-before and after, the rewrites applied (and refused, with reasons), the verification result and
-the largest output difference on seeded random inputs.
+Applies verified passes (or the TASO-style search) to a user's function — a factory's parameters
+are constants, so this is an inference graph — and prints the op tables before and after, the
+rewrites applied (and refused, with reasons), the unfused and fused estimates, the value check
+(:mod:`mlsys_jax.cli.check`) and, with ``--measure``, both graphs timed here under ``jax.jit``.
 """
 from __future__ import annotations
 
@@ -21,34 +22,20 @@ def add_arguments(p) -> None:
                    help="comma-separated passes (default: the standard pipeline)")
     p.add_argument("--search", action="store_true", help="cost-based search over rewrites")
     p.add_argument("--alpha", type=float, default=1.05, help="search slack (default 1.05)")
+    p.add_argument("--measure", action="store_true",
+                   help="compile original and optimized with jax.jit and time them here")
+    p.add_argument("--rounds", type=int, default=11,
+                   help="interleaved timing rounds for --measure (default 11)")
 
 
-def max_abs_diff(before, after, structs) -> float:
-    """Largest |difference| between the two jaxprs' outputs on seeded random inputs."""
-    import jax
-    import jax.numpy as jnp
-
-    from mlsys_jax.ir import interpret, random_inputs
-
-    args = random_inputs(structs, seed=0)
-    outs = jax.jit(lambda *a: (interpret(before, *a), interpret(after, *a)))(*args)
-    worst = 0.0
-    for a, b in zip(*outs):
-        if jnp.issubdtype(a.dtype, jnp.inexact):
-            worst = max(worst, float(jnp.max(jnp.abs(a.astype(jnp.float64) - b.astype(jnp.float64)),
-                                             initial=0.0)))
-        elif not bool(jnp.array_equal(a, b)):
-            worst = float("inf")
-    return worst
-
-
-def _summary(report) -> dict:
-    return {**report.totals(), "primitives": dict(report.primitives)}
+def _summary(both) -> dict:
+    return {**both.totals(), "primitives": dict(both.unfused.primitives)}
 
 
 def main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cost import estimate
+    from mlsys_jax.cli.check import compare_outputs
+    from mlsys_jax.cli.headline import compiler_note, estimates, speedup_line
     from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
     from mlsys_jax.tables import format_table, wrap
@@ -57,9 +44,11 @@ def main(args) -> int:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
     if args.search and not args.alpha >= 1.0:
         raise MlsysError(f"--alpha must be ≥ 1.0 (1.0 = greedy), got {args.alpha}")
+    if args.rounds < 1:
+        raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     user = target.resolve(args)
-    closed = user.trace()
+    closed = user.trace(constant_params=True)
     try:
         if args.search:
             found = search(closed, alpha=args.alpha, hw=args.hw, dtype=args.dtype)
@@ -75,24 +64,42 @@ def main(args) -> int:
         verified, failure = True, ""
     except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
         after, rewrites, refusals, verified, failure = closed, [], [], False, str(e)
-    before_r = estimate(closed, hw=args.hw, dtype=args.dtype)
-    after_r = estimate(after, hw=args.hw, dtype=args.dtype)
-    diff = max_abs_diff(closed, after, user.args)
+    before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
+    inputs = user.inputs(constant_params=True)
+    check = compare_outputs(closed, after, inputs)
+    if verified and not check.ok:
+        verified, failure = False, "; ".join(check.problems)
+    measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
     if args.json:
-        print(json.dumps({"before": _summary(before_r), "after": _summary(after_r),
-                          "rewrites": rewrites, "refusals": refusals, "max_abs_diff": diff,
+        print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
+                          "rewrites": rewrites, "refusals": refusals, **check.to_dict(),
+                          **({"measured": measured} if measured else {}),
                           "verified": verified, "error": failure}, indent=1))
         return 0 if verified else 1
-    for label, rep in (("before", before_r), ("after", after_r)):
+    hw = before_e.unfused.hardware
+    for label, both in (("before", before_e), ("after", after_e)):
         rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "time_us")}
-                for r in rep.rows()]
-        t = rep.totals()
-        print(format_table(rows, title=f"\n[{label}: {t['kernels']} kernels, "
-                                       f"{t['flops'] / 1e9:.4g} GFLOP, {t['time_us']:.4g} µs "
-                                       f"on {rep.hardware.name}, {args.dtype or 'native dtypes'}]"))
+                for r in both.default.rows()]
+        print(format_table(rows, title=f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: "
+                                       f"{both.line()}]"))
     print(format_table(rewrites, title="\n[rewrites applied]"))
     if refusals:
         print(format_table(refusals, title="\n[refused]"))
-    print("\n" + wrap(f"verified: {'yes' if verified else 'NO — ' + failure}; max |output diff| "
-                      f"on seeded random inputs: {diff:.3g}", first=""))
+    print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
+    if measured:
+        print(wrap(f"measured here (jax.jit, median of {measured['rounds']} interleaved rounds): "
+                   f"original {measured['original_us']:.4g} µs, optimized "
+                   f"{measured['optimized_us']:.4g} µs, speedup ×{measured['speedup']:.3g} "
+                   f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]"
+                   + ("" if hw.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"),
+                   first=""))
+    print(wrap(f"verified: {'yes' if verified else 'no — ' + failure}; max |output diff| "
+               f"on {'the example inputs' if user.examples else 'seeded random inputs'}: "
+               f"{check.max_abs_diff:.3g} (tolerance {check.tolerance:.3g})", first=""))
     return 0 if verified else 1
+
+
+def _measure(before, after, inputs, rounds: int) -> dict:
+    from mlsys_jax.cost.measure import measure_speedup
+
+    return measure_speedup(before, after, inputs, repeats=rounds).to_dict()

@@ -1,10 +1,18 @@
-"""A user's function on the command line: ``FILE.py:FN`` with ``--arg`` specs, loaded and traced.
+"""A user's function on the command line: ``FILE.py:FN``, loaded and traced for every command.
 
-Every command that works on a user's function (``inspect``, ``optimize``) declares its arguments
-with :func:`add_arguments` and gets a :class:`Target` from :func:`resolve`: the function and the
-arguments it is traced with. ``--arg`` specs become ``jax.ShapeDtypeStruct`` values, checked
-against the function's signature. Another form of target (a factory returning the function and
-example arguments) is one more branch in :func:`resolve`; the commands do not change.
+Two forms. With ``--arg`` specs, FN is the function and each spec (``f32[32,784]``) becomes a
+``jax.ShapeDtypeStruct``, checked against FN's signature. Without ``--arg``, FN is a
+zero-argument *example factory* that builds the model the way its library wants and returns
+example arguments, parameters first (JAX's ``loss(params, batch)`` habit)::
+
+    def make():                                    # flax linen: (f, args)
+        model = ResNet18(); x = jnp.ones((8, 32, 32, 3))
+        return model.apply, (model.init(jax.random.key(0), x), x)
+
+Arguments may be any pytrees (arrays, flax variables or nnx modules, equinox modules, PRNG keys,
+Python scalars): array leaves are traced, every other leaf (a string, a callable, an int) is
+static. :func:`load_factory` is the one loader of factories for every command; each names the
+tuple it expects (``(f, args)`` for ``inspect``/``optimize``, ``(loss_fn, params, batch)`` ...).
 """
 from __future__ import annotations
 
@@ -17,25 +25,61 @@ from typing import Any, Callable
 
 from mlsys_jax.errors import MlsysError
 
+FN_AND_ARGS = "(f, args)"
+
 
 @dataclass(frozen=True)
 class Target:
     """The function a command works on and the arguments it is traced with."""
 
     fn: Callable
-    args: tuple[Any, ...]  # jax.ShapeDtypeStruct per positional argument
+    args: tuple[Any, ...]  # ShapeDtypeStructs (--arg), or a factory's example values (pytrees)
     name: str              # as the user wrote it: FILE.py:FN
+    examples: bool = False  # args are example values from a factory (parameters first)
 
-    def trace(self, grad: bool = False):
-        """The ClosedJaxpr of the function (or of its gradient, see :func:`trace_user`)."""
-        return trace_user(self.fn, list(self.args), grad=grad)
+    def _split(self, constant_params: bool) -> tuple[Callable, tuple]:
+        """The function of the traced arguments: with ``constant_params`` (a factory's), the
+        parameters ``args[0]`` are closed over and become constants of the jaxpr."""
+        if constant_params and self.examples and self.args:
+            params, fn = self.args[0], self.fn
+            return (lambda *rest: fn(params, *rest)), self.args[1:]
+        return self.fn, self.args
+
+    def trace(self, grad: bool = False, constant_params: bool = False):
+        """The ClosedJaxpr of the function on its arguments; with ``grad``, of the gradient of
+        its summed first output w.r.t. the parameters (``args[0]``'s float arrays); with
+        ``constant_params``, an inference graph in which a factory's parameters are constants."""
+        fn, args = self._split(constant_params and not grad)
+        if grad:
+            fn = _gradient_wrt_params(fn, self.name)
+        return trace_user(fn, args, self.name)
+
+    def inputs(self, constant_params: bool = False) -> list:
+        """Values for the inputs of :meth:`trace`'s jaxpr: a factory's own example arrays, or
+        seeded random values for ``--arg`` specs (refused, before any allocation, when they
+        would not fit in this machine's memory)."""
+        from mlsys_jax.ir import aval_bytes, partition, random_inputs
+
+        leaves, _ = partition(self._split(constant_params)[1], scalars=False)
+        if self.examples:
+            return list(leaves)
+        need, have = sum(aval_bytes(s) for s in leaves), _memory_bytes()
+        if have and need > have // 2:
+            raise MlsysError(f"the --arg inputs of {self.name} take {need / 2**30:.3g} GiB, more "
+                             f"than half of this machine's {have / 2**30:.3g} GiB of memory; "
+                             "give smaller shapes")
+        return random_inputs(leaves, seed=0)
 
 
 def add_arguments(p, cost: bool = True) -> None:
-    """``FILE.py:FN --arg SPEC ...`` (and ``--hw``/``--dtype`` for commands that cost a graph)."""
-    p.add_argument("target", metavar="FILE.py:FN")
+    """``FILE.py:FN [--arg SPEC ...] [--x64]`` (and ``--hw``/``--dtype`` for commands that cost)."""
+    p.add_argument("target", metavar="FILE.py:FN",
+                   help="a function (with --arg specs) or a zero-argument factory returning "
+                        f"{FN_AND_ARGS}, parameters first")
     p.add_argument("--arg", action="append", default=[], metavar="SPEC",
                    help="argument shape spec like f32[32,784] (one per positional argument)")
+    p.add_argument("--x64", action="store_true",
+                   help="enable float64 for the user's code (JAX's default is float32)")
     if cost:
         p.add_argument("--hw", default="h100", help="hardware model: h100, h200, a100, cpu")
         p.add_argument("--dtype", default=None,
@@ -47,8 +91,15 @@ def resolve(args) -> Target:
     and ``--dtype`` first when the command has them, so bad options fail before any import."""
     if hasattr(args, "hw"):
         validate_cost_options(args.hw, args.dtype)
-    fn = load_target(args.target)
-    return Target(fn, tuple(arg_structs(args.arg, fn)), args.target)
+    if args.arg:
+        fn = load_target(args.target)
+        return Target(fn, tuple(arg_structs(args.arg, fn)), args.target)
+    fn, example = load_factory(args.target, expect=FN_AND_ARGS)
+    if not isinstance(example, (tuple, list)):
+        raise MlsysError(f"{args.target} must return {FN_AND_ARGS} with args a tuple of example "
+                         f"arguments, parameters first, e.g. (variables, x); got args of type "
+                         f"{type(example).__name__}")
+    return Target(fn, tuple(example), args.target, examples=True)
 
 
 def load_target(target: str):
@@ -61,11 +112,12 @@ def load_target(target: str):
         raise MlsysError(f"file not found: {path} (give a path to a Python file, e.g. ./model.py:loss)")
     spec = importlib.util.spec_from_file_location(f"_mlsys_user_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses (flax modules) look their module up there
     sys.path.insert(0, str(file.parent.resolve()))
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # a user's file may raise anything; report it as one line
-        raise MlsysError(f"could not import {path}: {type(e).__name__}: {e}") from None
+        raise MlsysError(f"could not import {path}: {type(e).__name__}: {_first_line(e)}") from None
     finally:
         sys.path.pop(0)
     fn = getattr(module, name, None)
@@ -76,12 +128,59 @@ def load_target(target: str):
     return fn
 
 
+def load_factory(target: str, expect: str) -> tuple:
+    """Call the zero-argument factory ``FILE.py:FN`` and check what it returns.
+
+    ``expect`` names the tuple, optional parts in brackets, and is quoted in the errors:
+    ``load_factory(t, "(loss_fn, params, batch[, optimizer[, rules]])")``. Returns a tuple with
+    one entry per name (None for optional ones not returned); the first must be callable.
+    """
+    required, optional = _expected_names(expect)
+    fn = load_target(target)
+    needs = _required_parameters(fn)
+    if needs:
+        raise MlsysError(f"{target} takes {len(needs)} argument(s) ({', '.join(needs)}): give one "
+                         f"--arg SPEC per positional argument, or make it a zero-argument factory "
+                         f"returning {expect}")
+    try:
+        out = fn()
+    except MlsysError:
+        raise
+    except Exception as e:  # the factory builds the user's model: any error is theirs
+        raise MlsysError(f"factory {target} failed: {type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(out, (tuple, list)) or not len(required) <= len(out) <= len(required) + len(
+            optional):
+        got = (f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list))
+               else f"a {type(out).__name__}")
+        raise MlsysError(f"factory {target} must return {expect}; got {got}")
+    if not callable(out[0]):
+        raise MlsysError(f"factory {target} must return {expect} with {required[0]} a function; "
+                         f"got a {type(out[0]).__name__}")
+    return tuple(out) + (None,) * (len(required) + len(optional) - len(out))
+
+
+def _expected_names(expect: str) -> tuple[list[str], list[str]]:
+    """``"(a, b[, c[, d]])"`` -> (['a', 'b'], ['c', 'd'])."""
+    body = expect.strip().removeprefix("(").removesuffix(")")
+    head, _, tail = body.partition("[")
+    split = lambda text: [n.strip() for n in text.replace("[", "").replace("]", "").split(",")  # noqa: E731
+                          if n.strip()]
+    return split(head), split(tail)
+
+
+def _required_parameters(fn) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def arg_structs(specs: list[str], fn) -> list:
     """Parse ``--arg`` specs and check their count against ``fn``'s positional parameters."""
     from mlsys_jax.ir import parse_spec
 
-    if not specs:
-        raise MlsysError("give one --arg SPEC per positional argument, e.g. --arg f32[32,784]")
     structs = [parse_spec(s) for s in specs]
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -99,34 +198,75 @@ def arg_structs(specs: list[str], fn) -> list:
     return structs
 
 
-def trace_user(fn, structs, grad: bool = False):
-    """Trace a user's function (or the gradient of its summed first output w.r.t. argument 0)."""
+def _array_outputs(out) -> list:
+    """The array leaves of a function's result (static leaves, like a label string, dropped)."""
+    import jax
+
+    from mlsys_jax.ir import is_traced_leaf
+
+    return [leaf for leaf in jax.tree_util.tree_leaves(out) if is_traced_leaf(leaf, scalars=False)]
+
+
+def _gradient_wrt_params(fn, name: str):
+    """``fn``'s gradient: of its summed first array output w.r.t. the float arrays of argument 0."""
     import jax
     import jax.numpy as jnp
 
-    from mlsys_jax.ir import trace
+    from mlsys_jax.ir import partition
 
-    target = fn
-    if grad:
-        if not jnp.issubdtype(structs[0].dtype, jnp.floating):
-            raise MlsysError(f"--grad differentiates w.r.t. the first argument, which must be a "
-                             f"float array; got {structs[0].dtype}")
+    def gradient(params, *rest):
+        leaves, rebuild = partition(params, scalars=False)
+        wrt = [i for i, leaf in enumerate(leaves) if jnp.issubdtype(leaf.dtype, jnp.floating)]
+        if not wrt:
+            got = ", ".join(str(getattr(leaf, "dtype", type(leaf).__name__)) for leaf in leaves)
+            raise MlsysError(f"--grad differentiates w.r.t. the first argument (the parameters), "
+                             f"which must be a float array or hold some; got {got or 'no arrays'}")
 
-        def summed_first_output(*args):
-            out = fn(*args)
-            first = jax.tree_util.tree_leaves(out)[0]
-            return jnp.sum(first)
+        def summed_first_output(floats):
+            values = list(leaves)
+            for i, v in zip(wrt, floats):
+                values[i] = v
+            outs = _array_outputs(fn(rebuild(values), *rest))
+            if not outs or not jnp.issubdtype(outs[0].dtype, jnp.floating):
+                got = outs[0].dtype if outs else "no array"
+                raise MlsysError(f"--grad needs a float array as {name}'s first output; it "
+                                 f"returns {got}")
+            return jnp.sum(outs[0])
+        return jax.grad(summed_first_output)([leaves[i] for i in wrt])
+    return gradient
 
-        target = jax.grad(summed_first_output)
+
+def trace_user(fn, args, name: str):
+    """Trace a user's function on its arguments (array leaves traced, other leaves static)."""
+    from mlsys_jax.ir import partition, trace
+
+    leaves, rebuild = partition(tuple(args), scalars=False)
+
+    def flat(*values):
+        return _array_outputs(fn(*rebuild(values)))
     try:
-        return trace(target, *structs)
+        return trace(flat, *leaves)
     except MlsysError:
         raise
     except Exception as e:  # tracing runs user code: any error is the user's function failing
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise MlsysError(f"{getattr(fn, '__name__', 'function')} failed to trace with arguments "
-                         f"{', '.join(s.dtype.name + str(list(s.shape)) for s in structs)}: "
-                         f"{type(e).__name__}: {msg}") from None
+        shapes = ", ".join(f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}" for s in leaves)
+        raise MlsysError(f"{name} failed to trace with arguments {shapes}: "
+                         f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def validate_cost_options(hw: str, dtype: str | None) -> None:

@@ -1,11 +1,10 @@
 """The lecture's roofline cost model over the op view (§4.2, §8.1 demo 2).
 
-Kernels: *unfused* — one kernel per op of the op view; *fused* — maximal runs of adjacent
-non-contraction ops (elementwise, broadcast, reductions, and named ops made only of those, like
-``softmax_xent``) merge into one kernel, while dot_general and convolutions stay kernels of their
-own (no epilogue fusion). A kernel's bytes are its external inputs read plus outputs written;
-values inside a fused kernel cost nothing. Per kernel:
-``time = max(flops / peak, bytes / bandwidth) + launch``.
+Kernels: *unfused* — one kernel per op of the op view; *fused* — the hardware's fusion model
+(:mod:`mlsys_jax.cost.fusion`: the lecture's adjacent runs of non-contraction ops on the GPU
+models, XLA:CPU's loop fusion on ``cpu``); a named call is one kernel only when its body is one.
+A kernel's bytes are its external inputs read plus outputs written; values inside a fused kernel
+cost nothing. Per kernel: ``time = max(flops / peak, bytes / bandwidth) + launch``.
 """
 from __future__ import annotations
 
@@ -15,13 +14,13 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import ClosedJaxpr, Var
+from mlsys_jax.compat import Var
+from mlsys_jax.cost.fusion import call_is_one_kernel, group, is_free
 from mlsys_jax.cost.hardware import Hardware, get_hardware
 from mlsys_jax.cost.rules import FLOP_RULES, known
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.ir.opview import Op, consumers, op_view
-from mlsys_jax.ir.primitives import (CALLS, CONTRACTIONS, ELEMENTWISE, FREE, MOVEMENT, REDUCTIONS,
-                                     SHAPE_ONLY)
+from mlsys_jax.ir.opview import Op, consumers, op_view, open_calls
+from mlsys_jax.ir.primitives import FREE
 from mlsys_jax.ir.trace import aval_bytes, parse_dtype, shape_str
 from mlsys_jax.ir.walk import bodies
 
@@ -42,6 +41,11 @@ class Cost:
 
 
 def dtype_name(dtype) -> str:
+    """``f32``, ``bf16``, ...; an extended dtype (a PRNG key's ``key<fry>``) by its own name."""
+    import jax
+
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return str(dtype)
     name = np.dtype(dtype).name
     return _SHORT.get(name, name)
 
@@ -109,30 +113,20 @@ class Kernel:
         return self.flops / self.bytes if self.bytes else math.inf
 
 
-def is_fusible(op: Op) -> bool:
-    """Non-contraction work that the lecture's fusion model merges with its neighbours."""
-    allowed = ELEMENTWISE | SHAPE_ONLY | REDUCTIONS | MOVEMENT | CALLS - {"remat2", "shard_map"}
-    prims = op.primitives
-    return not (set(prims) & CONTRACTIONS) and all(p in allowed for p in prims)
+def kernels(closed, fused: bool = False, dtype=None, hw="h100") -> list[Kernel]:
+    """Group the op view into kernels: one per op, or (``fused``) the fusion model of ``hw``.
 
-
-def _is_free(op: Op) -> bool:
-    return all(p in FREE for p in op.primitives)
-
-
-def kernels(closed, fused: bool = False, dtype=None) -> list[Kernel]:
-    """Group the op view into kernels (unfused: one per op; fused: the lecture's fusion model)."""
+    Named calls whose body is not one kernel under ``hw``'s fusion model are opened first
+    (:func:`mlsys_jax.cost.fusion.call_is_one_kernel`), in both modes.
+    """
     cost_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
-    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
-    ops = [op for op in op_view(jaxpr) if not _is_free(op)]
-    groups: list[list[Op]] = []
-    for op in ops:
-        if fused and groups and is_fusible(op) and is_fusible(groups[-1][-1]):
-            groups[-1].append(op)
-        else:
-            groups.append([op])
-    users = consumers(jaxpr)
-    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    hardware = get_hardware(hw)
+    view = open_calls(closed, lambda e: not call_is_one_kernel(e, hardware.fusion,
+                                                               hardware.epilogue))
+    ops = [op for op in op_view(view) if not is_free(op)]
+    groups = group(ops, hardware.fusion if fused else "none")
+    users = consumers(view)
+    index = {id(e): i for i, e in enumerate(view.eqns)}
     return [_kernel(g, cost_dtype, users, index) for g in groups]
 
 
@@ -207,13 +201,15 @@ def roofline(k: Kernel, hw: Hardware) -> Kernel:
                   t, bound, k.unknown)
 
 
-def estimate(closed, hw="h100", dtype=None, fused: bool = False, strict: bool = False) -> CostReport:
+def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
+             strict: bool = False) -> CostReport:
     """Roofline estimate of a jaxpr: ``estimate(trace(f, x), hw='h100', dtype='bf16')``.
 
     Args:
       hw: a Hardware or its name ('h100', 'h200', 'a100', 'cpu').
       dtype: cost every floating tensor as this dtype (the lecture costs BF16); None keeps dtypes.
-      fused: group kernels with the lecture's fusion model.
+      fused: group kernels with the hardware's fusion model; None: the hardware's default (one
+        kernel per op on the lecture's GPU models, XLA:CPU's loop fusion on ``cpu``).
       strict: raise MlsysError if a primitive has no cost rule (otherwise it is listed in
         ``unknown`` and contributes no FLOPs).
     """
@@ -221,7 +217,8 @@ def estimate(closed, hw="h100", dtype=None, fused: bool = False, strict: bool = 
     from mlsys_jax.ir.walk import primitive_counts
 
     hardware = get_hardware(hw)
-    ks = [roofline(k, hardware) for k in kernels(closed, fused=fused, dtype=dtype)]
+    fused = hardware.fused_default if fused is None else fused
+    ks = [roofline(k, hardware) for k in kernels(closed, fused=fused, dtype=dtype, hw=hardware)]
     unknown = sorted(set().union(*(k.unknown for k in ks))) if ks else []
     if strict and unknown:
         raise MlsysError(f"no cost rule for primitive(s) {', '.join(unknown)}; add a rule in "

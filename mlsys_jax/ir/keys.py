@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+import jax
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, Literal
@@ -32,7 +33,10 @@ def _digest(data: bytes) -> str:
 
 def value_key(val, aval) -> str:
     """A constant or literal by value, dtype (``aval``'s; a Python scalar is read at that dtype),
-    shape and weak_type."""
+    shape and weak_type. A PRNG key constant is read through its key data (NumPy cannot hold
+    a key array)."""
+    if jax.dtypes.issubdtype(getattr(val, "dtype", np.float32), jax.dtypes.prng_key):
+        val = jax.random.key_data(val)
     arr = np.asarray(val)
     dtype = getattr(aval, "dtype", arr.dtype)
     if arr.dtype != dtype:

@@ -8,10 +8,11 @@ that op — broadcasting is free in every eager framework, so ``x @ W + b`` is t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, Var, call_name
+from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, Var, call_name
 from mlsys_jax.ir.primitives import ELEMENTWISE, NAMED_CALLS, SHAPE_ONLY
-from mlsys_jax.ir.walk import walk_eqn
+from mlsys_jax.ir.walk import bodies, walk_eqn
 
 LECTURE_NAMES = {"dot_general": "matmul", "conv_general_dilated": "conv"}
 
@@ -113,3 +114,58 @@ def _make_op(jaxpr, op_eqns, users, idx_set) -> Op:
     outvars = [v for e in op_eqns for v in e.outvars
                if not users.get(v) or any(u < 0 or u not in idx_set for u in users[v])]
     return Op(op_name(op_eqns[-1]), tuple(op_eqns), tuple(invars), tuple(outvars))
+
+
+@dataclass(frozen=True)
+class EqnView:
+    """Equations and outputs of a jaxpr's top level, seen with some calls opened: what
+    :func:`op_view` and the cost model read (``eqns``, ``outvars``). A view, never a program to
+    run: its equations are the original ones with variables renamed."""
+
+    eqns: tuple
+    outvars: tuple
+
+
+def open_calls(closed, should_open: Callable) -> EqnView:
+    """The top level of ``closed`` with every named call for which ``should_open(eqn)`` holds
+    replaced by its body's equations, recursively (the cost model opens a jitted model that is
+    not one kernel, so it costs what the unjitted model costs). Each opened body gets fresh
+    variables, so two calls of one traced body stay two sets of values; a body's inputs become
+    the call's arguments and its outputs the call's results."""
+    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    rename: dict = {}
+    eqns = _open_eqns(jaxpr.eqns, rename, should_open)
+    return EqnView(tuple(eqns), tuple(_sub(rename, v) for v in jaxpr.outvars))
+
+
+def _sub(rename, v):
+    return rename.get(v, v) if isinstance(v, Var) else v
+
+
+def _open_eqns(eqns, rename: dict, should_open) -> list:
+    out = []
+    for eqn in eqns:
+        invars = [_sub(rename, v) for v in eqn.invars]
+        outvars = [rename.get(v, v) for v in eqn.outvars]
+        found = bodies(eqn) if eqn.primitive.name in NAMED_CALLS else []
+        if len(found) != 1 or not should_open(eqn):
+            if invars != list(eqn.invars) or outvars != list(eqn.outvars):
+                eqn = eqn.replace(invars=invars, outvars=outvars)
+            out.append(eqn)
+            continue
+        body = found[0].jaxpr
+        inner = dict(zip(body.invars, invars))
+        produced = {v for e in body.eqns for v in e.outvars}
+        for bo, original, oo in zip(body.outvars, eqn.outvars, outvars):
+            if isinstance(oo, DropVar):
+                continue
+            if isinstance(bo, Var) and bo in produced and bo not in inner:
+                inner[bo] = oo  # the body's result is written as the call's result
+            else:
+                rename[original] = _sub(inner, bo)  # an input or constant passed through
+        for e in body.eqns:  # every other value of the body: a fresh variable per call
+            for v in e.outvars:
+                if v not in inner and not isinstance(v, DropVar):
+                    inner[v] = Var(v.aval)
+        out += _open_eqns(body.eqns, inner, should_open)
+    return out

@@ -60,8 +60,10 @@ PLACEMENT = frozenset({"device_put", "sharding_constraint", "mesh_cast", "reshar
 
 # Random numbers. Key plumbing moves bits (no arithmetic); generators cost one op per output
 # element. Random state is never folded or merged.
-RNG_KEYS = frozenset({"random_seed", "random_wrap", "random_unwrap", "random_fold_in"})
-RNG_BITS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform"})
+RNG_KEYS = frozenset({"random_seed", "random_wrap", "random_unwrap", "random_fold_in",
+                      "random_split", "random_clone"})
+RNG_BITS = frozenset({"random_bits", "threefry2x32", "threefry4x32", "rng_bit_generator",
+                      "rng_uniform", "random_gamma"})
 
 # Everything that moves bytes without arithmetic: zero FLOPs in the cost model.
 MOVEMENT = LOCAL_MOVEMENT | COLLECTIVE_MOVES | PLACEMENT | RNG_KEYS

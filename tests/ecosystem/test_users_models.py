@@ -1,0 +1,108 @@
+"""Users' models through the CLI, as a new user would run them: example factories from flax,
+equinox and stax, under JAX's float32 defaults; a jitted model costs what the model costs; the
+fused estimate agrees with the measured speedup; PRNG keys (dropout) trace, cost and pass
+through `optimize` untouched."""
+import contextlib
+import io
+import json
+import os
+
+import jax
+import pytest
+
+from mlsys_jax import cli, cost, ir
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "examples")
+
+
+def run(*argv) -> tuple[int, str]:
+    """The CLI in-process: exit status and stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue()
+
+
+def run_json(*argv) -> dict:
+    rc, out = run(*argv, "--json")
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def target(name: str) -> str:
+    return os.path.join(EXAMPLES, name)
+
+
+@pytest.fixture(scope="module")
+def resnet_graphs():
+    """The flax ResNet traced as `inspect` traces it, plain and wrapped in jax.jit."""
+    from mlsys_jax.cli.target import FN_AND_ARGS, Target, load_factory
+
+    return {name: Target(*load_factory(target(f"flax_resnet.py:{name}"), FN_AND_ARGS), name,
+                         examples=True).trace() for name in ("inspect", "inspect_jit")}
+
+
+@pytest.mark.parametrize("hw", ["h100", "cpu"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_jitted_flax_resnet_costs_what_the_unjitted_one_costs(resnet_graphs, hw, fused):
+    assert len(resnet_graphs["inspect_jit"].jaxpr.eqns) == 1  # one jit call around the model
+    plain, jitted = (cost.estimate(resnet_graphs[n], hw=hw, fused=fused)
+                     for n in ("inspect", "inspect_jit"))
+    assert len(jitted.kernels) == len(plain.kernels) > (20 if fused else 100)  # not 1 of 6 µs
+    assert jitted.time_us == pytest.approx(plain.time_us, rel=0.01)
+    assert jitted.total_flops == plain.total_flops and jitted.total_bytes == plain.total_bytes
+
+
+@pytest.fixture(scope="module")
+def resnet_measured():
+    return run_json("optimize", target("flax_resnet.py:inspect"), "--hw", "cpu", "--measure",
+                    "--rounds", "7")
+
+
+def test_flax_resnet_measured_speedup_agrees_with_the_fused_estimate(resnet_measured):
+    d = resnet_measured
+    assert d["verified"] and d["max_abs_diff"] <= 1e-5
+    assert [r["rule"] for r in d["rewrites"]].count("fold_conv_bn") >= 1
+    predicted = d["before"]["fused_time_us"] / d["after"]["fused_time_us"]
+    measured = d["measured"]["speedup"]
+    assert abs(measured / predicted - 1) <= 0.25, (measured, predicted, d["measured"])
+
+
+def test_flax_resnet_in_float64_is_exact_after_optimize():
+    d = run_json("optimize", target("flax_resnet.py:inspect_f64"), "--x64")
+    assert d["verified"] and d["rewrites"] and d["max_abs_diff"] <= 1e-12
+
+
+def test_flax_transformer_with_dropout_inspects_differentiates_and_optimizes():
+    name = target("flax_transformer.py:inspect")
+    forward = run_json("inspect", name)
+    assert "random_bits" in forward["primitives"] and forward["unknown"] == []
+    grad = run_json("inspect", name, "--grad")
+    assert grad["total"]["flops"] >= 2 * forward["total"]["flops"]  # weight gradients included
+    opt = run_json("optimize", name)
+    assert opt["verified"] and opt["max_abs_diff"] <= 1e-6 and opt["new_nonfinite"] == 0
+    assert opt["before"]["primitives"]["random_bits"] == opt["after"]["primitives"]["random_bits"]
+
+
+def test_equinox_mlp_runs_in_float32_unless_x64():
+    rc, text = run("inspect", target("equinox_mlp.py:inspect"))
+    assert rc == 0 and "native dtypes: f32]" in text and "f64" not in text
+    rc, text = run("inspect", target("equinox_mlp.py:inspect"), "--x64")
+    assert rc == 0 and "native dtypes: f64]" in text
+
+
+@pytest.mark.parametrize("name", ["nnx_resnet", "stax_cnn"])  # equinox, flax: above
+def test_more_example_factories_inspect_in_float32(name):
+    d = run_json("inspect", target(f"{name}.py:inspect"))
+    assert d["unknown"] == [] and d["total"]["flops"] > 0 and "float64" not in str(d)
+
+
+def test_ir_trace_takes_an_equinox_module_with_static_string_leaves():
+    import equinox_cnn
+
+    f, args = equinox_cnn.inspect()  # BatchNorm's axis_name "batch" is a string leaf
+    closed = ir.trace(f, *args)
+    arrays = [leaf for leaf in jax.tree_util.tree_leaves(args) if hasattr(leaf, "dtype")]
+    assert len(closed.jaxpr.invars) == len(arrays)
+    assert closed.out_avals[0].shape == (4, 10)
