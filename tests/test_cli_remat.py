@@ -53,9 +53,9 @@ def test_json_has_exactly_the_documented_keys(user_file, capsys):
 
 
 @pytest.mark.parametrize("fn, budget, message", [
-    ("pair", "50%", r"must return \(loss_fn, params, batch\); it returned a tuple of 2"),
+    ("pair", "50%", r"must return \(loss_fn, params, batch\); got a tuple of 2"),
     ("int_leaf", "50%", r"parameter leaf params\['steps'\] is int32\[3\]"),
-    ("raises", "50%", r"raises\(\) failed: RuntimeError: no data here"),
+    ("raises", "50%", r"factory .*:raises failed: RuntimeError: no data here"),
     ("loss", "12x", "budget must be a positive byte count"),
     ("loss", "1", r"below the minimum (\d+) bytes .* at least \1"),
 ])

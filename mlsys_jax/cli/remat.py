@@ -14,6 +14,7 @@ import json
 
 from mlsys_jax.errors import MlsysError
 
+FORM = "(loss_fn, params, batch)"
 JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
              "step_time_ratio", "grads_max_abs_diff", "saved", "recomputed", "policies")
 
@@ -32,25 +33,13 @@ def add_arguments(p) -> None:
 
 
 def load_factory(target: str):
-    """Call the factory FILE.py:FN and check it returned ``(loss_fn, params, batch)``."""
+    """The shared loader (``cli.target.load_factory``): ``(loss_fn, params, batch)``, with arrays
+    among the parameters."""
     import jax
 
-    from mlsys_jax.cli.target import load_target
+    from mlsys_jax.cli.target import load_factory as load
 
-    factory = load_target(target)
-    try:
-        out = factory()
-    except Exception as e:  # a user's factory may raise anything: one line names it
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise MlsysError(f"{target}() failed: {type(e).__name__}: {msg}") from None
-    if not isinstance(out, (tuple, list)) or len(out) != 3:
-        got = (f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list))
-               else f"a {type(out).__name__}")
-        raise MlsysError(f"{target} must return (loss_fn, params, batch); it returned {got}")
-    loss_fn, params, batch = out
-    if not callable(loss_fn):
-        raise MlsysError(f"{target} must return (loss_fn, params, batch) with a callable "
-                         f"loss_fn first; got {type(loss_fn).__name__}")
+    loss_fn, params, batch = load(target, FORM)
     if not jax.tree_util.tree_leaves(params):
         raise MlsysError(f"{target}: params (the second value) has no arrays; return the "
                          "model's parameters, e.g. model.init(key, x)")

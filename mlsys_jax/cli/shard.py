@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from mlsys_jax.cli.target import load_target
+from mlsys_jax.cli.target import load_factory as load_factory_as
 from mlsys_jax.errors import MlsysError
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
@@ -44,24 +44,15 @@ def parse_mesh(text: str) -> dict:
 
 
 def load_factory(target: str) -> tuple:
-    """Call the factory and check its result: ``(loss_fn, params, batch, optimizer, rules)``."""
+    """The shared loader (``cli.target.load_factory``), then the optimizer's type:
+    ``(loss_fn, params, batch, optimizer, rules)``."""
     import optax
 
-    fn = load_target(target)
-    try:
-        got = fn()
-    except Exception as e:  # the user's factory may raise anything
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise MlsysError(f"{target}() failed: {type(e).__name__}: {msg}") from None
-    if not isinstance(got, (tuple, list)) or len(got) not in (4, 5):
-        shape = f"a {len(got)}-tuple" if isinstance(got, (tuple, list)) else type(got).__name__
-        raise MlsysError(f"{target} must return {FORM}, got {shape}; return e.g. "
-                         "(loss_fn, variables, batch, optax.adamw(1e-3))")
-    loss_fn, params, batch, optimizer, *rules = got
+    loss_fn, params, batch, optimizer, rules = load_factory_as(target, FORM)
     if not isinstance(optimizer, optax.GradientTransformation):
         raise MlsysError(f"{target}: the 4th item must be an optax GradientTransformation (e.g. "
                          f"optax.adamw(1e-3)), got {type(optimizer).__name__}")
-    return loss_fn, params, batch, optimizer, rules[0] if rules else None
+    return loss_fn, params, batch, optimizer, rules
 
 
 def _check_devices(mesh: dict, processes: int) -> None:

@@ -73,7 +73,7 @@ def bad_file(tmp_path):
 
 
 @pytest.mark.parametrize("fn, mesh, match", [
-    ("three", "data=4", r"must return \(loss_fn, params, batch, optimizer\[, rules\]\), got a 3-tuple"),
+    ("three", "data=4", r"must return \(loss_fn, params, batch, optimizer\[, rules\]\); got a tuple of 3"),
     ("not_optax", "data=4", r"4th item must be an optax GradientTransformation"),
     ("odd_batch", "data=4", r"batch of 6 rows does not split over data=4; use a batch size"),
     ("bad_rule", "data=2,model=4", r"splits dimension 1 \(size 10\) of \['w'\] over model of "
