@@ -112,7 +112,7 @@ def launch_processes(n: int, overrides: dict, args) -> int:
     settings = {k: v for k, v in resolve_overrides(ID, DEFAULTS, overrides).items()
                 if k in multiprocess.SETTINGS}
     settings = {**multiprocess.SETTINGS, **settings}
-    many = multiprocess.launch(n, total // n, settings)
+    many = multiprocess.launch(n, total // n, settings, port=getattr(args, "port", None))
     one = multiprocess.run_dp_demo(**settings)
     diff = lambda k: float(np.max(np.abs(np.asarray(many[k]) - np.asarray(one[k]))))
     row = {"layout": f"{n} processes × {total // n} CPU devices (gloo)", "devices": many["devices"],

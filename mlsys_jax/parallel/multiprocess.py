@@ -7,6 +7,11 @@ the mesh over *all* processes' devices, feeds only its own slice of the batch
 prints its result as one JSON line; :func:`launch` starts the workers, collects the lines and
 checks that all ranks agree. JAX is imported inside functions: a worker must set its device
 count (``runtime.configure``) before JAX starts.
+
+Failing fast: the parent watches all workers at once (:func:`mlsys_jax.parallel.workers.supervise`)
+and stops the run at the first failure, naming the worker and the cause; the coordinator's port is
+checked before anything starts; a worker waits at most ``INIT_TIMEOUT_S`` for its coordinator and
+peers, and the coordination service declares a silent peer dead after ``HEARTBEAT_S``.
 """
 from __future__ import annotations
 
@@ -14,15 +19,22 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
+import time
 
 import numpy as np
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel import workers as W
 
 MARKER = "MLSYS_JAX_RESULT "
+JOINED = "MLSYS_JAX_JOINED"  # a worker prints it once every process has joined the coordinator
 SETTINGS = {"seed": 0, "batch": 32, "sizes": (16, 32, 4), "steps": 2, "lr": 0.05}
+HOST = "127.0.0.1"
+RUN_TIMEOUT_S = 120.0   # the whole run; a 2-process run takes ~8 s on an idle 2-core machine
+INIT_TIMEOUT_S = 15     # a worker waits this long for its coordinator and peers, then fails
+HEARTBEAT_S = 15        # the coordination service declares a peer dead after this much silence
+SHUTDOWN_TIMEOUT_S = 30
 
 
 def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) -> dict:
@@ -69,44 +81,78 @@ def _local(a):
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for the coordinator)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
 
 
+def check_port(port: int) -> int:
+    """``port`` if the coordinator can listen on it (MlsysError naming it otherwise)."""
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise MlsysError(f"coordinator port must be 1..65535, got {port!r}")
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            raise MlsysError(f"coordinator port {HOST}:{port} is not available ({e.strerror}); "
+                             "choose another port or leave it out for a free one") from None
+    return port
+
+
+def wait_for_coordinator(port: int, timeout_s: float) -> None:
+    """Block until the coordinator listens on ``port`` (MlsysError after ``timeout_s``): JAX's
+    own wait ends in a native abort with stack text, this one in one line."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((HOST, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise MlsysError(f"no coordinator listening on {HOST}:{port} after {timeout_s:g} s "
+                                 "(is process 0 running?)") from None
+            time.sleep(0.1)
+
+
+def worker_command(index: int, processes: int, port: int, devices: int, settings: dict,
+                   init_timeout_s: int = INIT_TIMEOUT_S) -> list:
+    """The command line of worker ``index`` (``python -m mlsys_jax.parallel.multiprocess``)."""
+    return [sys.executable, "-m", "mlsys_jax.parallel.multiprocess", "--process-id", str(index),
+            "--processes", str(processes), "--port", str(port), "--devices", str(devices),
+            "--settings", json.dumps(settings), "--init-timeout", str(init_timeout_s)]
+
+
+def worker_env() -> dict:
+    """The parent's environment without XLA_FLAGS (each worker sets its own device count)."""
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
 def launch(processes: int, devices_per_process: int, settings: dict | None = None,
-           timeout: float = 180.0) -> dict:
-    """Start ``processes`` workers on 127.0.0.1 and return process 0's result (raises on failure)."""
+           timeout: float = RUN_TIMEOUT_S, port: int | None = None) -> dict:
+    """Start ``processes`` workers on 127.0.0.1 and return process 0's result.
+
+    ``timeout`` bounds the whole run (seconds); ``port`` is the coordinator's (default: a free
+    one). Raises MlsysError at the first failure, naming the worker and the cause."""
     if processes < 2:
         raise MlsysError(f"--processes must be >= 2 for a multi-process run, got {processes}")
     if devices_per_process < 1:
         raise MlsysError(f"each process needs >= 1 device, got {devices_per_process}")
     cfg = {**SETTINGS, **(settings or {})}
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    cmd = lambda i: [sys.executable, "-m", "mlsys_jax.parallel.multiprocess", "--process-id",
-                     str(i), "--processes", str(processes), "--port", str(port),
-                     "--devices", str(devices_per_process), "--settings", json.dumps(cfg)]
-    procs = [subprocess.Popen(cmd(i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for i in range(processes)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise MlsysError(f"multi-process run: workers did not finish in {timeout:.0f} s "
-                         f"(coordinator 127.0.0.1:{port})") from None
-    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            tail = " | ".join(err.strip().splitlines()[-3:])
-            raise MlsysError(f"multi-process run: worker {i} exited with {p.returncode}: {tail}")
-    results = [json.loads(line[len(MARKER):]) for out, _ in outs
-               for line in out.splitlines() if line.startswith(MARKER)]
+    port = free_port() if port is None else check_port(port)
+    started = W.start([worker_command(i, processes, port, devices_per_process, cfg)
+                       for i in range(processes)], env=worker_env())
+    outs = W.supervise(started, timeout_s=timeout,
+                       what=f"multi-process run (coordinator {HOST}:{port})")
+    results = [json.loads(line[len(MARKER):]) for out in outs for line in out
+               if line.startswith(MARKER)]
     if len(results) != processes:
         raise MlsysError(f"multi-process run: got {len(results)} results from {processes} workers")
     same = all(r == results[0] for r in results[1:])
     return {**results[0], "ranks_agree": same}
+
+
+def _fail(message: str) -> int:
+    print(W.ERROR_MARKER + message.replace("\n", " ")[:300], file=sys.stderr, flush=True)
+    return 3
 
 
 def worker_main(argv=None) -> int:
@@ -117,20 +163,37 @@ def worker_main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--devices", type=int, required=True)
     ap.add_argument("--settings", default="{}")
+    ap.add_argument("--init-timeout", type=int, default=INIT_TIMEOUT_S, dest="init_timeout")
     a = ap.parse_args(argv)
+    W.die_with_parent()
     from mlsys_jax import runtime
 
     runtime.configure(devices=a.devices, x64=True)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{a.port}", num_processes=a.processes,
-                               process_id=a.process_id)
+    address = f"{HOST}:{a.port}"
+    try:
+        if a.process_id == 0:  # the coordinator listens here: JAX crashes if it cannot
+            check_port(a.port)
+        else:
+            wait_for_coordinator(a.port, a.init_timeout)
+        jax.distributed.initialize(address, num_processes=a.processes, process_id=a.process_id,
+                                   initialization_timeout=a.init_timeout,
+                                   heartbeat_timeout_seconds=HEARTBEAT_S,
+                                   shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+                                   coordinator_bind_address=address)
+    except Exception as e:
+        return _fail(f"worker {a.process_id} could not join the coordinator at {address}: "
+                     f"{str(e).strip().splitlines()[0] if str(e) else type(e).__name__}")
+    print(JOINED, flush=True)
     try:
         cfg = {**SETTINGS, **json.loads(a.settings)}
         result = run_dp_demo(cfg["seed"], cfg["batch"], tuple(cfg["sizes"]), cfg["steps"],
                              cfg["lr"])
         print(MARKER + json.dumps(result), flush=True)
+    except Exception as e:
+        return _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
     finally:
         jax.distributed.shutdown()
     return 0
