@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         from mlsys_jax import runtime
 
-        runtime.configure(devices=args.devices or runtime.DEFAULT_DEVICES, x64=True)
+        devices = runtime.DEFAULT_DEVICES if args.devices is None else args.devices
+        runtime.configure(devices=devices, x64=True)
         return command_module(args.command).main(args)
 
     return run_command(command)

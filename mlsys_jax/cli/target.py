@@ -113,9 +113,11 @@ def trace_user(fn, structs, grad: bool = False):
                              f"float array; got {structs[0].dtype}")
 
         def summed_first_output(*args):
-            out = fn(*args)
-            first = jax.tree_util.tree_leaves(out)[0]
-            return jnp.sum(first)
+            leaves = jax.tree_util.tree_leaves(fn(*args))
+            if not leaves:
+                raise MlsysError(f"--grad differentiates {getattr(fn, '__name__', 'the function')}"
+                                 "'s first output, but it returns no array; return one")
+            return jnp.sum(leaves[0])
 
         target = jax.grad(summed_first_output)
     try:
@@ -131,10 +133,13 @@ def trace_user(fn, structs, grad: bool = False):
 
 def validate_cost_options(hw: str, dtype: str | None) -> None:
     """``--hw`` names a hardware model and ``--dtype`` a dtype (MlsysError otherwise)."""
+    import jax.numpy as jnp
+
     from mlsys_jax.cost.hardware import NAMES
     from mlsys_jax.ir import parse_dtype
 
     if hw.strip().lower() not in NAMES:
         raise MlsysError(f"unknown hardware {hw!r}; use one of {', '.join(NAMES)}")
-    if dtype is not None:
-        parse_dtype(dtype)
+    if dtype is not None and not jnp.issubdtype(parse_dtype(dtype), jnp.floating):
+        raise MlsysError(f"--dtype {dtype!r}: the cost model costs every float tensor as this "
+                         "dtype, so it must be a float dtype: f16, bf16, f32 or f64")
