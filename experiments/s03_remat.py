@@ -162,6 +162,8 @@ def _validate(cfg: dict, overrides: dict):
     if bad:
         raise MlsysError(f"experiment 03: every K in ks must satisfy 1 <= K <= n_layers={n}; got "
                          f"{bad} (e.g. --set ks=1,2,4 for a short chain)")
+    if cfg["plots"]:
+        runtime.check_output_dir(cfg["plots"], "--set plots")
     # the weights (N·D²) and the activations every schedule keeps (≤ N+2 of batch·D, 4 copies)
     width, batch = cfg["width"], cfg["batch"]
     runtime.check_memory(8 * (2 * n * width * width + 4 * (n + 2) * batch * width),

@@ -120,6 +120,8 @@ def _validate(cfg: dict) -> None:
     if len(cfg["conv_shape"]) != 4 or min(cfg["conv_shape"]) < 1:
         raise MlsysError(f"experiment 05: conv_shape is N,H,W,C (4 positive ints), got "
                          f"{cfg['conv_shape']!r} (e.g. --set conv_shape=8,32,32,16)")
+    if cfg["plots"]:
+        runtime.check_output_dir(cfg["plots"], "--set plots")
     # the largest swept tensor along a chain, the fusion and conv tensors (≈8 live copies each,
     # with the 3x3 kernel C·C·9) and the model's batch: 8 bytes per element, to be safe
     c = cfg["conv_shape"][3]

@@ -76,6 +76,7 @@ CATALOGUE = [
     ("s06-hvp-huge", "run 06 --set hvp_n=10000000", "available on this machine"),
     ("s02-channels-huge", "run 02 --set small_shape=2,100000,10,10", "available on this machine"),
     ("s03-nested-remat", "run 03 --set jax_input_only_layers=64", "must be ≤ 16"),
+    ("plots-is-a-file", "run 05 --set plots={FILE}", "is a file, not a folder"),
 ]
 # the cases that allocated, ran for minutes or wrote after the run: also as real processes
 SUBPROCESS = ("batch=1e10", "n_layers=1e5", "report-is-a-file", "huge-arg", "devices=0")
