@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import sys
@@ -32,7 +33,8 @@ JOINED = "MLSYS_JAX_JOINED"  # a worker prints it once every process has joined 
 SETTINGS = {"seed": 0, "batch": 32, "sizes": (16, 32, 4), "steps": 2, "lr": 0.05}
 HOST = "127.0.0.1"
 RUN_TIMEOUT_S = 120.0   # the whole run; a 2-process run takes ~8 s on an idle 2-core machine
-INIT_TIMEOUT_S = 15     # a worker waits this long for its coordinator and peers, then fails
+INIT_TIMEOUT_S = 15     # a worker has this long from its launch to join its coordinator and peers
+MIN_WAIT_S = 2.0        # ... but at least this long after its own imports
 HEARTBEAT_S = 15        # the coordination service declares a peer dead after this much silence
 SHUTDOWN_TIMEOUT_S = 30
 
@@ -108,17 +110,19 @@ def wait_for_coordinator(port: int, timeout_s: float) -> None:
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise MlsysError(f"no coordinator listening on {HOST}:{port} after {timeout_s:g} s "
-                                 "(is process 0 running?)") from None
+                raise MlsysError(f"no coordinator listening on {HOST}:{port} after waiting "
+                                 f"{timeout_s:.1f} s (is process 0 running?)") from None
             time.sleep(0.1)
 
 
 def worker_command(index: int, processes: int, port: int, devices: int, settings: dict,
-                   init_timeout_s: int = INIT_TIMEOUT_S) -> list:
-    """The command line of worker ``index`` (``python -m mlsys_jax.parallel.multiprocess``)."""
+                   init_timeout_s: float = INIT_TIMEOUT_S) -> list:
+    """The command line of worker ``index`` (``python -m mlsys_jax.parallel.multiprocess``): it
+    must join by ``init_timeout_s`` from now (a wall-clock deadline, so the time JAX takes to
+    import on a loaded machine is part of it, not added to it)."""
     return [sys.executable, "-m", "mlsys_jax.parallel.multiprocess", "--process-id", str(index),
             "--processes", str(processes), "--port", str(port), "--devices", str(devices),
-            "--settings", json.dumps(settings), "--init-timeout", str(init_timeout_s)]
+            "--settings", json.dumps(settings), "--join-by", f"{time.time() + init_timeout_s:.3f}"]
 
 
 def worker_env() -> dict:
@@ -163,8 +167,11 @@ def worker_main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--devices", type=int, required=True)
     ap.add_argument("--settings", default="{}")
-    ap.add_argument("--init-timeout", type=int, default=INIT_TIMEOUT_S, dest="init_timeout")
+    ap.add_argument("--join-by", type=float, default=None, dest="join_by",
+                    help="wall-clock time (seconds since the epoch) to have joined by")
     a = ap.parse_args(argv)
+    join_by = time.time() + INIT_TIMEOUT_S if a.join_by is None else a.join_by
+    left = lambda: max(join_by - time.time(), MIN_WAIT_S)  # noqa: E731
     W.die_with_parent()
     from mlsys_jax import runtime
 
@@ -177,9 +184,9 @@ def worker_main(argv=None) -> int:
         if a.process_id == 0:  # the coordinator listens here: JAX crashes if it cannot
             check_port(a.port)
         else:
-            wait_for_coordinator(a.port, a.init_timeout)
+            wait_for_coordinator(a.port, left())
         jax.distributed.initialize(address, num_processes=a.processes, process_id=a.process_id,
-                                   initialization_timeout=a.init_timeout,
+                                   initialization_timeout=math.ceil(left()),
                                    heartbeat_timeout_seconds=HEARTBEAT_S,
                                    shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
                                    coordinator_bind_address=address)
