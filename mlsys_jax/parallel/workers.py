@@ -73,11 +73,12 @@ def _drain(stream, lines: list) -> None:
 
 def start(commands: list, env: dict | None = None) -> list:
     """Start one process per command (stdout and stderr drained by threads, so a chatty worker
-    never blocks on a full pipe); returns the :class:`Worker` list."""
+    never blocks on a full pipe; no stdin: the parent's may be a channel, as under pytest-xdist);
+    returns the :class:`Worker` list."""
     workers = []
     for i, cmd in enumerate(commands):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
         w = Worker(i, proc)
         for stream, lines in ((proc.stdout, w.out), (proc.stderr, w.err)):
             t = threading.Thread(target=_drain, args=(stream, lines), daemon=True)
