@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError, run_command
 
 EXPERIMENTS: dict[str, str] = {
@@ -35,7 +36,7 @@ def load(eid: str):
     for k, mod in EXPERIMENTS.items():
         if key in (k, mod.rsplit(".", 1)[1], mod.rsplit(".", 1)[1][4:]):
             return importlib.import_module(mod)
-    raise LookupError(f"unknown experiment {eid!r}; choose one of {', '.join(EXPERIMENTS)} or 'all'")
+    raise MlsysError(f"unknown experiment {eid!r}; choose one of {', '.join(EXPERIMENTS)} or 'all'")
 
 
 def run_and_print(eid: str = "all", overrides: dict | None = None, *, as_json: bool = False,
@@ -49,6 +50,8 @@ def run_and_print(eid: str = "all", overrides: dict | None = None, *, as_json: b
     if eid == "all" and overrides:
         raise MlsysError("--set applies to one experiment; run it by its ID (e.g. run 03 --set k=8)")
     modules = [load(k) for k in EXPERIMENTS] if eid == "all" else [load(eid)]
+    if report:  # checked now, not after minutes of experiments
+        runtime.check_output_dir(report, "--report")
     outputs, failed, seconds = [], [], {}
     for module in modules:
         if eid == "all" and not as_json:
@@ -83,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ``mlsys-jax run`` is the same path with options (--set, --json, --report, --devices).
     """
-    from mlsys_jax import runtime
-
     argv = sys.argv[1:] if argv is None else argv
 
     def command() -> int:

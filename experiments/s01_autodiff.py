@@ -16,13 +16,12 @@ import optax
 import experiments
 from mlsys_jax import models, runtime
 from mlsys_jax.cost import estimate, liveness
-from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import Graph, explain, grad_graph, make_graph, run as run_graph
 from mlsys_jax.execute import tape as T
 from mlsys_jax.ir import op_view, primitive_counts, trace
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.models.mlp import softmax_xent
-from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
 
 ID = "01"
 TITLE = "Autodiff and execution models: graph vs tape, partial execution, tracers, graph breaks"
@@ -259,10 +258,12 @@ def exercises(s):
 
 def run(**overrides) -> Result:
     s = resolve_overrides(ID, DEFAULTS, overrides)
-    for key in ("batch", "steps", "fusion_batch"):
-        if s[key] < 1:
-            raise MlsysError(f"experiment 01: {key} must be ≥ 1, got {s[key]}; e.g. --set {key}="
-                             f"{DEFAULTS[key]}")
+    check_settings(ID, s, DEFAULTS, minimum={"batch": 1, "steps": 1, "fusion_batch": 1, "seed": 0},
+                   maximum={"seed": (2**32 - 1, "a 32-bit seed")})
+    # a (batch, 784) float64 batch through the classifier: its activations, gradients and tape
+    # (≈ 8 copies); fusion_batch is only costed, never allocated
+    runtime.check_memory(8 * 8 * s["batch"] * (784 + 100 + 10), f"experiment 01 with batch="
+                         f"{s['batch']}", "lower --set batch")
     runtime.enable_x64()
     counts, per_step, equality, losses = demo1(s)
     partial, fusion, cse_info = demo2(s)

@@ -8,6 +8,7 @@ finds the same sequence by itself, while a greedy one stops at ②.
 """
 from __future__ import annotations
 
+import math
 import os
 from functools import partial
 
@@ -21,7 +22,7 @@ from experiments._s02_xla_cpu import measure_cpu
 from mlsys_jax import cost, ir, models, passes as P, runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
-from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "02"
@@ -143,6 +144,16 @@ def _validate(cfg) -> None:
     if cfg["repeats"] < 1 or not cfg["alpha"] >= 1.0:
         raise MlsysError(f"experiment 02: repeats must be ≥ 1 and alpha ≥ 1.0; got "
                          f"repeats={cfg['repeats']}, alpha={cfg['alpha']}")
+    check_settings(ID, cfg, DEFAULTS, minimum={"seed": 0},
+                   maximum={"seed": (2**32 - 1, "a 32-bit seed")})
+    # "shape" is only costed; its block's weights (≈10·C² per conv pair) are real, like those of
+    # the float64 checks and the float32 timing, whose activations are kept by six graphs
+    numel = lambda key: math.prod(cfg[key])  # noqa: E731
+    weights = sum(10 * cfg[key][1] ** 2 for key in ("shape", "small_shape", "timing_shape"))
+    need = 8 * (6 * weights + 6 * 16 * numel("small_shape") + 16 * numel("timing_shape"))
+    runtime.check_memory(need, "experiment 02 with shape/small_shape/timing_shape "
+                         f"{cfg['shape']}/{cfg['small_shape']}/{cfg['timing_shape']}",
+                         "use smaller shapes (C is squared by the weights)")
 
 
 def demo3(cfg) -> dict:

@@ -16,7 +16,7 @@ from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,
                              solve_chain, store_all)
-from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "03"
@@ -110,13 +110,14 @@ def jax_input_only_row(n: int, cfg) -> dict:
             "jax_grads_bitwise": bool(np.array_equal(io.grads, base.grads))}
 
 
-def tradeoff_rows(n: int, x, ws) -> tuple[list[dict], dict]:
-    """Every-K (all K) vs the optimal DP at the same peak; the DP's programs run for real.
+def tradeoff_rows(n: int, x, ws, dp=None) -> tuple[list[dict], dict]:
+    """Every-K (all K) vs the optimal DP (``solve_chain(n)``) at the same peak; the DP's
+    programs run for real.
 
     The table keeps every-K's Pareto frontier (plus the DP's lowest budgets); dominance is
     checked at every distinct every-K peak.
     """
-    dp = solve_chain(n)
+    dp = solve_chain(n) if dp is None else dp
     family: dict[int, tuple[int, int]] = {}
     for k in range(1, n + 1):
         c = every_k(n, k).counts()
@@ -142,6 +143,40 @@ def tradeoff_rows(n: int, x, ws) -> tuple[list[dict], dict]:
     return rows, {"every_k_peaks": len(family), "optimal_worse": dominated}
 
 
+def _validate(cfg: dict, overrides: dict):
+    """Every setting checked before work starts; returns the optimal-schedule DP of the chain
+    (solved first: it is what bounds N — its tables grow as N³)."""
+    n = cfg["n_layers"]
+    if not isinstance(n, int) or n < 1:
+        raise MlsysError(f"experiment 03: n_layers must be a positive int, got {n!r}")
+    check_settings(ID, cfg, DEFAULTS,
+                   minimum={"width": 1, "batch": 1, "seed": 0,
+                            "jax_input_only_layers": 1, "revolve_slots": 1, "milp_budgets": 0},
+                   maximum={"seed": (2**32 - 1, "a 32-bit seed"),
+                            "jax_input_only_layers": (16, "JAX compiles nested remat in ~N³ "
+                                                          "time: 232 s at N=64")},
+                   lengths={"ks": (1, None), "revolve_slots": (1, None)})
+    if "ks" not in overrides:                # the default K's that fit a shorter chain
+        cfg["ks"] = tuple(k for k in cfg["ks"] if k <= n)
+    bad = [k for k in cfg["ks"] if not 1 <= k <= n]
+    if bad:
+        raise MlsysError(f"experiment 03: every K in ks must satisfy 1 <= K <= n_layers={n}; got "
+                         f"{bad} (e.g. --set ks=1,2,4 for a short chain)")
+    if cfg["plots"]:
+        runtime.check_output_dir(cfg["plots"], "--set plots")
+    # the weights (N·D²) and the activations every schedule keeps (≤ N+2 of batch·D, 4 copies)
+    width, batch = cfg["width"], cfg["batch"]
+    runtime.check_memory(8 * (2 * n * width * width + 4 * (n + 2) * batch * width),
+                         f"experiment 03 with n_layers={n}, width={width}, batch={batch}",
+                         "lower n_layers, width or batch")
+    try:
+        return solve_chain(n)
+    except MlsysError as e:
+        why = str(e).split(";")[0].removeprefix("optimal_chain: ")
+        raise MlsysError(f"experiment 03: n_layers={n} is too long for the optimal-schedule DP "
+                         f"({why}); e.g. --set n_layers=100") from None
+
+
 def revolve_rows(n: int, slots) -> list[dict]:
     dp = solve_chain(n, reuse_outputs=False, max_budget=max(slots) + 2)
     lecture_dp = solve_chain(n, max_budget=max(slots) + 2)
@@ -152,16 +187,9 @@ def revolve_rows(n: int, slots) -> list[dict]:
 
 def run(**overrides) -> Result:
     cfg = resolve_overrides(ID, DEFAULTS, overrides)
+    dp = _validate(cfg, overrides)
     runtime.enable_x64()
     n = cfg["n_layers"]
-    if not isinstance(n, int) or n < 1:
-        raise MlsysError(f"experiment 03: n_layers must be a positive int, got {n!r}")
-    if "ks" not in overrides:                # the default K's that fit a shorter chain
-        cfg["ks"] = tuple(k for k in cfg["ks"] if k <= n)
-    bad = [k for k in cfg["ks"] if not 1 <= k <= n]
-    if bad:
-        raise MlsysError(f"experiment 03: every K in ks must satisfy 1 <= K <= n_layers={n}; got "
-                         f"{bad} (e.g. --set ks=1,2,4 for a short chain)")
     x, ws = chain_inputs(n, cfg["width"], cfg["batch"], cfg["seed"])
     tables, notes, data = {}, [CONVENTION_NOTE], {"n": n}
     tables["schedules"], data["loss"] = schedule_rows(n, cfg["ks"], x, ws, cfg["jax"])
@@ -177,7 +205,7 @@ def run(**overrides) -> Result:
     if ex5:   # exercise 5 is always checked, with the reference executor (cheap)
         x5, w5 = chain_inputs(ex5, cfg["width"], cfg["batch"], cfg["seed"])
         tables["exercise_5"] = schedule_rows(ex5, (10,), x5, w5, use_jax=False)[0][:2]
-    tables["tradeoff"], data["dominance"] = tradeoff_rows(n, x, ws)
+    tables["tradeoff"], data["dominance"] = tradeoff_rows(n, x, ws, dp)
     io = next(r for r in tables["schedules"] if r["schedule"] == "input-only")
     at3 = next((r for r in tables["tradeoff"] if r["budget"] == io["stored"]), None)
     if at3:

@@ -21,7 +21,8 @@ from experiments._s04_tensor import tensor_checks, tensor_section
 from experiments._s04_threed import threed_checks, threed_section
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, format_result, resolve_overrides
+from mlsys_jax.report import (Check, Result, check_settings, format_result,
+                              resolve_overrides)
 from mlsys_jax.viz import plots as viz
 
 ID = "04"
@@ -37,11 +38,7 @@ COMM_TABLE = "communication per step (HLO vs ring formula)"
 def run(**overrides) -> Result:
     """Run demos 1-3, ZeRO, 3D and the communication table; layouts that don't fit are skipped."""
     runtime.enable_x64()
-    cfg = resolve_overrides(ID, DEFAULTS, overrides)
-    unknown = sorted(set(cfg["sections"]) - set(SECTIONS))
-    if unknown:
-        raise MlsysError(f"experiment 04: unknown section(s) {', '.join(unknown)}; "
-                         f"choose from {', '.join(SECTIONS)} (e.g. --set sections=data,pipeline)")
+    cfg = _validated(overrides)
     tables, notes, data = {}, [], {"config": cfg}
     comm_rows = []
     for name, label, section in (("data", "data parallel and ZeRO", data_section),
@@ -66,6 +63,30 @@ def run(**overrides) -> Result:
     notes.append(f"{jax.device_count()} {jax.devices()[0].platform.upper()} devices; float64; "
                  "collective bytes = per-device bytes sent by a ring algorithm")
     return Result(ID, TITLE, tables, notes, data)
+
+
+def _validated(overrides: dict) -> dict:
+    """The settings, every one checked before work starts."""
+    cfg = resolve_overrides(ID, DEFAULTS, overrides)
+    unknown = sorted(set(cfg["sections"]) - set(SECTIONS))
+    if unknown:
+        raise MlsysError(f"experiment 04: unknown section(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(SECTIONS)} (e.g. --set sections=data,pipeline)")
+    positive = ("batch", "dp_devices", "sizes", "tp_devices", "tokens", "d_model", "d_hidden",
+                "pp_stages", "microbatches")
+    check_settings(ID, cfg, DEFAULTS, minimum={**dict.fromkeys(positive, 1), "uneven": 0,
+                                               "seed": 0},
+                   maximum={"seed": (2**32 - 1, "a 32-bit seed")},
+                   lengths={"sizes": (2, None)})  # input width, (hidden widths,) classes
+    sizes = cfg["sizes"]
+    # every simulated device holds the parameters and its slice: ×8 devices, ×16 copies (Adam,
+    # gradients, activations, the single-device reference)
+    values = (cfg["batch"] * sum(sizes) + sum(a * b for a, b in zip(sizes, sizes[1:]))
+              + cfg["tokens"] * (cfg["d_model"] + cfg["d_hidden"]) + cfg["d_model"] * cfg["d_hidden"])
+    runtime.check_memory(8 * 16 * 8 * values, f"experiment 04 with batch={cfg['batch']}, sizes="
+                         f"{','.join(map(str, sizes))}, tokens={cfg['tokens']}",
+                         "lower batch, sizes, tokens, d_model or d_hidden")
+    return cfg
 
 
 def _or_skip(label, section, cfg, notes) -> dict:
@@ -109,10 +130,9 @@ def launch_processes(n: int, overrides: dict, args) -> int:
     if n < 2 or total % n:
         raise MlsysError(f"--processes {n}: the {total} devices (--devices) must split evenly into "
                          f">= 2 processes, e.g. --processes 2 --devices {2 * max(total // 2, 1)}")
-    settings = {k: v for k, v in resolve_overrides(ID, DEFAULTS, overrides).items()
-                if k in multiprocess.SETTINGS}
+    settings = {k: v for k, v in _validated(overrides).items() if k in multiprocess.SETTINGS}
     settings = {**multiprocess.SETTINGS, **settings}
-    many = multiprocess.launch(n, total // n, settings)
+    many = multiprocess.launch(n, total // n, settings, port=getattr(args, "port", None))
     one = multiprocess.run_dp_demo(**settings)
     diff = lambda k: float(np.max(np.abs(np.asarray(many[k]) - np.asarray(one[k]))))
     row = {"layout": f"{n} processes × {total // n} CPU devices (gloo)", "devices": many["devices"],

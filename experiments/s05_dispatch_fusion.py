@@ -7,6 +7,7 @@ medians measured side by side in this run (mlsys_jax.timing); bytes come from th
 """
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -17,6 +18,7 @@ from experiments._s05_breakdown import SEED_BREAKDOWN, breakdown
 from experiments._s05_capture import capture_rows
 from experiments._s05_dispatch import chain_sweep, dispatch_vs_size
 from experiments._s05_fusion import FUSION_NOTES, LECTURE_FUSION_RATIO, fusion_rows
+from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.report import Check, Result, resolve_overrides
 from mlsys_jax.viz import plots as viz
@@ -118,6 +120,17 @@ def _validate(cfg: dict) -> None:
     if len(cfg["conv_shape"]) != 4 or min(cfg["conv_shape"]) < 1:
         raise MlsysError(f"experiment 05: conv_shape is N,H,W,C (4 positive ints), got "
                          f"{cfg['conv_shape']!r} (e.g. --set conv_shape=8,32,32,16)")
+    if cfg["plots"]:
+        runtime.check_output_dir(cfg["plots"], "--set plots")
+    # the largest swept tensor along a chain, the fusion and conv tensors (≈8 live copies each,
+    # with the 3x3 kernel C·C·9) and the model's batch: 8 bytes per element, to be safe
+    c = cfg["conv_shape"][3]
+    values = (max(cfg["sizes"]) * (cfg["chain_len"] + 4) + max(cfg["chain_ns"]) * cfg["chain_size"]
+              + 8 * (cfg["fusion_size"] + math.prod(cfg["conv_shape"])) + 9 * c * c
+              + 8 * cfg["batch"] * (784 + 100 + 10))
+    runtime.check_memory(8 * values, f"experiment 05 with sizes up to {max(cfg['sizes'])}, "
+                         f"fusion_size={cfg['fusion_size']}, conv_shape={cfg['conv_shape']}",
+                         "lower the sizes")
 
 
 # --- claims ----------------------------------------------------------------------------------

@@ -72,6 +72,13 @@ def _validate(cfg: dict) -> None:
     if not cfg["jac_small"] or min(cfg["jac_small"]) < 1:
         raise MlsysError(f"experiment 06: jac_small needs sizes ≥ 1, got {cfg['jac_small']!r} "
                          "(e.g. --set jac_small=1,16,256)")
+    # the sweep's weights and Jacobians (big × hidden, big × small), the n×n Hessian and its
+    # matrix, per-example gradients of a 64-32-10 MLP: ≈6 copies of each, float64
+    big, small, hidden = cfg["jac_big"], max(cfg["jac_small"]), cfg["jac_hidden"]
+    values = (2 * big * hidden + big * small + 2 * cfg["hvp_n"] ** 2
+              + cfg["batch"] * (64 * 32 + 32 * 10))
+    runtime.check_memory(8 * 6 * values, f"experiment 06 with jac_big={big}, jac_small up to "
+                         f"{small}, hvp_n={cfg['hvp_n']}, batch={cfg['batch']}", "lower them")
 
 
 # --- claims ----------------------------------------------------------------------------------

@@ -15,23 +15,38 @@ class PreconditionError(MlsysError):
     """A rewrite's or schedule's precondition does not hold (the reason is in the message)."""
 
 
-def run_command(command, prog: str = "mlsys-jax") -> int:
-    """Run ``command()`` and return its exit status; a user error becomes one line on stderr.
+BUG_EXIT = 70  # sysexits' EX_SOFTWARE: an internal error, not the user's input
+BUG_NOTE = "this is a bug in mlsys-jax, not in your input"
 
-    Wrong input (MlsysError, an unknown name: LookupError, a missing file) prints
-    ``{prog}: error: <first line of the message>`` and gives 2; MLSYS_JAX_DEBUG=1 re-raises it.
+
+def run_command(command, prog: str = "mlsys-jax") -> int:
+    """Run ``command()`` and return its exit status; any error becomes one line on stderr.
+
+    Wrong input (MlsysError, a missing file) prints ``{prog}: error: <first line of the
+    message>`` and gives 2. Anything else (a KeyError or IndexError included) is our bug: one line
+    that says so and how to see the traceback, exit 70. MLSYS_JAX_DEBUG=1 re-raises either.
     Ctrl-C gives 130; output piped into ``head`` that closes early is not an error.
     """
     try:
         return int(command() or 0)
-    except (MlsysError, LookupError, FileNotFoundError) as e:
+    except (MlsysError, FileNotFoundError) as e:
         if os.environ.get("MLSYS_JAX_DEBUG"):
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{prog}: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {_first_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         sys.stderr.close()
         return 0
+    except Exception as e:  # the one catch-all: never a traceback unless asked for
+        if os.environ.get("MLSYS_JAX_DEBUG"):
+            raise
+        print(f"{prog}: error: {type(e).__name__}: {_first_line(e)} ({BUG_NOTE}; rerun with "
+              "MLSYS_JAX_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return BUG_EXIT
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:500] if text else type(e).__name__

@@ -73,6 +73,48 @@ def resolve_overrides(experiment: str, defaults: Mapping[str, Any],
     return out
 
 
+def check_settings(experiment: str, cfg: Mapping[str, Any], defaults: Mapping[str, Any], *,
+                   minimum: Mapping[str, float] | None = None,
+                   maximum: Mapping[str, tuple[float, str]] | None = None,
+                   lengths: Mapping[str, tuple[int, int | None]] | None = None) -> None:
+    """Range checks before any work: each setting in ``minimum`` (every item, for a tuple) is ≥
+    its bound; in ``maximum`` ≤ its bound (with the reason); each tuple in ``lengths`` has
+    lo..hi items (hi None: no upper bound). The error names the setting and gives an example."""
+    def fail(key, what):
+        example = ",".join(map(str, defaults[key])) if isinstance(defaults[key], (tuple, list)) \
+            else defaults[key]
+        raise OverrideError(f"experiment {experiment}: {key} {what}, got {_show(cfg[key])} "
+                            f"(e.g. --set {key}={example})")
+    for key, (lo, hi) in (lengths or {}).items():
+        n = len(cfg[key])
+        if n < lo or (hi is not None and n > hi):
+            fail(key, f"needs {lo} item{'s' if lo != 1 else ''}" if lo == hi else
+                 f"needs {lo} or more items" if hi is None else f"needs {lo} to {hi} items")
+    for key, lo in (minimum or {}).items():
+        if not all(_number(v) and v >= lo for v in _items(cfg[key])):
+            fail(key, f"must be ≥ {lo}" + (" (every item)" if _is_seq(cfg[key]) else ""))
+    for key, (hi, why) in (maximum or {}).items():
+        if not all(_number(v) and v <= hi for v in _items(cfg[key])):
+            fail(key, f"must be ≤ {hi} ({why})")
+
+
+def _is_seq(v) -> bool:
+    return isinstance(v, (tuple, list))
+
+
+def _items(v) -> list:
+    return list(v) if _is_seq(v) else [v]
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+        and v == v  # NaN is no number here
+
+
+def _show(v) -> str:
+    return "(empty)" if _is_seq(v) and not v else ",".join(map(str, v)) if _is_seq(v) else repr(v)
+
+
 def _coerce(experiment: str, key: str, value: Any, default: Any) -> Any:
     if not isinstance(value, str) or isinstance(default, str) or default is None:
         return value

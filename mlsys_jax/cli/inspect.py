@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlsys_jax import runtime
 from mlsys_jax.cli import target
 
 HELP = "cost table of a function's jaxpr"
@@ -39,6 +40,8 @@ def main(args) -> int:
     from mlsys_jax.ir import to_dot
     from mlsys_jax.tables import format_table, wrap
 
+    if args.dot:  # checked before the work, not after it
+        runtime.check_output_file(args.dot, "--dot")
     user = target.resolve(args)
     closed = user.trace(grad=args.grad)
     both = estimates(closed, args.hw, args.dtype)

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         from mlsys_jax import runtime
 
-        runtime.configure(devices=args.devices or runtime.DEFAULT_DEVICES, x64=False)
+        devices = runtime.DEFAULT_DEVICES if args.devices is None else args.devices
+        runtime.configure(devices=devices, x64=False)
         if not hasattr(args, "x64"):
             return command_module(args.command).main(args)
         with runtime.user_precision(args.x64):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from mlsys_jax.cli import target
+from mlsys_jax.cli.limits import check_evaluation_fits
 from mlsys_jax.errors import MlsysError
 
 HELP = "apply verified rewrite passes to a function"
@@ -49,6 +50,7 @@ def main(args) -> int:
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     user = target.resolve(args)
     closed = user.trace(constant_params=True)
+    check_evaluation_fits(closed, f"optimize's check of {user.name} on random inputs")
     try:
         if args.search:
             found = search(closed, alpha=args.alpha, hw=args.hw, dtype=args.dtype)

@@ -19,6 +19,8 @@ def add_arguments(p) -> None:
     p.add_argument("--report", metavar="DIR", help="write DIR/report.md (+ PNGs with matplotlib)")
     p.add_argument("--processes", type=int, default=1,
                    help="run as N local processes via jax.distributed (experiment 04)")
+    p.add_argument("--port", type=int, default=None,
+                   help="coordinator port on 127.0.0.1 for --processes (default: a free one)")
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:
@@ -33,6 +35,9 @@ def parse_sets(pairs: list[str]) -> dict[str, str]:
 
 def main(args) -> int:
     overrides = parse_sets(args.set)
+    if args.port is not None and args.processes == 1:
+        raise MlsysError("--port is the coordinator's port of a multi-process run; use it with "
+                         "--processes N (N >= 2)")
     if args.processes != 1:
         if args.id.lstrip("s0") != "4":
             raise MlsysError("--processes applies to experiment 04 only (multi-process data parallel)")

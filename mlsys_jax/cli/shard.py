@@ -185,21 +185,22 @@ def worker_main(argv=None) -> int:
     teacher-forced from a one-device reference (each process computes it on its own device)."""
     from mlsys_jax.parallel import multiprocess
 
-    a = multiprocess.worker_args(argv)
-    with multiprocess.joined(a, x64=False):
-        from mlsys_jax.parallel import comm
-        from mlsys_jax.parallel.user_plan import plan
-        from mlsys_jax.parallel.user_step import one_device, run_sharded, teacher_forced
+    return multiprocess.run_worker(_worker_steps, argv, x64=False)
 
-        cfg = json.loads(a.settings)
-        loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
-        p = plan(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], rules)
-        free, compiled, placed = run_sharded(p, cfg["steps"], comm.QUICK_COMPILE)
-        ref = one_device(p, p.same_loss, cfg["steps"], comm.QUICK_COMPILE)
-        _, forced = teacher_forced(p, compiled, ref, placed[2])
-        free.pop("states")
-        multiprocess.report({"free": _flat(free), "forced": _flat(forced)})
-    return 0
+
+def _worker_steps(a) -> dict:
+    from mlsys_jax.parallel import comm
+    from mlsys_jax.parallel.user_plan import plan
+    from mlsys_jax.parallel.user_step import one_device, run_sharded, teacher_forced
+
+    cfg = json.loads(a.settings)
+    loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
+    p = plan(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], rules)
+    free, compiled, placed = run_sharded(p, cfg["steps"], comm.QUICK_COMPILE)
+    ref = one_device(p, p.same_loss, cfg["steps"], comm.QUICK_COMPILE)
+    _, forced = teacher_forced(p, compiled, ref, placed[2])
+    free.pop("states")
+    return {"free": _flat(free), "forced": _flat(forced)}
 
 
 if __name__ == "__main__":

@@ -271,10 +271,13 @@ def _first_line(e: Exception) -> str:
 
 def validate_cost_options(hw: str, dtype: str | None) -> None:
     """``--hw`` names a hardware model and ``--dtype`` a dtype (MlsysError otherwise)."""
+    import jax.numpy as jnp
+
     from mlsys_jax.cost.hardware import NAMES
     from mlsys_jax.ir import parse_dtype
 
     if hw.strip().lower() not in NAMES:
         raise MlsysError(f"unknown hardware {hw!r}; use one of {', '.join(NAMES)}")
-    if dtype is not None:
-        parse_dtype(dtype)
+    if dtype is not None and not jnp.issubdtype(parse_dtype(dtype), jnp.floating):
+        raise MlsysError(f"--dtype {dtype!r}: the cost model costs every float tensor as this "
+                         "dtype, so it must be a float dtype: f16, bf16, f32 or f64")

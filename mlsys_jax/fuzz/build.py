@@ -4,7 +4,8 @@
 code has: nested jit (``jnp.where``), ``custom_jvp_call[relu]``, weak literals, captured constants,
 ``stop_gradient``. ``make_function(spec, "f64")`` is the same program in float64 — the reference
 of the numeric oracles — with the *same* constant and input values (drawn, rounded to the
-program's dtype, then widened).
+program's dtype, then widened). Integer and boolean programs compute in int32 (their node ops are
+in :mod:`mlsys_jax.fuzz.build_int`) and have no float64 twin: they are judged bitwise.
 """
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ import numpy as np
 from jax import lax
 
 from mlsys_jax.compat import ClosedJaxpr
+from mlsys_jax.fuzz.build_int import IntOps
+from mlsys_jax.fuzz.inputs import drawn, input_structs, make_inputs
 from mlsys_jax.fuzz.opaque import opaque
-from mlsys_jax.fuzz.spec import Spec
+from mlsys_jax.fuzz.spec import Spec, is_integer
 from mlsys_jax.ir.trace import DTYPES
 from mlsys_jax.models.resnet import batch_norm
+
+__all__ = ["build", "make_function", "make_inputs", "input_structs"]
 
 CONV_DIMS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}
 
@@ -26,36 +31,20 @@ def _debug_sink(*_):
     """The host side of the generated debug callbacks (a print without the output)."""
 
 
-def _drawn(seed: int, shape, program_dtype, eval_dtype, *, kind: str = "normal"):
-    rng = np.random.default_rng(seed)
-    if kind == "positive":
-        val = rng.uniform(0.5, 2.0, shape)
-    elif kind == "tiny":
-        val = rng.uniform(1e-7, 1e-5, shape)
-    else:
-        val = rng.standard_normal(shape)
-    return np.asarray(np.asarray(val, program_dtype), eval_dtype)
-
-
-def make_inputs(spec: Spec, seed: int, dtype: str | None = None) -> list:
-    """Seeded inputs: standard normal values rounded to the program's dtype, cast to ``dtype``."""
-    prog, ev = DTYPES[spec.dtype], DTYPES[dtype or spec.dtype]
-    return [jnp.asarray(_drawn(seed * 7919 + i, s, prog, ev)) for i, s in enumerate(spec.inputs)]
-
-
-def input_structs(spec: Spec, dtype: str | None = None) -> list:
-    return [jax.ShapeDtypeStruct(tuple(s), DTYPES[dtype or spec.dtype]) for s in spec.inputs]
-
-
-class _Ops:
+class _Ops(IntOps):
     """The meaning of each node op, for one program dtype and one evaluation dtype."""
 
     def __init__(self, spec: Spec, eval_dtype):
-        self.spec, self.prog, self.dt = spec, DTYPES[spec.dtype], eval_dtype
+        self.spec, self.integer, self.keys = spec, is_integer(spec), []
+        # integer programs compute in int32 (boolean ones from their boolean inputs), no twin
+        self.prog = DTYPES["i32"] if self.integer else DTYPES[spec.dtype]
+        self.dt = self.prog if self.integer else eval_dtype
         self.axis = 1 if spec.layout == "nchw" else -1
 
     def const(self, seed, shape, kind="normal", scale=1.0):
-        return self.fixed(_drawn(seed, shape, self.prog, self.prog, kind=kind)
+        if self.integer:
+            return self.fixed(drawn(seed, shape, self.prog, self.prog, kind="int"))
+        return self.fixed(drawn(seed, shape, self.prog, self.prog, kind=kind)
                           * np.asarray(scale, self.prog))
 
     def fixed(self, value):
@@ -75,6 +64,8 @@ class _Ops:
     # -- elementwise -------------------------------------------------------------------------
     def op_unary(self, n, x):
         f = n["fn"]
+        if self.integer:
+            return self.int_unary(f, x)
         table = {"neg": jnp.negative, "sin": jnp.sin, "tanh": jnp.tanh, "abs": jnp.abs,
                  "square": jnp.square, "cos": jnp.cos, "logistic": jax.nn.sigmoid,
                  "exp_tanh": lambda x: jnp.exp(jnp.tanh(x)), "log1p_sq": lambda x: jnp.log1p(x * x),
@@ -84,13 +75,17 @@ class _Ops:
 
     def op_binary(self, n, a, b):
         f = n["fn"]
+        if self.integer:
+            return self.int_binary(f, a, b)
         if f == "div":
             return a / (1.0 + b * b)  # a denominator that is never 0 (precondition)
         return {"add": jnp.add, "mul": jnp.multiply, "sub": jnp.subtract,
                 "max": jnp.maximum}[f](a, b)
 
     def op_scalar(self, n, x):
-        c = n["c"]  # a Python float: a weak-typed literal
+        c = n["c"]  # a Python float (int): a weak-typed literal
+        if self.integer:
+            return self.int_scalar(n["fn"], c, x)
         return {"add": lambda: x + c, "mul": lambda: x * c, "sub": lambda: x - c}[n["fn"]]()
 
     def op_pow(self, n, x):
@@ -100,16 +95,21 @@ class _Ops:
         return jnp.sum(x, axis=n["axis"], keepdims=True)
 
     def op_nan_unsafe(self, n, x):
-        fns = {"mul0": lambda: x * 0.0, "sub_self": lambda: x - x, "div_self": lambda: x / x}
+        zero = 0 if self.integer else 0.0
+        fns = {"mul0": lambda: x * zero, "sub_self": lambda: x - x, "div_self": lambda: x / x}
         return fns[n["fn"]]()
 
     # -- constants ---------------------------------------------------------------------------
     def op_const(self, n):
         c = jnp.asarray(self.const(n["seed"], n["shape"]))
+        if self.integer:
+            return self.int_const(n["fn"], c)
         return {"sin": lambda: jnp.sin(c) * 2.0, "affine": lambda: c * 0.5 + 1.0,
                 "square": lambda: c * c}[n["fn"]]()
 
     def op_wconst(self, n):
+        if self.integer:
+            return self.int_wconst(n["fn"], n["c"])
         s = jnp.asarray(n["c"])  # weak-typed scalar (a Python float)
         return jnp.cos(s) if n["fn"] == "cos" else jnp.exp(s)
 
@@ -207,7 +207,9 @@ def make_function(spec: Spec, dtype: str | None = None):
     ops = _Ops(spec, DTYPES[dtype or spec.dtype])
 
     def program(*inputs):
-        env = ops.run(spec.nodes, list(inputs))
+        n = len(spec.inputs)  # arrays are the DAG's first values; PRNG keys come after them
+        ops.keys = list(inputs[n:])
+        env = ops.run(spec.nodes, list(inputs[:n]))
         return tuple(env[o] for o in spec.outputs)
     return program
 

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from mlsys_jax.fuzz.judge import check_program
-from mlsys_jax.fuzz.spec import generate_seeded, program_seed
+from mlsys_jax.fuzz.spec import Knobs, generate_seeded, program_seed
 from mlsys_jax.passes import basic, conv, registry
 
 
@@ -126,6 +126,72 @@ def conv_bn_bf16_in_f32():
     return _during(conv.fold_conv_bn(), (conv, "_channel_scale", lossy))
 
 
+def conv_bn_folding_int_div():
+    """fold_conv_bn that also folds a truncating integer division by a constant into the integer
+    conv before it, as if it were real division: conv(x, W) / c -> conv(x, trunc(W / c)). Exact
+    over the reals, wrong over the integers (trunc(Σ x·w / c) is not Σ x·trunc(w / c)), and what
+    the pass once did. Written apart from the real pass, so it stays this bug whatever the real
+    pass does."""
+    from mlsys_jax.compat import bind_equation
+    from mlsys_jax.ir import rebuild
+    from mlsys_jax.passes import Pass, PassResult, conv
+
+    real = conv.fold_conv_bn()
+
+    def fn(closed):
+        r = real(closed)
+        plan = _int_div_folds(r.jaxpr)
+        if not plan:
+            return r
+
+        def handler(eqn, invals):  # the conv gets trunc(W / c); the division disappears
+            if id(eqn) not in plan:
+                return None
+            w = plan[id(eqn)]
+            return [invals[0]] if w is None else bind_equation(eqn, [invals[0], w])
+        return PassResult(rebuild(r.jaxpr, handler), True, r.rewrites, r.refusals)
+    return Pass(real.name, fn)
+
+
+def _int_div_folds(closed) -> dict:
+    """{id(conv equation): trunc(W / c), id(div equation): None} for every integer conv (top
+    level) whose only use is a division by a constant per output channel."""
+    import jax.numpy as jnp
+
+    from mlsys_jax.compat import Var
+    from mlsys_jax.passes import affine, convsites
+
+    j = closed.jaxpr
+    consts = convsites.Consts(j, closed.consts)
+    producer = {v: e for e in j.eqns for v in e.outvars}
+    uses: dict = {}
+    for v in [x for e in j.eqns for x in e.invars] + list(j.outvars):
+        if isinstance(v, Var):
+            uses[v] = uses.get(v, 0) + 1
+    plan = {}
+    for e in j.eqns:
+        if e.primitive.name != "div" or not jnp.issubdtype(e.outvars[0].aval.dtype, jnp.integer):
+            continue
+        z, c = e.invars
+        cv = producer.get(z) if isinstance(z, Var) else None
+        if cv is None or cv.primitive.name != convsites.CONV or uses.get(z) != 1:
+            continue
+        w, divisor = consts.value(cv.invars[1]), consts.value(c)
+        if w is None or divisor is None:
+            continue
+        dims = cv.params["dimension_numbers"]
+        try:
+            vec = affine.per_channel(divisor, z.aval.shape, dims.out_spec[1])
+        except affine.Stop:
+            continue
+        shape = [1] * w.ndim
+        shape[dims.rhs_spec[0]] = -1
+        plan[id(cv)] = np.trunc(np.asarray(w, np.float64) / vec.reshape(shape)).astype(
+            np.asarray(w).dtype)
+        plan[id(e)] = None
+    return plan
+
+
 def _proxy(module, **overrides):
     """A stand-in for ``module`` (numpy, jax.numpy) with some functions replaced."""
     ns = types.SimpleNamespace(**{k: getattr(module, k) for k in dir(module)
@@ -163,12 +229,14 @@ def enlarge_off_centre():
 @dataclass(frozen=True)
 class Mutant:
     """A broken variant: its name, the factory of the registered pass it replaces (None: the
-    data-parallel step), how to build it, and what it gets wrong."""
+    data-parallel step), how to build it, what it gets wrong, and the campaign's knobs for
+    programs of the only kind it can differ on (None: the default mix)."""
 
     name: str
     breaks: Callable | None
     make: Callable | None
     what: str
+    knobs: Knobs | None = None
 
     @property
     def target(self) -> str:
@@ -186,6 +254,9 @@ MUTANTS = (
     Mutant("conv_bn_no_eps", conv.fold_conv_bn, conv_bn_without_eps, "BN folded without eps"),
     Mutant("conv_bn_bf16_in_f32", conv.fold_conv_bn, conv_bn_bf16_in_f32,
            "folded weights rounded to bfloat16 in float32 programs only"),
+    Mutant("conv_bn_folds_int_div", conv.fold_conv_bn, conv_bn_folding_int_div,
+           "truncating integer division folded into conv weights as if real",
+           Knobs(integer=1.0)),  # hunted among integer programs: floats never reach its rule
     Mutant("merge_concat_wrong_axis", conv.merge_parallel_convs, merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
     Mutant("enlarge_off_centre", conv.enlarge_conv_kernel, enlarge_off_centre,
@@ -211,7 +282,7 @@ def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
                         "programs": 0, "how": "skipped: needs at least 2 devices", "seconds": 0.0}
             message = fails[0] if fails else None
         else:
-            spec = generate_seeded(pseed)
+            spec = generate_seeded(pseed, mutant.knobs)
             out = check_program(spec, broken, pseed, gradients=False)
             message = (f"{out.failures[0].kind}: {out.failures[0].message}"
                        if out.failures else None)

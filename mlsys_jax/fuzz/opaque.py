@@ -1,7 +1,8 @@
 """An unknown user primitive (TESTING.md §5): the passes must treat it as opaque.
 
-``fuzz_opaque(x) = sin(x) + x``, registered like a user's custom op (impl, abstract eval, lowering,
-JVP) — but it is in no pass's table of known pure primitives, so nothing may fold or rewrite it.
+``fuzz_opaque(x) = sin(x) + x`` (integers: ``3x + 1``), registered like a user's custom op (impl,
+abstract eval, lowering, JVP) — but it is in no pass's table of known pure primitives, so nothing
+may fold or rewrite it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ opaque_p = Primitive("fuzz_opaque")
 
 
 def _impl(x):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x * 3 + 1
     return jnp.sin(x) + x
 
 

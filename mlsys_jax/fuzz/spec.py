@@ -10,6 +10,11 @@ The generator draws every choice through a *chooser* — NumPy for campaigns, hy
 shrinking (:mod:`mlsys_jax.fuzz.strategy`). Options are listed simplest first, so hypothesis
 shrinks toward small, plain programs. Each motif declares its preconditions (shapes, channels)
 and is only drawn where they hold; the opportunity knobs make every pass fire.
+
+Not only floating point (TESTING.md §2): integer programs (integer convs followed by truncating
+division or remainder, shifts, comparisons feeding selects) and boolean ones (boolean inputs,
+masks, logic), so that a fold legal only over the reals is found; PRNG keys passed in as inputs;
+and inputs sprinkled with NaN, ±Inf, -0.0 and subnormals (integers: their extremes).
 """
 from __future__ import annotations
 
@@ -18,22 +23,30 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mlsys_jax.fuzz import motifs
+from mlsys_jax.fuzz import motifs, motifs_int
+from mlsys_jax.fuzz.builder import Builder
 
 LAYOUTS = ("dense", "nchw", "nhwc")
 SHAPES = {"dense": (4, 8), "nchw": (2, 4, 6, 6), "nhwc": (2, 6, 6, 4)}
-DTYPES = ("f32", "f16", "bf16")
+DTYPES = ("f32", "f16", "bf16", "i32", "bool")
+FLOAT_DTYPES = ("f32", "f16", "bf16")
 
 
 @dataclass
 class Spec:
-    """A random program: layout, dtype, input shapes, nodes (dicts) and output value ids."""
+    """A random program: layout, dtype, input shapes, nodes (dicts) and output value ids.
+
+    ``special``: the inputs carry special values (NaN, ±Inf, -0.0, subnormals; integers: INT_MIN,
+    INT_MAX, 0, -1). ``keys``: PRNG key inputs after the array inputs (``rng`` nodes use them;
+    they are not values of the DAG)."""
 
     layout: str
     dtype: str
     inputs: list
     nodes: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    special: bool = False
+    keys: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -42,7 +55,7 @@ class Spec:
     def from_json(text) -> "Spec":
         d = json.loads(text) if isinstance(text, str) else dict(text)
         return Spec(d["layout"], d["dtype"], [list(s) for s in d["inputs"]], list(d["nodes"]),
-                    list(d["outputs"]))
+                    list(d["outputs"]), bool(d.get("special", False)), int(d.get("keys", 0)))
 
     def size(self) -> int:
         """Nodes, counting wrapper bodies (what shrinking minimises)."""
@@ -58,8 +71,17 @@ def all_ops(nodes) -> set:
     return out
 
 
+def is_integer(spec: Spec) -> bool:
+    """An integer or boolean program: every output is judged bitwise, whatever the pass."""
+    return spec.dtype not in FLOAT_DTYPES
+
+
 def derivative_mode(spec: Spec) -> str:
-    """'vjp', or 'jvp' when a while loop forbids reverse mode, or 'none' (while + custom_vjp)."""
+    """'vjp', or 'jvp' when a while loop forbids reverse mode, or 'none' (while + custom_vjp;
+    integer programs; special inputs, whose derivatives are NaN; PRNG key inputs, which have no
+    tangent)."""
+    if is_integer(spec) or spec.special or spec.keys:
+        return "none"
     ops = all_ops(spec.nodes)
     if "while" in ops:
         return "none" if "custom_vjp" in ops else "jvp"
@@ -91,6 +113,10 @@ class Knobs:
 
     image: float = 0.6          # conv programs (NCHW or NHWC) rather than dense
     low_precision: float = 0.1  # f16 / bf16 programs
+    integer: float = 0.15       # integer programs (i32) ...
+    boolean: float = 0.3        # ... of which boolean-input programs
+    special_inputs: float = 0.15  # NaN/Inf/-0.0/subnormal inputs (integers: extremes)
+    keys: float = 0.1           # a PRNG key input used by random draws
     wrapper: float = 0.5
     debug: float = 0.15
     opaque: float = 0.15
@@ -104,10 +130,16 @@ def generate(chooser, knobs: Knobs | None = None) -> Spec:
     """One random program spec."""
     knobs = knobs or Knobs()
     layout = chooser.choice(LAYOUTS[1:]) if chooser.chance(knobs.image) else "dense"
-    dtype = chooser.choice(DTYPES[1:]) if chooser.chance(knobs.low_precision) else "f32"
+    if chooser.chance(knobs.integer):
+        dtype = "bool" if chooser.chance(knobs.boolean) else "i32"
+    else:
+        dtype = chooser.choice(FLOAT_DTYPES[1:]) if chooser.chance(knobs.low_precision) else "f32"
+    keys = int(chooser.chance(knobs.keys))
     shape = list(SHAPES[layout])
     n_in = chooser.integer(1, 2)
-    g = motifs.Builder(chooser, layout, [shape] * n_in)
+    g = Builder(chooser, layout, [shape] * n_in, dtype=dtype, keys=keys)
+    if dtype == "bool":  # boolean inputs become integer images for the conv motifs, and masks
+        motifs_int.m_from_bool(g)
     if layout != "dense":  # the conv rewrites need conv programs: give most of them both motifs
         for motif in (motifs.m_parallel_convs, motifs.m_conv_bn):
             if chooser.chance(knobs.conv_motifs):
@@ -118,10 +150,13 @@ def generate(chooser, knobs: Knobs | None = None) -> Spec:
         g.add({"op": "debug", "args": [g.pick()]})
     if chooser.chance(knobs.opaque):
         g.add({"op": "opaque", "args": [g.pick()]})
+    if keys:
+        motifs_int.m_rng(g)
     if chooser.chance(knobs.wrapper):
         motifs.draw_wrapper(g, knobs)
     outputs = g.choose_outputs(knobs.dead)
-    return Spec(layout, dtype, [list(s) for s in g.shapes[:n_in]], g.nodes, outputs)
+    special = dtype != "bool" and chooser.chance(knobs.special_inputs)
+    return Spec(layout, dtype, [list(s) for s in g.shapes[:n_in]], g.nodes, outputs, special, keys)
 
 
 def generate_seeded(seed: int, knobs: Knobs | None = None) -> Spec:

@@ -1,0 +1,33 @@
+"""Sizes checked against the machine before a command allocates anything.
+
+``optimize`` runs the function before and after its rewrites on seeded random inputs (one
+compiled program holding both): that needs at least the inputs, the outputs and the largest
+intermediate value of each, a lower bound computed from the traced avals in Python integers (no
+overflow, whatever the shapes).
+"""
+from __future__ import annotations
+
+import math
+
+from mlsys_jax import runtime
+
+
+def value_bytes(aval) -> int:
+    """Bytes of one abstract value (a PRNG key's dtype has its own itemsize; NumPy has none)."""
+    return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
+
+
+def evaluation_bytes(closed) -> int:
+    """A lower bound on the memory of evaluating ``closed`` twice in one program (before and after
+    a rewrite): its inputs, plus twice its outputs and its largest intermediate value."""
+    j = closed.jaxpr
+    inputs = sum(value_bytes(v.aval) for v in j.invars)
+    outputs = sum(value_bytes(v.aval) for v in j.outvars)
+    largest = max((value_bytes(v.aval) for e in j.eqns for v in e.outvars), default=0)
+    return inputs + 2 * (outputs + largest)
+
+
+def check_evaluation_fits(closed, what: str) -> None:
+    """MlsysError (with the estimate and the limit) if evaluating ``closed`` cannot fit."""
+    runtime.check_memory(evaluation_bytes(closed), what,
+                         "use smaller --arg shapes (the check runs on real random inputs)")

@@ -1,0 +1,78 @@
+"""The float64 twin of a rewrite (oracles.compare, refinement 1): may it vouch for a float32 excess?
+
+The same pass run on the float64 program vouches for a rewrite only if that rewrite computes what
+the float64 program computes (:func:`twin_equal`) and the float32 rewrite *mirrors* it
+(:func:`mirrors`): the same program at another dtype.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import Literal
+from mlsys_jax.ir import walk
+from mlsys_jax.ir.trace import DTYPES
+
+TWIN_RTOL = 1e-9                   # the rewrite on the float64 program vs the float64 program
+MIRROR_ULPS = 64                   # constants of the two rewrites agree (measured: ≤ 2.3 ulp)
+
+
+def _is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def twin_equal(new64, ref64) -> bool:
+    """The rewrite applied to the float64 program computes what the float64 program computes."""
+    a, b = np.asarray(new64, np.float64), np.asarray(ref64, np.float64)
+    atol = TWIN_RTOL * (1 + np.max(np.abs(b), initial=0))
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=TWIN_RTOL, atol=atol))
+
+
+def _skeleton(closed) -> tuple:
+    """What a program is, dtype aside: (primitive, output shapes) of every equation except casts
+    (a float16 sum upcasts, its float64 twin does not), the number of casts, and every constant
+    and literal."""
+    consts = dict(zip(closed.jaxpr.constvars, closed.consts))
+    ops, casts, values = [], 0, []
+    for _, eqn in walk(closed):
+        for v in eqn.invars:  # constants in order of first use: their list order is arbitrary
+            if isinstance(v, Literal):
+                values.append(np.asarray(v.val))
+            elif v in consts:
+                values.append(np.asarray(consts.pop(v)))
+        if eqn.primitive.name == "convert_element_type":
+            casts += 1
+            continue
+        ops.append((eqn.primitive.name, tuple(tuple(v.aval.shape) for v in eqn.outvars)))
+    return ops, casts, values + [np.asarray(c) for c in consts.values()]
+
+
+def mirrors(new, new64, orig, orig64, dtype: str) -> str:
+    """'' if ``new`` (the rewrite of the program) is ``new64`` (the same pass on the float64 twin)
+    in the program's dtype — same equations and shapes, no cast the twin lacks, constants equal
+    (the twin's rounded to the program's dtype) to ``MIRROR_ULPS`` ulp of the array's largest
+    value; else the reason it is not.
+
+    Only then may the twin vouch for a float32 excess: a pass that behaves differently at the
+    program's dtype (say, rounds folded weights to bfloat16 in float32 programs only) leaves the
+    twin exact, and would otherwise pass unseen (mutant ``conv_bn_bf16_in_f32``)."""
+    (ops, casts, vals), (ops64, casts64, vals64) = _skeleton(new), _skeleton(new64)
+    if ops != ops64:
+        at = next((i for i, (a, b) in enumerate(zip(ops, ops64)) if a != b),
+                  min(len(ops), len(ops64)))
+        return (f"the rewrite differs from its float64 twin at equation {at} "
+                f"({len(ops)} vs {len(ops64)} equations)")
+    if casts - _skeleton(orig)[1] > casts64 - _skeleton(orig64)[1]:
+        return "the rewrite adds casts that its float64 twin does not"
+    if len(vals) != len(vals64) or any(a.shape != b.shape for a, b in zip(vals, vals64)):
+        return "the rewrite's constants differ in number or shape from its float64 twin's"
+    ulp = float(jnp.finfo(DTYPES[dtype]).eps)
+    for a, b in zip(vals, vals64):
+        if _is_float(a.dtype) and _is_float(b.dtype):
+            b = np.asarray(b, a.dtype)  # the twin's value as the program holds it (1e-8→0 f16)
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = np.max(np.abs(b), initial=0.0)
+        if a.size and np.max(np.abs(a - b)) > MIRROR_ULPS * ulp * scale:
+            return (f"a constant differs from its float64 twin by "
+                    f"{np.max(np.abs(a - b)) / (ulp * scale + 1e-300):.3g} ulp")
+    return ""
