@@ -155,12 +155,9 @@ def test_the_worst_cases_as_real_processes(paths):
         assert seconds < LIMIT_S and peak < LIMIT_BYTES, (name, seconds, peak)
 
 
-@pytest.mark.xfail(strict=True, reason="the cost model sizes avals with np.dtype(), which a PRNG "
-                   "key's dtype (key<fry>) is not: fixed on the users' branch; drop this mark "
-                   "when it is merged")
 @pytest.mark.parametrize("command", ["inspect", "optimize"])
 def test_a_function_using_a_prng_key_is_never_a_bug(capsys, paths, command):
-    """PRNG keys pass through (DESIGN §6): the command works, or says why in one line."""
+    """PRNG keys pass through: the command works, or says why in one line."""
     code = cli.main([command, paths["KEY"], "--arg", "f32[3]"])
     err = capsys.readouterr().err
     assert BUG_NOTE not in err and "Traceback" not in err, err

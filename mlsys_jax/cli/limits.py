@@ -7,14 +7,8 @@ overflow, whatever the shapes).
 """
 from __future__ import annotations
 
-import math
-
 from mlsys_jax import runtime
-
-
-def value_bytes(aval) -> int:
-    """Bytes of one abstract value (a PRNG key's dtype has its own itemsize; NumPy has none)."""
-    return math.prod(int(d) for d in aval.shape) * int(aval.dtype.itemsize)
+from mlsys_jax.ir import aval_bytes as value_bytes
 
 
 def evaluation_bytes(closed) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 
 FN_AND_ARGS = "(f, args)"
@@ -63,10 +64,7 @@ class Target:
         leaves, _ = partition(self._split(constant_params)[1], scalars=False)
         if self.examples:
             return list(leaves)
-        need, have = sum(aval_bytes(s) for s in leaves), _memory_bytes()
-        if have and need > have // 2:
-            raise MlsysError(f"the --arg inputs of {self.name} take {need / 2**30:.3g} GiB, more "
-                             f"than half of this machine's {have / 2**30:.3g} GiB of memory; "
+        runtime.check_memory(sum(aval_bytes(s) for s in leaves), f"the --arg inputs of {self.name}",
                              "give smaller shapes")
         return random_inputs(leaves, seed=0)
 
@@ -252,16 +250,6 @@ def trace_user(fn, args, name: str):
         shapes = ", ".join(f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}" for s in leaves)
         raise MlsysError(f"{name} failed to trace with arguments {shapes}: "
                          f"{type(e).__name__}: {_first_line(e)}") from None
-
-
-def _memory_bytes() -> int:
-    """This machine's physical memory (0 where the OS does not say)."""
-    import os
-
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _first_line(e: Exception) -> str:
