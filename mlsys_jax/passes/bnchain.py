@@ -1,0 +1,103 @@
+"""The walk from a conv's output along the per-channel affine ops that ``fold_conv_bn`` folds
+(§4.1 rule 1), and the reason it stops short when an affine op is in reach but cannot be folded.
+
+The walk follows single-use values through the affine steps and movement views of
+``passes/affine.py``. It stops silently where nothing foldable follows (a relu, a residual add of
+another tensor); it stops *with a reason* where the anchor matched — training-mode BatchNorm (batch
+statistics), an integer division, a constant that is not per-channel, a conv output that other ops
+read too — so a refusal is never silent. What precedes the stop still folds (stax's conv bias is
+merged even though its BatchNorm, in training mode, is refused).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlsys_jax.compat import Var
+from mlsys_jax.ir.opview import op_name
+from mlsys_jax.ir.primitives import JIT
+from mlsys_jax.passes.affine import (AFFINE, BATCH_STATS, MOVES, Affine, Refuse, Stop, moved_axis,
+                                     step, through_call, through_reduction)
+from mlsys_jax.passes.convsites import Consts, Site
+
+
+@dataclass
+class Chain:
+    """What follows one conv: the affine map to fold, the index of its last equation (None:
+    nothing to fold), the movement equations before that (replayed on the new conv's output,
+    in order) and why the walk stopped at a foldable-looking op (None: nothing to report)."""
+
+    aff: Affine
+    end: int | None = None
+    moves: list = field(default_factory=list)
+    refusal: str | None = None
+
+
+def affine_chain(jaxpr, consts: Consts, site: Site, users: dict) -> Chain:
+    """Follow the conv output through single-use affine ops, named calls and movement views."""
+    z = site.out
+    shape, fd = z.aval.shape, site.feature_dim
+    chain = Chain(Affine.identity(shape[fd], z.aval.dtype))
+    aff, t, pending = chain.aff, z, []
+    while True:
+        us = users.get(t, [])
+        if len(us) != 1 or us[0] < 0:
+            chain.refusal = _shared(jaxpr, consts, t, us, z, aff, shape, fd)
+            break
+        e = jaxpr.eqns[us[0]]
+        if e.primitive.name in MOVES:
+            moved = moved_axis(e, shape, fd)
+            if moved is None:
+                break
+            pending.append(e)
+            t, shape, fd = e.outvars[0], tuple(e.outvars[0].aval.shape), moved
+            continue
+        try:
+            aff = (through_call if e.primitive.name in JIT else step)(e, t, consts, aff, shape,
+                                                                     fd, z)
+        except Stop:
+            break
+        except Refuse as r:
+            chain.refusal = str(r)
+            break
+        chain.moves += pending
+        pending = []
+        t, chain.end = e.outvars[0], us[0]
+    chain.aff = aff
+    if chain.end is not None and not (np.isfinite(aff.a).all() and np.isfinite(aff.b).all()):
+        return Chain(Affine.identity(1, np.float64), None, [], "the folded scale or shift is not "
+                     "finite (BatchNorm var + eps ≤ 0?); left as it was")
+    return chain
+
+
+def _shared(jaxpr, consts: Consts, t, us, z, aff: Affine, shape, fd) -> str | None:
+    """Why a value read by several ops (or returned) is not folded further, when one of its
+    readers is an affine op we could otherwise fold; None when none is."""
+    readers = [jaxpr.eqns[u] for u in us if u >= 0]
+    # Training-mode BN reads z for its statistics too: name the op that normalises with them
+    # (``batch_norm``'s 'mean', an inline sub) before a call that only computes them (``_var``).
+    normalising = [e for e in readers if (e.primitive.name in AFFINE or e.primitive.name in JIT)
+                   and any(o is not t and isinstance(o, Var) and consts.value(o) is None
+                           and through_reduction(consts, o, z) for o in e.invars)]
+    calls = [e for e in readers if e.primitive.name in JIT and e not in normalising]
+    for e in normalising + calls:
+        if e.primitive.name not in JIT:
+            return BATCH_STATS.format(what="the mean/variance")
+        try:
+            through_call(e, t, consts, aff, shape, fd, z)
+        except Refuse as r:
+            if "batch" in str(r):
+                return str(r)
+        except Stop:
+            pass
+    foldable = [e for e in readers if e.primitive.name in AFFINE and len(e.invars) == 2
+                and sum(x is t for x in e.invars) == 1
+                and all(x is t or consts.value(x) is not None for x in e.invars)]
+    if not foldable:
+        return None
+    others = [op_name(e) for e in readers if e is not foldable[0]]
+    if len(us) > len(readers):
+        others.append("the program's output")
+    return (f"the value before the {foldable[0].primitive.name} is also read by "
+            f"{', '.join(others)}, which need it unscaled; folding would change what they read")
