@@ -133,6 +133,10 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
     if val is None:
         if isinstance(other, Var) and through_reduction(consts, other, z):
             raise Refuse(BATCH_STATS.format(what=f"the {prim} operand"))
+        if _per_channel_input(consts, other, shape, fd):
+            raise Refuse(f"the {prim}'s per-channel operand is computed from the function's "
+                         "inputs, not constant: trace with the parameters and BatchNorm "
+                         "statistics as constants (closed over) to fold")
         raise Stop(f"{prim} operand is not a constant")
     dtype = np.dtype(t.aval.dtype)
     vdtype = vector_dtype(dtype)
@@ -154,6 +158,22 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
     if prim == "mul":
         return aff.then(aff.a * c, aff.b * c, prim)
     return aff.then(aff.a / c, aff.b / c, prim)
+
+
+def _per_channel_input(consts: Consts, v, shape, fd) -> bool:
+    """Whether ``v`` is a per-channel vector broadcast along the other axes (a traced BatchNorm
+    parameter), not a full tensor (a residual or a gate)."""
+    while isinstance(v, Var):
+        size = math.prod(v.aval.shape)
+        if size == shape[fd]:
+            return size > 1 and (v.aval.ndim <= 1 or (v.aval.ndim == len(shape)
+                                                      and v.aval.shape[fd] == size))
+        e = consts.producer.get(v)
+        if e is None or e.primitive.name not in ("broadcast_in_dim", "reshape",
+                                                 "convert_element_type"):
+            return False
+        v = e.invars[0]
+    return False
 
 
 def through_call(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:

@@ -3,7 +3,8 @@
 A priority queue ordered by estimated cost; a candidate is kept when its cost is below
 ``alpha × best`` (α = 1.05 lets the search pass through a slightly worse graph, like §4.2 step ③);
 graphs are deduplicated by structural hash, bounded by a budget of graphs and a size limit; every
-kept graph has passed the verifier (``passes.run``). With α = 1.0 it is greedy: only improving
+graph kept or returned has passed the verifier (``passes.verify``; a graph the search discards is
+not checked). With α = 1.0 it is greedy: only improving
 steps, and it stops at step ②.
 
 By default the search starts from the default pipeline's result (``passes/registry.py``), so it is
@@ -28,6 +29,7 @@ from mlsys_jax.passes import registry
 from mlsys_jax.passes.conv import candidates, refusals
 from mlsys_jax.passes.manager import cost_summary, run
 from mlsys_jax.passes.measure import fastest
+from mlsys_jax.passes.verify import VerificationError, verify
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class _Node:
     cost: dict
     path: tuple
     rewrites: tuple
+    hash: str
 
 
 def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", budget: int = 100,
@@ -96,11 +99,11 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     _validate(closed, alpha, budget, measure, repeats)
     moves = registry.search_moves(rules, source="search(rules=...)")
     t0 = time.perf_counter()
-    original = _Node(closed, cost_summary(closed, hw, dtype), (), ())
+    original = _Node(closed, cost_summary(closed, hw, dtype), (), (), structural_hash(closed))
     origin = _from_pipeline(original, pipeline, hw, dtype)
     size_limit = max_growth * sum(1 for _ in walk(closed))
     prune = math.inf if measure else alpha
-    seen = {structural_hash(closed), structural_hash(origin.graph)}
+    seen = {original.hash, origin.hash}
     reached = [original] + ([origin] if origin is not original else [])
     best = min(reached, key=lambda n: n.cost["time_us"])
     queue = [(origin.cost["time_us"], 0, origin)]
@@ -111,8 +114,8 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
             for k in range(candidates(factory, node.graph)):
                 if explored >= budget:
                     break
-                res = run(factory(only=k), node.graph, verify=True, hw=hw, dtype=dtype,
-                          cost=False)
+                move = factory(only=k)
+                res = move(node.graph)  # verified below, once it is known to be new and kept
                 if not res.changed:
                     continue
                 new = res.jaxpr
@@ -124,15 +127,22 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
                 cost = cost_summary(new, hw, dtype)
                 step = Step(name, "; ".join(r.detail for r in res.rewrites if r.detail),
                             cost["kernels"], cost["flops"], cost["time_us"])
-                child = _Node(new, cost, node.path + (step,), node.rewrites + tuple(res.rewrites))
-                reached.append(child)
+                child = _Node(new, cost, node.path + (step,), node.rewrites + tuple(res.rewrites),
+                              h)
                 keep = cost["time_us"] < prune * best.cost["time_us"]
+                if not (keep or cost["time_us"] < best.cost["time_us"]):
+                    continue  # discarded unseen: never returned, never expanded
+                verify(move.name, node.graph, new, True, node.hash, h, node.hash)
+                reached.append(child)
                 if cost["time_us"] < best.cost["time_us"]:
                     best = child
                 if keep:
                     accepted += 1
                     heapq.heappush(queue, (cost["time_us"], tick, child))
                     tick += 1
+        if structural_hash(node.graph) != node.hash:
+            raise VerificationError(f"verifier: a search move mutated its input graph "
+                                    f"(after {[s.rule for s in node.path]})")
     timings = None
     if measure:
         best, timings = _measured_best(reached, original, measure, repeats)
@@ -167,7 +177,7 @@ def _from_pipeline(original: _Node, pipeline, hw, dtype) -> _Node:
     fired = Counter(r.rule for r in res.rewrites)
     detail = ", ".join(f"{rule} ×{n}" for rule, n in fired.items())
     step = Step("pipeline", detail, cost["kernels"], cost["flops"], cost["time_us"])
-    return _Node(res.jaxpr, cost, (step,), tuple(res.rewrites))
+    return _Node(res.jaxpr, cost, (step,), tuple(res.rewrites), structural_hash(res.jaxpr))
 
 
 def _measured_best(reached: list, original: _Node, k: int, repeats: int):
