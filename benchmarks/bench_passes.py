@@ -6,6 +6,8 @@
    same at ~1,000 equations, for the scaling (10× the equations should cost ≤ ~12× the time).
 2. XLA:CPU wall time of the §4.2 ResNet block before and after the five rewrites (jit, f32, same
    inputs), side by side, median of interleaved rounds.
+3. The search with ``measure`` on that block (``hw="cpu"``): the graph it picks, timed again beside
+   the original and the five steps' graphs — its measured speedup and whether it is the fastest.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 from mlsys_jax import ir, models, timing
 from mlsys_jax import passes as P
 from mlsys_jax.passes.registry import pipeline as default_pipeline
+from mlsys_jax.passes.search import search
 
 NAME = "passes"
 EQNS_PER_BLOCK = 11
@@ -112,10 +115,42 @@ def block_speedup(quick: bool) -> tuple[dict, list]:
     return figures, notes
 
 
+def block_search_measured(quick: bool) -> tuple[dict, list]:
+    """``search(..., hw="cpu", measure=k)`` on the §4.2 block: the graph it returns, timed again
+    side by side with the original and the five steps' graphs (issue: a search that never loses
+    on the machine it runs on)."""
+    from experiments.s02_graph_opt import block_params, five_steps
+
+    shape = (4, 64, 28, 28) if quick else (16, 64, 56, 56)
+    params = block_params(shape[1], jnp.float32, 0)
+    closed = ir.trace(partial(models.resnet_block, params), jax.ShapeDtypeStruct(shape, jnp.float32))
+    found = search(closed, hw="cpu", dtype=None, measure=4, repeats=5 if quick else 7)
+    steps = five_steps(closed)
+    graphs = {"original": closed, "folded": steps[1][0], "enlarged": steps[3][0],
+              "final": steps[-1][0], "picked": found.best}
+    x = jnp.asarray(np.random.default_rng(1).standard_normal(shape), jnp.float32)
+    fns = {k: partial(jax.jit(ir.as_function(g)), x) for k, g in graphs.items()}
+    t = timing.compare(fns, repeats=5 if quick else 11)
+    r = timing.ratio(t["original"], t["picked"])
+    fastest_other = min(v.median_s for k, v in t.items() if k != "picked")
+    picks_fastest = t["picked"].median_s <= 1.05 * fastest_other  # within 5%: a tie is a tie
+    figures = {"resnet_block_search_cpu_measured_speedup_ratio": r.to_dict(),
+               "resnet_block_search_cpu_picks_fastest": int(picks_fastest)}
+    rules = [s.rule for s in found.path]
+    notes = [f"search --measure on the §4.2 block ({'×'.join(map(str, shape))} f32, hw=cpu): "
+             f"picked {' → '.join(rules) or 'the original'} among {len(found.measured['candidates'])}"
+             f" timed graphs in {found.seconds:.1f} s; timed again beside the original, folded, "
+             f"enlarged and final graphs: speedup {r.median:.3g}× [{r.low:.3g}–{r.high:.3g}] "
+             "(target ≥ 1.1×); fastest within 5%: " + ("yes" if picks_fastest else "no") +
+             f" (picked {t['picked'].summary()}, fastest other {fastest_other * 1e6:.4g} µs)"]
+    return figures, notes
+
+
 def run(quick: bool = False) -> dict:
     f1, n1 = pipeline_vs_compile(quick)
     f2, n2 = block_speedup(quick)
-    return {"figures": {**f1, **f2}, "notes": n1 + n2}
+    f3, n3 = block_search_measured(quick)
+    return {"figures": {**f1, **f2, **f3}, "notes": n1 + n2 + n3}
 
 
 if __name__ == "__main__":

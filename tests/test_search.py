@@ -81,3 +81,21 @@ def test_budget_of_one_graph_is_never_worse_than_the_pipeline(block):
     r = search(block, alpha=1.05, hw="h100", dtype="bf16", budget=1)
     assert r.explored == 1 and r.best_cost["time_us"] <= piped["time_us"]
     assert r.best_cost["kernels"] <= piped["kernels"]
+
+
+def test_measure_times_a_shortlist_beside_the_original_and_returns_the_fastest():
+    rng = np.random.default_rng(1)
+    p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), {
+        "w3": rng.standard_normal((8, 8, 3, 3)) / 8, "w1": rng.standard_normal((8, 8, 1, 1)) / 3,
+        "bn3": {"gamma": np.ones(8), "beta": np.zeros(8), "mean": np.zeros(8), "var": np.ones(8)},
+        "bn1": {"gamma": np.ones(8), "beta": np.zeros(8), "mean": np.zeros(8), "var": np.ones(8)}})
+    small = ir.trace(partial(models.resnet_block, p), jax.ShapeDtypeStruct((2, 8, 10, 10),
+                                                                          jnp.float32))
+    # α = 1 would stop at the pipeline's graph; measured, the estimate only shortlists
+    r = search(small, alpha=1.0, hw="h100", dtype="bf16", measure=3, repeats=1)
+    rows = r.measured["candidates"]
+    assert len(rows) == 4 and rows[0]["rules"] == [] and r.measured["rounds"] == 1
+    assert ["pipeline", "enlarge_conv_kernel", "merge_parallel_convs"] in [c["rules"] for c in rows]
+    picked = rows[r.measured["picked"]]
+    assert picked["median_us"] == min(c["median_us"] for c in rows)
+    assert [s.rule for s in r.path] == picked["rules"]

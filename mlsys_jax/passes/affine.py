@@ -134,7 +134,10 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
         if isinstance(other, Var) and through_reduction(consts, other, z):
             raise Refuse(BATCH_STATS.format(what=f"the {prim} operand"))
         if _per_channel_input(consts, other, shape, fd):
-            raise Refuse(f"the {prim}'s per-channel operand is computed from the function's "
+            raise Refuse(f"the {prim}'s per-channel operand is an argument of the enclosing "
+                         "call, unknown inside it: inline the call (the inline pass) to fold"
+                         if consts.nested else
+                         f"the {prim}'s per-channel operand is computed from the function's "
                          "inputs, not constant: trace with the parameters and BatchNorm "
                          "statistics as constants (closed over) to fold")
         raise Stop(f"{prim} operand is not a constant")

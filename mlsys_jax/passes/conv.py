@@ -17,8 +17,9 @@ from mlsys_jax.ir.opview import op_name
 from mlsys_jax.passes.bnchain import affine_chain
 from mlsys_jax.passes.convpass import (Plan, as_numpy as _np, conv_pass, levels,
                                        value_of as _value)
-from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference, emit_conv,
-                                        enlarge_padding, find_sites, fmt_window, users_of)
+from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference, conv_bias_body,
+                                        emit_conv, enlarge_padding, find_sites, fmt_window,
+                                        users_of)
 from mlsys_jax.passes.core import Log, Pass, is_concrete
 
 
@@ -36,7 +37,9 @@ def _channel_scale(w, vec, site: Site):
 # ---- fold_conv_bn ----------------------------------------------------------------------------
 
 def _fold_plans(jaxpr, consts, log, path):
-    c = Consts(jaxpr, consts)
+    if path and conv_bias_body(jaxpr) is not None:
+        return {}  # inside a conv_bias op: already folded, its bias is the call's argument
+    c = Consts(jaxpr, consts, nested=bool(path))
     users = users_of(jaxpr)
     plans = {}
     for site in find_sites(jaxpr):

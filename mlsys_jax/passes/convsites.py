@@ -26,7 +26,8 @@ class Consts:
     """Lazy constant propagation over one jaxpr level: the value of a var computed only from
     consts and literals by pure equations (evaluated with JAX, eagerly), else None."""
 
-    def __init__(self, jaxpr, consts, known: dict | None = None):
+    def __init__(self, jaxpr, consts, known: dict | None = None, nested: bool = False):
+        self.nested = nested  # a body inside a call: its inputs are the call's arguments
         self.producer = {v: e for e in jaxpr.eqns for v in e.outvars}
         self.memo = dict(zip(jaxpr.constvars, consts))
         self.memo.update(known or {})
@@ -101,10 +102,11 @@ class Site:
         return self.dims.out_spec[1]
 
 
-def _conv_bias_body(body):
-    """If ``body`` is conv(in0, in1) + broadcast(in2) (one output), return its conv equation."""
-    j = body.jaxpr
-    if len(j.invars) != 3 or len(j.outvars) != 1 or body.consts:
+def conv_bias_body(body):
+    """If ``body`` (a ClosedJaxpr, or an open jaxpr) is conv(in0, in1) + broadcast(in2) with one
+    output, return its conv equation."""
+    j = getattr(body, "jaxpr", body)
+    if len(j.invars) != 3 or len(j.outvars) != 1 or getattr(body, "consts", ()):
         return None
     convs = [e for e in j.eqns if e.primitive.name == CONV]
     if len(convs) != 1 or list(convs[0].invars) != list(j.invars[:2]):
@@ -139,7 +141,7 @@ def find_sites(jaxpr) -> list[Site]:
         if e.primitive.name == CONV and len(e.invars) == 2:
             sites.append(Site(i, e, e, e.invars[0], e.invars[1], None, e.outvars[0]))
         elif e.primitive.name in JIT and isinstance(e.params.get("jaxpr"), ClosedJaxpr):
-            conv = _conv_bias_body(e.params["jaxpr"])
+            conv = conv_bias_body(e.params["jaxpr"])
             if conv is not None:
                 sites.append(Site(i, e, conv, e.invars[0], e.invars[1], e.invars[2], e.outvars[0]))
     return sites
