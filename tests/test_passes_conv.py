@@ -365,3 +365,20 @@ def test_enlarge_refuses_where_no_tap_keeps_the_result():
                    lax.conv_general_dilated(x, w1, (2, 2), "VALID", dimension_numbers=dn))
     res = P.run(P.enlarge_conv_kernel(), ir.trace(h, _x("NCHW")))
     assert not res.changed and "strides differ" in res.refusals[0].reason
+
+
+def test_per_example_gates_and_norms_are_not_called_batch_statistics():
+    w = _kernel("NCHW", 4, 4, 3)
+    conv = lambda x: lax.conv_general_dilated(x, w, (1, 1), "SAME",  # noqa: E731
+                                              dimension_numbers=LAYOUTS["NCHW"])
+
+    def squeeze_excite(x):  # a per-example, per-channel gate computed from the conv output
+        z = conv(x)
+        return z * jax.nn.sigmoid(z.mean((2, 3), keepdims=True))
+
+    def instance_norm(x):
+        return jax.nn.standardize(conv(x), axis=(2, 3))
+    for f in (squeeze_excite, instance_norm):
+        res = P.run(P.fold_conv_bn(), ir.trace(f, _x("NCHW")))
+        assert not res.changed and "per example" in res.refusals[0].reason, res.refusals
+        assert "batch" not in res.refusals[0].reason

@@ -5,7 +5,8 @@ We follow the conv output through elementwise add/sub/mul/div/neg with constant 
 through named calls whose bodies do only that (``batch_norm``), and through the reshapes, squeezes,
 transposes and broadcasts that framework code puts in between (equinox vmaps a per-example
 ``Conv2d``), keeping the composite affine map as two per-channel vectors. §4.1 rule (1) then folds
-it: W' = W·s, B' = (B − μ)·s + β. The walk itself, and why it stops, is ``passes/bnchain.py``.
+it: W' = W·s, B' = (B − μ)·s + β. The walk itself (and the movement views) is
+``passes/bnchain.py``.
 """
 from __future__ import annotations
 
@@ -19,9 +20,6 @@ from mlsys_jax.passes.convsites import Consts
 
 AFFINE = frozenset({"add", "add_any", "sub", "mul", "div", "neg"})
 SHIFTS = frozenset({"add", "add_any", "sub"})
-# Views that move elements without arithmetic: a per-channel affine map commutes with them as long
-# as we know where the channel axis goes.
-MOVES = frozenset({"reshape", "squeeze", "transpose", "broadcast_in_dim"})
 REDUCE = ("reduce_", "argmax", "argmin", "cumsum")
 
 
@@ -131,15 +129,9 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
     (other,) = [x for x in eqn.invars if x is not t]
     val = consts.value(other)
     if val is None:
-        if isinstance(other, Var) and through_reduction(consts, other, z):
-            raise Refuse(BATCH_STATS.format(what=f"the {prim} operand"))
-        if _per_channel_input(consts, other, shape, fd):
-            raise Refuse(f"the {prim}'s per-channel operand is an argument of the enclosing "
-                         "call, unknown inside it: inline the call (the inline pass) to fold"
-                         if consts.nested else
-                         f"the {prim}'s per-channel operand is computed from the function's "
-                         "inputs, not constant: trace with the parameters and BatchNorm "
-                         "statistics as constants (closed over) to fold")
+        why = operand_refusal(consts, other, z, shape, fd, f"the {prim} operand")
+        if why:
+            raise Refuse(why)
         raise Stop(f"{prim} operand is not a constant")
     dtype = np.dtype(t.aval.dtype)
     vdtype = vector_dtype(dtype)
@@ -163,9 +155,9 @@ def step(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
     return aff.then(aff.a / c, aff.b / c, prim)
 
 
-def _per_channel_input(consts: Consts, v, shape, fd) -> bool:
-    """Whether ``v`` is a per-channel vector broadcast along the other axes (a traced BatchNorm
-    parameter), not a full tensor (a residual or a gate)."""
+def _channel_vector(consts: Consts, v, shape, fd) -> bool:
+    """Whether ``v`` is a per-channel vector, maybe broadcast along the other axes (a BatchNorm
+    parameter or statistic), not a full tensor (a residual, a per-example gate)."""
     while isinstance(v, Var):
         size = math.prod(v.aval.shape)
         if size == shape[fd]:
@@ -177,6 +169,25 @@ def _per_channel_input(consts: Consts, v, shape, fd) -> bool:
             return False
         v = e.invars[0]
     return False
+
+
+def operand_refusal(consts: Consts, v, z, shape, fd, what: str) -> str | None:
+    """Why a non-constant operand ``v`` (``what``) of an affine op on the conv output ``z`` keeps
+    it from folding, when the op looks foldable; None for another full tensor (a residual add)."""
+    if not isinstance(v, Var):
+        return None
+    vector = _channel_vector(consts, v, shape, fd)
+    if through_reduction(consts, v, z):
+        return BATCH_STATS.format(what=what) if vector else (
+            f"{what} is computed from the conv output itself, per example (a data-dependent "
+            "scale or a per-example normalisation), not a constant")
+    if not vector:
+        return None
+    if consts.nested:
+        return (f"{what} is an argument of the enclosing call, unknown inside it: inline the "
+                "call (the inline pass) to fold")
+    return (f"{what} is computed from the function's inputs, not constant: trace with the "
+            "parameters and BatchNorm statistics as constants (closed over) to fold")
 
 
 def through_call(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
@@ -196,18 +207,22 @@ def through_call(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
             continue
         val = consts.value(outer)
         if val is None:
-            if isinstance(outer, Var) and through_reduction(consts, outer, z):
-                label = names[j] if j < len(names) else f"argument {j}"
-                raise Refuse(BATCH_STATS.format(what=f"'{label}' of {name}"))
+            label = names[j] if j < len(names) else f"argument {j}"
+            why = operand_refusal(consts, outer, z, shape, fd, f"'{label}' of {name}")
+            if why:
+                raise Refuse(why)
             raise Stop(f"argument {j} of {name} is not a constant")
         known[v] = val
     inner_consts = Consts(inner, body.consts, known)
     tracked = inner.invars[k]
-    stats = [e.primitive.name for e in inner.eqns if e.primitive.name.startswith(REDUCE)
+    stats = [e for e in inner.eqns if e.primitive.name.startswith(REDUCE)
              and any(inner_consts.depends_on(x, tracked) for x in e.invars if isinstance(x, Var))]
-    if stats:  # jax.nn.standardize, stax.BatchNorm: normalised by the batch's own statistics
-        raise Refuse(BATCH_STATS.format(what=f"the mean/variance inside '{name}' ({stats[0]} "
-                                             "over the conv output)"))
+    if stats:  # jax.nn.standardize, stax.BatchNorm: normalised by the input's own statistics
+        what = f"the mean/variance inside '{name}' ({stats[0].primitive.name} over the conv output)"
+        if math.prod(stats[0].outvars[0].aval.shape) == shape[fd]:  # one per channel: batch stats
+            raise Refuse(BATCH_STATS.format(what=what))
+        raise Refuse(f"{what} is computed per example (a per-example normalisation), not a "
+                     "constant")
     for e in inner.eqns:
         if any(x is tracked for x in e.invars):
             aff = step(e, tracked, inner_consts, aff, shape, fd, tracked)
@@ -217,28 +232,3 @@ def through_call(eqn, t, consts: Consts, aff: Affine, shape, fd, z) -> Affine:
     if list(inner.outvars) != [tracked]:
         raise Stop("call body output is not the affine value")
     return replace(aff, named="BatchNorm") if name in ("batch_norm", "BatchNorm") else aff
-
-
-def moved_axis(eqn, shape: tuple, fd: int) -> int | None:
-    """Where axis ``fd`` of ``shape`` lands after a movement equation, or None (an unknown move,
-    or one that mixes channels with other axes)."""
-    prim, p = eqn.primitive.name, eqn.params
-    if prim not in MOVES or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
-        return None
-    out = tuple(eqn.outvars[0].aval.shape)
-    if prim == "transpose":
-        return tuple(p["permutation"]).index(fd)
-    if prim == "squeeze":
-        dims = tuple(d % len(shape) for d in p["dimensions"])
-        return None if fd in dims else fd - sum(d < fd for d in dims)
-    if prim == "broadcast_in_dim":
-        j = tuple(p["broadcast_dimensions"])[fd]
-        return j if out[j] == shape[fd] else None
-    if p.get("dimensions") is not None:  # reshape with a transpose first
-        return None
-    # row-major reshape: channel c stays channel c where the axis keeps its size and stride
-    stride = math.prod(shape[fd + 1:])
-    for j, n in enumerate(out):
-        if n == shape[fd] and math.prod(out[j + 1:]) == stride:
-            return j
-    return None

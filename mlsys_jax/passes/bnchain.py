@@ -1,8 +1,8 @@
 """The walk from a conv's output along the per-channel affine ops that ``fold_conv_bn`` folds
 (§4.1 rule 1), and the reason it stops short when an affine op is in reach but cannot be folded.
 
-The walk follows single-use values through the affine steps and movement views of
-``passes/affine.py``. It stops silently where nothing foldable follows (a relu, a residual add of
+The walk follows single-use values through the affine steps of ``passes/affine.py`` and through
+movement views (reshape, squeeze, transpose, broadcast), whose channel axis it tracks. It stops silently where nothing foldable follows (a relu, a residual add of
 another tensor); it stops *with a reason* where the anchor matched — training-mode BatchNorm (batch
 statistics), an integer division, a constant that is not per-channel, a conv output that other ops
 read too — so a refusal is never silent. What precedes the stop still folds (stax's conv bias is
@@ -10,15 +10,15 @@ merged even though its BatchNorm, in training mode, is refused).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlsys_jax.compat import Var
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.ir.primitives import JIT
-from mlsys_jax.passes.affine import (AFFINE, BATCH_STATS, MOVES, Affine, Refuse, Stop, moved_axis,
-                                     step, through_call, through_reduction)
+from mlsys_jax.passes.affine import (AFFINE, Affine, Refuse, Stop, operand_refusal, step,
+                                     through_call)
 from mlsys_jax.passes.convsites import Consts, Site
 
 
@@ -77,18 +77,20 @@ def _shared(jaxpr, consts: Consts, t, us, z, aff: Affine, shape, fd) -> str | No
     readers = [jaxpr.eqns[u] for u in us if u >= 0]
     # Training-mode BN reads z for its statistics too: name the op that normalises with them
     # (``batch_norm``'s 'mean', an inline sub) before a call that only computes them (``_var``).
-    normalising = [e for e in readers if (e.primitive.name in AFFINE or e.primitive.name in JIT)
-                   and any(o is not t and isinstance(o, Var) and consts.value(o) is None
-                           and through_reduction(consts, o, z) for o in e.invars)]
-    calls = [e for e in readers if e.primitive.name in JIT and e not in normalising]
-    for e in normalising + calls:
-        if e.primitive.name not in JIT:
-            return BATCH_STATS.format(what="the mean/variance")
+    for e in readers:
+        if e.primitive.name in AFFINE:
+            for o in e.invars:
+                why = None if o is t or consts.value(o) is not None else operand_refusal(
+                    consts, o, z, shape, fd, f"the {e.primitive.name} operand")
+                if why:
+                    return why
+    calls = [e for e in readers if e.primitive.name in JIT]
+    calls.sort(key=lambda e: all(o is t or consts.value(o) is not None for o in e.invars))
+    for e in calls:  # those reading another traced value (the statistics) first
         try:
             through_call(e, t, consts, aff, shape, fd, z)
         except Refuse as r:
-            if "batch" in str(r):
-                return str(r)
+            return str(r)
         except Stop:
             pass
     foldable = [e for e in readers if e.primitive.name in AFFINE and len(e.invars) == 2
@@ -101,3 +103,33 @@ def _shared(jaxpr, consts: Consts, t, us, z, aff: Affine, shape, fd) -> str | No
         others.append("the program's output")
     return (f"the value before the {foldable[0].primitive.name} is also read by "
             f"{', '.join(others)}, which need it unscaled; folding would change what they read")
+
+
+# Views that move elements without arithmetic: a per-channel affine map commutes with them as long
+# as we know where the channel axis goes.
+MOVES = frozenset({"reshape", "squeeze", "transpose", "broadcast_in_dim"})
+
+
+def moved_axis(eqn, shape: tuple, fd: int) -> int | None:
+    """Where axis ``fd`` of ``shape`` lands after a movement equation, or None (an unknown move,
+    or one that mixes channels with other axes)."""
+    prim, p = eqn.primitive.name, eqn.params
+    if prim not in MOVES or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+        return None
+    out = tuple(eqn.outvars[0].aval.shape)
+    if prim == "transpose":
+        return tuple(p["permutation"]).index(fd)
+    if prim == "squeeze":
+        dims = tuple(d % len(shape) for d in p["dimensions"])
+        return None if fd in dims else fd - sum(d < fd for d in dims)
+    if prim == "broadcast_in_dim":
+        j = tuple(p["broadcast_dimensions"])[fd]
+        return j if out[j] == shape[fd] else None
+    if p.get("dimensions") is not None:  # reshape with a transpose first
+        return None
+    # row-major reshape: channel c stays channel c where the axis keeps its size and stride
+    stride = math.prod(shape[fd + 1:])
+    for j, n in enumerate(out):
+        if n == shape[fd] and math.prod(out[j + 1:]) == stride:
+            return j
+    return None
