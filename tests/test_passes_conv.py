@@ -319,6 +319,12 @@ def test_integer_scale_and_shift_fold_exactly_with_wraparound():
     res = P.run(P.chain(P.fold_conv_bn(), P.dce()), closed)
     assert res.rewrites and ir.primitive_counts(res.jaxpr, recursive=False)["mul"] == 0
     assert bool(jnp.array_equal(ir.interpret(closed, x)[0], ir.interpret(res.jaxpr, x)[0]))
+    # int8 weights accumulating into int32: 100·W would wrap at 8 bits
+    w8, x8 = w.astype(jnp.int8), x.astype(jnp.int8)
+    g = lambda x: lax.conv_general_dilated(x, w8, (1, 1), "SAME",  # noqa: E731
+                                           preferred_element_type=jnp.int32) * np.int32(100)
+    res = P.run(P.fold_conv_bn(), ir.trace(g, x8))
+    assert not res.changed and "wrap at the weights' width" in res.refusals[0].reason
 
 
 def _downsample(pad3, h=8):

@@ -68,6 +68,11 @@ def affine_chain(jaxpr, consts: Consts, site: Site, users: dict) -> Chain:
     if chain.end is not None and not (np.isfinite(aff.a).all() and np.isfinite(aff.b).all()):
         return Chain(Affine.identity(1, np.float64), None, [], "the folded scale or shift is not "
                      "finite (BatchNorm var + eps ≤ 0?); left as it was")
+    wdt, zdt = np.dtype(site.w.aval.dtype), np.dtype(z.aval.dtype)
+    if chain.end is not None and aff.scaled and zdt.kind in "iu" and wdt != zdt:
+        return Chain(Affine.identity(1, np.float64), None, [], f"{wdt} weights of a conv into "
+                     f"{zdt} cannot hold the scaled weights exactly (integer products wrap at the "
+                     "weights' width); left as it was")
     return chain
 
 
