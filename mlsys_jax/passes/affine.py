@@ -176,6 +176,9 @@ def operand_refusal(consts: Consts, v, z, shape, fd, what: str) -> str | None:
     it from folding, when the op looks foldable; None for another full tensor (a residual add)."""
     if not isinstance(v, Var):
         return None
+    e = consts.producer.get(v)
+    if tuple(v.aval.shape) == tuple(shape) and (e is None or e.primitive.name != "broadcast_in_dim"):
+        return None  # another full tensor (a residual add): not worth a walk up the graph
     vector = _channel_vector(consts, v, shape, fd)
     if through_reduction(consts, v, z):
         return BATCH_STATS.format(what=what) if vector else (
