@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Var
@@ -35,10 +36,9 @@ def vector_dtype(dtype):
     """The dtype the folded vectors are kept in: float64 for real floats (rounded once, when the
     weights are scaled), int64 for integers (exact: int64 arithmetic wraps modulo 2⁶⁴, so casting
     back wraps exactly as the narrower integer op would). None where folding is not supported."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if jnp.issubdtype(dtype, jnp.floating):  # float16/32/64 and ml_dtypes' bfloat16, float8s
         return np.dtype(np.float64)
-    if dtype.kind in "iu":
+    if jnp.issubdtype(dtype, jnp.integer):
         return np.dtype(np.int64)
     return None
 
