@@ -34,8 +34,13 @@ def folds(result) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def resnet():
-    closed, x = inference_graph(*flax_resnet.inspect())
+def resnet_factory():
+    return flax_resnet.inspect()  # built once (an eager flax init is slow)
+
+
+@pytest.fixture(scope="module")
+def resnet(resnet_factory):
+    closed, x = inference_graph(*resnet_factory)
     return closed, x, P.run(P.pipeline(), closed)
 
 
@@ -60,13 +65,19 @@ def test_flax_resnet_downsample_pairs_merge_once_enlarged(resnet):
     assert max_diff(closed, more.jaxpr, x) <= 1e-5
 
 
-def test_flax_resnet_float64_folds_within_1e_12():
+def test_flax_resnet_float64_folds_within_1e_12(resnet_factory):
+    _, (variables, x) = resnet_factory
     with jax.enable_x64(True):
-        closed, x = inference_graph(*flax_resnet.inspect_f64())
+        # flax_resnet.inspect_f64's network on the same draws: float64 parameters and input,
+        # batch_stats in float32 as flax keeps them (one init instead of two)
+        params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), variables["params"])
+        model64 = flax_resnet.ResNet18(dtype=jnp.float64)
+        closed, x = inference_graph(model64.apply, ({**variables, "params": params},
+                                                    x.astype(jnp.float64)))
         res = P.run(P.pipeline(), closed)
         assert len(folds(res)) == 20
-        # Op by op: flax keeps batch_stats in float32, and XLA's fused float32 rsqrt under jit
-        # differs from the single-op one by an ulp (1.6e-7 here, in the original graph itself).
+        # Op by op: with float32 batch_stats, XLA's fused float32 rsqrt under jit differs from
+        # the single-op one by an ulp (1.6e-7 in the original graph itself).
         a, b = (eval_open(c.jaxpr, c.consts, [x])[0] for c in (closed, res.jaxpr))
         assert a.dtype == jnp.float64 and float(jnp.max(jnp.abs(a - b))) <= 1e-12
 
