@@ -97,6 +97,16 @@ def test_bn_with_nonpositive_var_plus_eps_is_left_untouched(var, eps):
     assert ir.primitive_counts(r.jaxpr)["rsqrt"] == ir.primitive_counts(closed)["rsqrt"]
 
 
+def test_integer_division_is_not_folded_into_an_int32_conv():
+    # truncating division is not linear: folding W / 3 made 1,102 of 1,296 outputs wrong
+    w = (np.arange(288).reshape(8, 4, 3, 3) % 5 - 2).astype(np.int32)
+    x = jnp.asarray(np.arange(648).reshape(2, 4, 9, 9) % 7, jnp.int32)
+    closed = ir.trace(lambda x: lax.div(lax.conv(x, w, (1, 1), "SAME"), np.int32(3)), x)
+    r = passes.run(passes.chain(passes.fold_conv_bn(), passes.dce()), closed)
+    assert not r.changed and "division truncates" in r.refusals[0].reason
+    assert np.array_equal(ir.interpret(r.jaxpr, x)[0], ir.interpret(closed, x)[0])
+
+
 @pytest.mark.parametrize("fn", ["mul0", "sub_self", "div_self"])
 def test_nan_unsafe_algebra_keeps_nan_and_inf(fn):
     spec = Spec("dense", "f32", [[4, 8]], [{"op": "nan_unsafe", "fn": fn, "args": [0]}], [1])

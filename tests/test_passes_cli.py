@@ -58,6 +58,16 @@ def test_optimize_search_reaches_two_kernels(target, capsys):
     assert rc == 0 and out["after"]["kernels"] == 2
     assert "enlarge_conv_kernel" in [r["rule"] for r in out["rewrites"]]
     assert out["max_abs_diff"] < 1e-4
+    assert [r["rule"] for r in out["search"]["path"]] == [
+        "(start)", "pipeline", "enlarge_conv_kernel", "merge_parallel_convs"]
+
+
+def test_optimize_search_reports_refusals(target, capsys):
+    # greedy stops at the pipeline's graph, where the 1×1 still sits beside the 3×3
+    rc, out = _json(capsys, ["optimize", target, "--arg", "f32[2,8,10,10]", "--search",
+                             "--alpha", "1", "--budget", "5", "--json"])
+    assert rc == 0 and out["after"]["kernels"] == 4 and out["search"]["explored"] <= 5
+    assert any("3×3 vs 1×1" in r["reason"] for r in out["refusals"])
 
 
 def test_optimize_text_output(target, capsys):
@@ -74,6 +84,8 @@ def test_optimize_text_output(target, capsys):
     (["--passes", ","], "--passes is empty"),
     (["--search", "--alpha", "0.5"], "--alpha"),
     (["--search", "--passes", "dce"], "drop --passes"),
+    (["--search", "--budget", "0"], "--budget must be ≥ 1"),
+    (["--budget", "3"], "add --search"),
     (["--hw", "tpu9"], "unknown hardware"),
 ])
 def test_optimize_bad_input_is_one_line(target, capsys, extra, needle):

@@ -11,45 +11,9 @@ from jax import lax
 
 from mlsys_jax import ir, models, passes as P
 from mlsys_jax.passes.convsites import attribute_difference, find_sites
-
-F64 = jnp.float64
-def _block_params(c):
-    bn = lambda k: {n: v for n, v in _bn(c, k).items()}  # noqa: E731
-    return {"w3": _kernel("NCHW", c, c, 3, 11), "w1": _kernel("NCHW", c, c, 1, 12),
-            "bn3": bn(20), "bn1": bn(30)}
-
-
-LAYOUTS = {"NCHW": ("NCHW", "OIHW", "NCHW"), "NHWC": ("NHWC", "HWIO", "NHWC")}
-
-
-def _rand(key, shape, dtype=F64, scale=1.0):  # NumPy: no compile per shape
-    return jnp.asarray(scale * np.random.default_rng(key).standard_normal(shape), dtype)
-
-
-def _kernel(layout, o, i, k, key=1):
-    shape = (o, i, k, k) if layout == "NCHW" else (k, k, i, o)
-    return _rand(key, shape, scale=0.3)
-
-
-def _x(layout, n=2, c=4, h=9):
-    return _rand(7, (n, c, h, h) if layout == "NCHW" else (n, h, h, c))
-
-
-def _bn(c, key=3):
-    return {"gamma": 1 + _rand(key, (c,), scale=0.3), "beta": _rand(key + 1, (c,), scale=0.3),
-            "mean": _rand(key + 2, (c,), scale=0.3), "var": 1 + jnp.abs(_rand(key + 3, (c,)))}
-
-
-def _chan(v, layout):
-    return v[None, :, None, None] if layout == "NCHW" else v
-
-
-def _close(c0, c1, *args):
-    outs = jax.jit(lambda *a: (ir.interpret(c0, *a), ir.interpret(c1, *a)))(*args)  # one compile
-    for a, b in zip(*outs):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
-
+from tests.conv_cases import (F64, LAYOUTS, block_params as _block_params, bn as _bn,
+                               chan as _chan, close as _close, image as _x, kernel as _kernel,
+                               rand as _rand)
 
 CONV_VARIANTS = {
     "plain": dict(window_strides=(1, 1), padding=((1, 1), (1, 1))),

@@ -1,6 +1,7 @@
-"""``mlsys-jax optimize FILE.py:FN [--arg SPEC ...] [--passes LIST] [--search] [--measure]``.
+"""``mlsys-jax optimize FILE.py:FN [--arg SPEC ...] [--passes LIST | --search [--budget N]] [--measure]``.
 
-Applies verified passes (or the TASO-style search) to a user's function — a factory's parameters
+Applies verified passes (or the TASO-style search, which starts from the default pipeline's result
+and so never loses to it) to a user's function — a factory's parameters
 are constants, so this is an inference graph — and prints the op tables before and after, the
 rewrites applied (and refused, with reasons), the unfused and fused estimates, the value check
 (:mod:`mlsys_jax.cli.check`) and, with ``--measure``, both graphs timed here under ``jax.jit``.
@@ -14,6 +15,8 @@ from mlsys_jax.cli.limits import check_evaluation_fits
 from mlsys_jax.errors import MlsysError
 
 HELP = "apply verified rewrite passes to a function"
+SEARCH_BUDGET = 100  # graphs; after the pipeline's result the moves are few, so it rarely binds
+SEARCH_MEASURED = 4  # with --search --measure: graphs timed beside the original
 
 
 def add_arguments(p) -> None:
@@ -22,7 +25,10 @@ def add_arguments(p) -> None:
     p.add_argument("--passes", default=None,
                    help="comma-separated passes (default: the standard pipeline)")
     p.add_argument("--search", action="store_true", help="cost-based search over rewrites")
-    p.add_argument("--alpha", type=float, default=1.05, help="search slack (default 1.05)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="search: keep graphs costing < alpha × the best (default 1.05; 1 = greedy)")
+    p.add_argument("--budget", type=int, default=None, metavar="N",
+                   help=f"search: at most N graphs explored (default {SEARCH_BUDGET})")
     p.add_argument("--measure", action="store_true",
                    help="compile original and optimized with jax.jit and time them here")
     p.add_argument("--rounds", type=int, default=11,
@@ -43,26 +49,37 @@ def main(args) -> int:
 
     if args.search and args.passes is not None:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
-    if args.search and not args.alpha >= 1.0:
-        raise MlsysError(f"--alpha must be ≥ 1.0 (1.0 = greedy), got {args.alpha}")
+    if not args.search and (args.alpha is not None or args.budget is not None):
+        raise MlsysError("--alpha and --budget set the search; add --search (or drop them)")
+    alpha = 1.05 if args.alpha is None else args.alpha
+    budget = SEARCH_BUDGET if args.budget is None else args.budget
+    if not alpha >= 1.0:
+        raise MlsysError(f"--alpha must be ≥ 1.0 (1.0 = greedy), got {alpha}")
+    if budget < 1:
+        raise MlsysError(f"--budget must be ≥ 1 graph, got {budget}")
     if args.rounds < 1:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
+    searched = None
     user = target.resolve(args)
     closed = user.trace(constant_params=True)
     check_evaluation_fits(closed, f"optimize's check of {user.name} on random inputs")
     try:
         if args.search:
-            found = search(closed, alpha=args.alpha, hw=args.hw, dtype=args.dtype)
-            after = found.best
-            rewrites = [{"rule": s.rule, "where": "", "detail": s.detail, "time_us": s.time_us,
-                         "kernels": s.kernels} for s in found.path]
-            refusals = []
+            measure = SEARCH_MEASURED if args.measure else 0
+            found = search(closed, alpha=alpha, hw=args.hw, dtype=args.dtype, budget=budget,
+                           measure=measure)
+            after, logged = found.best, found
+            searched = {"path": found.path_rows(), "explored": found.explored,
+                        "budget": budget, "alpha": alpha, "seconds": found.seconds,
+                        "measured": found.measured}
         else:
-            res = P.run(pipeline, closed, verify=True, hw=args.hw, dtype=args.dtype)
-            after = res.jaxpr
-            rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail} for r in res.rewrites]
-            refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason} for r in res.refusals]
+            logged = P.run(pipeline, closed, verify=True, hw=args.hw, dtype=args.dtype)
+            after = logged.jaxpr
+        rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail}
+                    for r in logged.rewrites]
+        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason}
+                    for r in logged.refusals]
         verified, failure = True, ""
     except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
         after, rewrites, refusals, verified, failure = closed, [], [], False, str(e)
@@ -76,6 +93,7 @@ def main(args) -> int:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
                           "rewrites": rewrites, "refusals": refusals, **check.to_dict(),
                           **({"measured": measured} if measured else {}),
+                          **({"search": searched} if searched else {}),
                           "verified": verified, "error": failure}, indent=1))
         return 0 if verified else 1
     hw = before_e.unfused.hardware
@@ -84,6 +102,10 @@ def main(args) -> int:
                 for r in both.default.rows()]
         print(format_table(rows, title=f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: "
                                        f"{both.line()}]"))
+    if searched:
+        print(format_table(searched["path"], title=f"\n[search path: {searched['explored']} of "
+                                                    f"at most {budget} graphs explored, "
+                                                    f"α={alpha}, {searched['seconds']:.2f} s]"))
     print(format_table(rewrites, title="\n[rewrites applied]"))
     if refusals:
         print(format_table(refusals, title="\n[refused]"))

@@ -26,7 +26,8 @@ class Consts:
     """Lazy constant propagation over one jaxpr level: the value of a var computed only from
     consts and literals by pure equations (evaluated with JAX, eagerly), else None."""
 
-    def __init__(self, jaxpr, consts, known: dict | None = None):
+    def __init__(self, jaxpr, consts, known: dict | None = None, nested: bool = False):
+        self.nested = nested  # a body inside a call: its inputs are the call's arguments
         self.producer = {v: e for e in jaxpr.eqns for v in e.outvars}
         self.memo = dict(zip(jaxpr.constvars, consts))
         self.memo.update(known or {})
@@ -101,10 +102,11 @@ class Site:
         return self.dims.out_spec[1]
 
 
-def _conv_bias_body(body):
-    """If ``body`` is conv(in0, in1) + broadcast(in2) (one output), return its conv equation."""
-    j = body.jaxpr
-    if len(j.invars) != 3 or len(j.outvars) != 1 or body.consts:
+def conv_bias_body(body):
+    """If ``body`` (a ClosedJaxpr, or an open jaxpr) is conv(in0, in1) + broadcast(in2) with one
+    output, return its conv equation."""
+    j = getattr(body, "jaxpr", body)
+    if len(j.invars) != 3 or len(j.outvars) != 1 or getattr(body, "consts", ()):
         return None
     convs = [e for e in j.eqns if e.primitive.name == CONV]
     if len(convs) != 1 or list(convs[0].invars) != list(j.invars[:2]):
@@ -139,7 +141,7 @@ def find_sites(jaxpr) -> list[Site]:
         if e.primitive.name == CONV and len(e.invars) == 2:
             sites.append(Site(i, e, e, e.invars[0], e.invars[1], None, e.outvars[0]))
         elif e.primitive.name in JIT and isinstance(e.params.get("jaxpr"), ClosedJaxpr):
-            conv = _conv_bias_body(e.params["jaxpr"])
+            conv = conv_bias_body(e.params["jaxpr"])
             if conv is not None:
                 sites.append(Site(i, e, conv, e.invars[0], e.invars[1], e.invars[2], e.outvars[0]))
     return sites
@@ -195,3 +197,51 @@ def attribute_difference(a: Site, b: Site, same_window: bool = True) -> str | No
     if ia != ib:
         return f"kernel input features differ: {ia} vs {ib}"
     return None
+
+
+def fmt_window(site: Site) -> str:
+    return "×".join(map(str, site.window))
+
+
+def out_length(n: int, lo: int, hi: int, k: int, dilation: int, stride: int) -> int:
+    """Output length of one spatial dim of a conv (lax.conv_general_dilated's rule)."""
+    span = (k - 1) * dilation + 1
+    return max(0, (n + lo + hi - span) // stride + 1)
+
+
+def enlarge_padding(site: Site, target: tuple, partner: Site | None = None):
+    """Where the old kernel sits inside the ``target`` window (its tap, per spatial dim) and the
+    new padding, so that every output keeps its value for finite inputs; or the reason (a str).
+
+    Alone, the kernel is centred (§4.2 step ③). Beside a ``partner`` (the conv it is enlarged to
+    merge with) it takes the partner's padding: the tap ``t`` with ``lo + t·dilation`` equal to
+    the partner's low padding reads exactly the inputs the old kernel read, and the high padding
+    may be the partner's whenever the output length stays the same (a stride-2 conv never reads
+    the last padded row) — so a ResNet downsample pair (3×3 stride 2 with SAME padding ((0,1),(0,1))
+    beside a 1×1 stride-2 projection) can merge.
+    """
+    taps, padding = [], []
+    for i, (k0, k) in enumerate(zip(site.window, target)):
+        grow = k - k0
+        r, st = site.params["rhs_dilation"][i], site.params["window_strides"][i]
+        lo, hi = site.params["padding"][i]
+        n = site.x.aval.shape[site.dims.lhs_spec[2 + i]]
+        if partner is None:
+            if grow % 2:
+                return "the size difference must be even to keep the kernel centred"
+            t = grow // 2
+            new = (lo + r * t, hi + r * (grow - t))
+        else:
+            new = tuple(partner.params["padding"][i])
+            t, rem = divmod(new[0] - lo, r)
+            if rem or not 0 <= t <= grow:
+                return (f"conv {partner.index}'s padding {tuple(map(tuple, partner.params['padding']))} "
+                        f"would need the {fmt_window(site)} kernel at offset {(new[0] - lo) / r:g} "
+                        f"of spatial dim {i}, outside the {k}-wide window; no tap keeps the result")
+            if out_length(n, *new, k, r, st) != out_length(n, lo, hi, k0, r, st):
+                return (f"with conv {partner.index}'s padding {new} on spatial dim {i} the output "
+                        f"would have {out_length(n, *new, k, r, st)} positions instead of "
+                        f"{out_length(n, lo, hi, k0, r, st)}")
+        taps.append(t)
+        padding.append(new)
+    return tuple(taps), tuple(padding)
