@@ -90,3 +90,48 @@ dce_jaxpr_consts = _pe.dce_jaxpr_consts
 # Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
 # "from the argument …"); jax.ad_checkpoint only exports the printing form.
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
+
+
+# ---- Building jaxprs from equation lists (structural passes) ---------------------------------
+# The structural passes (dce, cse, inline, fold_constants) copy JAX's own equations into a new
+# jaxpr instead of re-tracing every one: an equation keeps its params, effects and literals as JAX
+# bound them; only its input variables change. These are JAX's constructors for that, and its
+# type check of one equation (the verifier re-checks only equations it has not seen typed).
+from jax._src.core import DebugInfo as _DebugInfo, typecheck as _typecheck  # noqa: E402
+
+typeof = jax.typeof
+
+
+def new_jaxpr(like, constvars, outvars, eqns):
+    """A Jaxpr with ``like``'s inputs and debug info (same arity) and new constvars, outputs and
+    equations; its effects are recomputed from the equations, as JAX's tracer does."""
+    effects = _pe.make_jaxpr_effects(constvars, like.invars, outvars, eqns)
+    return Jaxpr(constvars, like.invars, outvars, eqns, effects, like.debug_info, like.is_high)
+
+
+def literal_fits(literal) -> bool:
+    """A literal's value matches its type annotation (what ``check_jaxpr`` checks of literals)."""
+    return _typecheck(literal.aval, literal.val)
+
+
+def effects_declared(jaxpr) -> bool:
+    """Every equation's effect is among the jaxpr's effects (JAX's rule: a named-axis effect may
+    be discharged; an input effect must name an input)."""
+    try:
+        needed = _pe.make_jaxpr_effects(jaxpr.constvars, jaxpr.invars, jaxpr.outvars, jaxpr.eqns)
+    except ValueError:
+        return False
+    return all(e in jaxpr.effects or isinstance(e, _core.NamedAxisEffect) for e in needed)
+
+
+def check_equation(eqn) -> None:
+    """JAX's type check of one equation (and, recursively, its bodies): ``check_jaxpr`` of a jaxpr
+    holding only ``eqn``. Raises JAX's JaxprTypeError."""
+    free, seen = [], set()
+    for v in eqn.invars:
+        if isinstance(v, Var) and not isinstance(v, Literal) and id(v) not in seen:
+            seen.add(id(v))
+            free.append(v)
+    outs = [v for v in eqn.outvars if not isinstance(v, DropVar)]
+    info = _DebugInfo("check_equation", eqn.primitive.name, ("",) * len(free), ("",) * len(outs))
+    check_jaxpr(Jaxpr((), free, outs, [eqn], eqn.effects, info))

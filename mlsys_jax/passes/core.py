@@ -1,9 +1,11 @@
 """Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (DESIGN.md §3).
 
-Every rewrite is spliced in by re-tracing the foundation's interpreter (``ir.eval_jaxpr`` with a
-handler) under ``jax.make_jaxpr``; handlers compute replacement outputs with ordinary JAX code, so
-params, literals, effects and weak types come out canonical. A pass that finds nothing to do returns
-its input object unchanged.
+Two engines build the new jaxpr. Structural passes (dce, cse, inline, fold_constants) *edit*
+equation lists (:func:`edit`, ``ir.edit``): JAX's equations are copied with their params,
+literals, effects and weak types, and only what they read changes — no re-tracing. Numeric
+rewrites (the conv rules) *re-trace* (:func:`transform`): the foundation's interpreter runs under
+``jax.make_jaxpr`` and a rule computes replacement outputs with ordinary JAX code. A pass that finds
+nothing to do returns its input object unchanged.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from typing import Callable, Optional
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
+from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, check_equation
 from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
+from mlsys_jax.ir.edit import Editor
 from mlsys_jax.ir.keys import signature
 from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
 from mlsys_jax.ir.walk import bodies, body_path
@@ -149,14 +152,10 @@ def is_pure(eqn) -> bool:
     return False
 
 
-# ---- the rewrite engine --------------------------------------------------------------------
-
-# rule(index, eqn, invals, lookup, path) -> replacement outputs (list) or None to keep the eqn.
-Rule = Callable[[int, object, list, Callable, str], Optional[list]]
-
+# ---- the engines -----------------------------------------------------------------------------
 
 class Log:
-    """Collects rewrites and refusals while a pass re-traces a jaxpr."""
+    """Collects rewrites and refusals while a pass rewrites a jaxpr."""
 
     def __init__(self, name: str):
         self.name, self.rewrites, self.refusals = name, [], []
@@ -166,6 +165,81 @@ class Log:
 
     def refused(self, where: str, reason: str, rule: str | None = None):
         self.refusals.append(Refusal(rule or self.name, where, reason))
+
+
+def edited_params(eqn, here: str, rewrite: Callable, log: Log) -> dict | None:
+    """``eqn``'s params with every nested body replaced by ``rewrite(body, path)`` where that
+    changed it and kept its signature (so jit tuples and scan/while/cond counts stay valid); None
+    when no body changed."""
+    subs = bodies(eqn)
+    if not subs:
+        return None
+    params, changed = dict(eqn.params), False
+    for b in subs:
+        old = eqn.params[b.param] if b.index is None else eqn.params[b.param][b.index]
+        old_closed = old if b.is_closed else ClosedJaxpr(old, ())
+        new = rewrite(old_closed, body_path(here, b))
+        if new is old_closed:
+            continue
+        if signature(old_closed) != signature(new) or (not b.is_closed and new.consts):
+            log.refused(f"{here}/{b.label}", "rewritten body would change its signature or need "
+                        "constants an open jaxpr cannot hold; body left as it was")
+            continue
+        new_val = new if b.is_closed else new.jaxpr
+        if b.index is None:
+            params[b.param] = new_val
+        else:
+            params[b.param] = tuple(new_val if k == b.index else v
+                                    for k, v in enumerate(params[b.param]))
+        changed = True
+    return params if changed else None
+
+
+def _rejected(eqn, here: str, log: Log, err: Exception) -> None:
+    log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(err).__name__}); "
+                "equation left as it was")
+
+
+# Structural passes edit equation lists (``ir.edit``): visit(i, eqn, here) -> True when it dropped
+# or replaced the equation through the editor; an equation it leaves is kept, bodies edited.
+Visit = Callable[[int, object, str], bool]
+
+
+def edit(closed: ClosedJaxpr, make_visit: Callable, log: Log, path: str = "") -> ClosedJaxpr:
+    """Edit ``closed`` with ``make_visit(editor, log, path)``'s visitor, level by level: JAX's
+    equations are copied, not re-traced (``ir.edit``). Returns ``closed`` itself when nothing
+    changed anywhere."""
+    ed = Editor(closed)
+    visit = make_visit(ed, log, path)
+    for i, eqn in enumerate(ed.jaxpr.eqns):
+        here = f"{path}{i}"
+        if visit(i, eqn, here):
+            continue
+        params = edited_params(eqn, here, lambda b, p: edit(b, make_visit, log, p), log)
+        if params is not None:
+            try:  # what binding the new body would check (cond branches agree, scan carries, ...)
+                check_equation(eqn.replace(params=params))
+            except Exception as e:
+                _rejected(eqn, here, log, e)
+                params = None
+        ed.keep(eqn, params)
+    return ed.finish()
+
+
+def edit_pass(name: str, make_visit: Callable, cleanup: Callable | None = None) -> Pass:
+    """A structural pass from a visitor factory (see :func:`edit`), optionally cleaned up (DCE)."""
+    def fn(closed):
+        log = Log(name)
+        new = edit(closed, make_visit, log)
+        if new is not closed and cleanup is not None:
+            new = cleanup(new)
+        return PassResult(new, new is not closed, tuple(log.rewrites), tuple(log.refusals))
+    return Pass(name, fn)
+
+
+# Numeric rewrites (passes/conv.py) re-trace: rule(index, eqn, invals, lookup, path) -> replacement
+# outputs computed with ordinary JAX code (list), or None to keep the equation.
+Rule = Callable[[int, object, list, Callable, str], Optional[list]]
 
 
 def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = "",
@@ -194,7 +268,7 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
             here = f"{path}{i}"
             outs = rule(i, eqn, invals, lookup, here) if rule is not None else None
             if outs is None and recurse:
-                outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
+                outs = _rebind_bodies(eqn, invals, make_rule, log, here)
             if outs is None:
                 outs = bind_equation(eqn, invals)
             env.update(zip(eqn.outvars, outs))
@@ -206,55 +280,13 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
     return new if len(log.rewrites) > before else closed
 
 
-def default_outputs(eqn, invals, make_rule, log, here) -> list:
-    """What ``transform`` does with an equation its rule keeps: rewrite nested bodies, else bind
-    (for rules that must see an equation's outputs, like CSE's table)."""
-    outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
-    return bind_equation(eqn, invals) if outs is None else outs
-
-
-def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
-    """Apply the pass to every nested body; rebind with the new bodies when their signatures are
-    unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
-    subs = bodies(eqn)
-    if not subs:
-        return None
-    params = dict(eqn.params)
-    changed = False
-    for b in subs:
-        old = eqn.params[b.param] if b.index is None else eqn.params[b.param][b.index]
-        old_closed = old if b.is_closed else ClosedJaxpr(old, ())
-        new = transform(old_closed, make_rule, log, body_path(here, b))
-        if new is old_closed:
-            continue
-        if signature(old_closed) != signature(new) or (not b.is_closed and new.consts):
-            log.refused(f"{here}/{b.label}", "rewritten body would change its signature or need "
-                        "constants an open jaxpr cannot hold; body left as it was")
-            continue
-        new_val = new if b.is_closed else new.jaxpr
-        if b.index is None:
-            params[b.param] = new_val
-        else:
-            params[b.param] = tuple(new_val if k == b.index else v
-                                    for k, v in enumerate(params[b.param]))
-        changed = True
-    if not changed:
+def _rebind_bodies(eqn, invals, make_rule, log, here) -> list | None:
+    """``transform`` every nested body; rebind with the new bodies, else keep the equation."""
+    params = edited_params(eqn, here, lambda b, p: transform(b, make_rule, log, p), log)
+    if params is None:
         return None
     try:
         return bind_equation(eqn.replace(params=params), invals)
     except Exception as e:  # a primitive that rejects the rebuilt body: leave it untouched
-        log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(e).__name__}); "
-                    "equation left as it was")
+        _rejected(eqn, here, log, e)
         return None
-
-
-def simple_pass(name: str, make_rule: Callable, recurse: bool = True,
-                cleanup: Callable | None = None) -> Pass:
-    """A pass from a rule factory: re-trace with the rule, optionally clean up (e.g. DCE)."""
-    def fn(closed):
-        log = Log(name)
-        new = transform(closed, make_rule, log, recurse=recurse)
-        if new is not closed and cleanup is not None:
-            new = cleanup(new)
-        return PassResult(new, new is not closed, tuple(log.rewrites), tuple(log.refusals))
-    return Pass(name, fn)
