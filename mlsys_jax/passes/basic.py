@@ -80,24 +80,23 @@ def cse(param_blind: bool = False) -> Pass:
     bodies by structure, rules and other functions by identity). Effectful, opaque (unknown) and
     remat-protected (``prevent_cse``) equations are never merged."""
     def make_visit(ed, log, path):
-        table: dict = {}   # key -> (outputs of the first such equation, its path)
+        table: dict = {}   # key -> (outputs of the first such equation, its index)
+        env = ed.env
 
-        def canon(v):
-            x = ed.read(v)
-            return value_key(x.val, x.aval) if type(x) is Literal else id(x)
-
-        def visit(i, eqn, here):
+        def visit(i, eqn):
             if not is_pure(eqn) or eqn.params.get("prevent_cse"):
                 return False
             params = "" if param_blind else params_key(eqn.params, strict=True)
-            key = (eqn.primitive.name, params, tuple(canon(v) for v in eqn.invars))
+            key = (eqn.primitive.name, params,
+                   *[value_key(v.val, v.aval) if type(v) is Literal else id(env.get(v, v))
+                     for v in eqn.invars])
             hit = table.get(key)
             if hit is not None:
                 ed.bind(eqn.outvars, hit[0])
-                log.fired(here, f"{eqn.primitive.name} = equation {hit[1]}")
+                log.fired(f"{path}{i}", f"{eqn.primitive.name} = equation {path}{hit[1]}")
                 return True
             if not any(type(v) is DropVar for v in eqn.outvars):  # a dropped output has no name
-                table[key] = (eqn.outvars, here)
+                table[key] = (eqn.outvars, i)
             return False  # kept, and CSE runs inside its bodies too
         return visit
     return edit_pass("cse", make_visit)
@@ -115,7 +114,7 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
     never expanded into a constant bigger than ``max_elements`` or than their largest input.
     A folded value becomes a constvar of the new jaxpr, as a constant does when JAX traces."""
     def make_visit(ed, log, path):
-        def visit(i, eqn, here):
+        def visit(i, eqn):
             if not eqn.invars or not is_pure(eqn):
                 return False
             vals = []
@@ -124,14 +123,14 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
                 if x is None:
                     return False
                 vals.append(x)
-            biggest = max(_elements(v.aval) for v in eqn.invars)
-            if any(_elements(v.aval) > max(biggest, max_elements) for v in eqn.outvars):
+            largest = max((_elements(v.aval) for v in eqn.outvars), default=0)
+            if largest > max_elements and largest > max(_elements(v.aval) for v in eqn.invars):
                 return False
             outs = bind_equation(eqn, vals)  # eagerly: the pass runs under compile-time eval
             if not keep_weak:  # a deliberately broken variant for mutation testing
                 outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
             ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
-            log.fired(here, eqn.primitive.name)
+            log.fired(f"{path}{i}", eqn.primitive.name)
             return True
         return visit
     p = edit_pass("fold_constants", make_visit, cleanup=dce_jaxpr)
@@ -151,7 +150,7 @@ def inline(names=None) -> Pass:
     wanted = None if names is None else frozenset([names] if isinstance(names, str) else names)
 
     def make_visit(ed, log, path):
-        def visit(i, eqn, here):
+        def visit(i, eqn):
             if eqn.primitive.name not in PLAIN_CALLS:
                 return False
             name = eqn.params.get("name")
@@ -160,6 +159,7 @@ def inline(names=None) -> Pass:
             body = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             if not isinstance(body, ClosedJaxpr) or body.effects:
                 return False  # keep effectful calls as calls: order and effects stay explicit
+            here = f"{path}{i}"
             log.fired(here, f"inlined {name}")
             inner = edit(body, make_visit, log, body_path(here, bodies(eqn)[0]))  # calls inside
             ed.bind(eqn.outvars, ed.inline(inner.jaxpr, inner.consts,

@@ -18,7 +18,7 @@ from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, check_
 from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
 from mlsys_jax.ir.edit import Editor
 from mlsys_jax.ir.keys import signature
-from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
+from mlsys_jax.ir.primitives import ARRAY_OPS, NAMED_CALLS, PURE
 from mlsys_jax.ir.walk import bodies, body_path
 
 
@@ -200,9 +200,10 @@ def _rejected(eqn, here: str, log: Log, err: Exception) -> None:
                 "equation left as it was")
 
 
-# Structural passes edit equation lists (``ir.edit``): visit(i, eqn, here) -> True when it dropped
-# or replaced the equation through the editor; an equation it leaves is kept, bodies edited.
-Visit = Callable[[int, object, str], bool]
+# Structural passes edit equation lists (``ir.edit``): visit(i, eqn) -> True when it dropped or
+# replaced equation ``i`` (path ``f"{path}{i}"``) through the editor; an equation it leaves is
+# kept, its bodies edited the same way.
+Visit = Callable[[int, object], bool]
 
 
 def edit(closed: ClosedJaxpr, make_visit: Callable, log: Log, path: str = "") -> ClosedJaxpr:
@@ -211,11 +212,15 @@ def edit(closed: ClosedJaxpr, make_visit: Callable, log: Log, path: str = "") ->
     changed anywhere."""
     ed = Editor(closed)
     visit = make_visit(ed, log, path)
+
+    def rewrite(body, body_path):
+        return edit(body, make_visit, log, body_path)
+
     for i, eqn in enumerate(ed.jaxpr.eqns):
-        here = f"{path}{i}"
-        if visit(i, eqn, here):
+        if visit(i, eqn):
             continue
-        params = edited_params(eqn, here, lambda b, p: edit(b, make_visit, log, p), log)
+        here = f"{path}{i}" if eqn.primitive.name not in ARRAY_OPS else ""
+        params = edited_params(eqn, here, rewrite, log) if here else None
         if params is not None:
             try:  # what binding the new body would check (cond branches agree, scan carries, ...)
                 check_equation(eqn.replace(params=params))
