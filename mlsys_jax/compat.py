@@ -85,6 +85,7 @@ def call_name(eqn) -> str | None:
 # Passes (issue 3): JAX's own dead-code elimination, which keeps effectful equations and prunes
 # nested bodies (jit, scan, cond, while, remat) through their registered DCE rules.
 dce_jaxpr_consts = _pe.dce_jaxpr_consts
+jax_dce_jaxpr = _pe.dce_jaxpr  # the yardstick of benchmarks/bench_passes.py (cached by identity)
 
 
 # Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
@@ -135,3 +136,43 @@ def check_equation(eqn) -> None:
     outs = [v for v in eqn.outvars if not isinstance(v, DropVar)]
     info = _DebugInfo("check_equation", eqn.primitive.name, ("",) * len(free), ("",) * len(outs))
     check_jaxpr(Jaxpr((), free, outs, [eqn], eqn.effects, info))
+
+
+# ---- An open trace for numeric rewrites (passes/core.transform) -------------------------------
+# A numeric rule computes replacement outputs with ordinary JAX code. Instead of re-tracing the
+# whole jaxpr around it (make_jaxpr), a Fragment keeps one of JAX's DynamicJaxprTraces open for a
+# jaxpr level: inputs are added when a rule first reads a value, each rule call's equations are
+# recorded in order, and to_jaxpr turns them into a jaxpr the caller splices in. JAX 0.10 API:
+# DynamicJaxprTrace(debug_info, parent_trace, lower, auto_dce), trace.new_arg, frame.tracing_eqns,
+# frame.to_jaxpr (what pe.trace_to_jaxpr does, one call at a time).
+from jax._src import source_info_util as _source_info  # noqa: E402
+
+
+class Fragment:
+    """Equations traced a call at a time (see above)."""
+
+    def __init__(self, name: str):
+        self.info = _DebugInfo("rewrite", name, None, None)
+        self.trace = _pe.DynamicJaxprTrace(self.info, parent_trace=_core.trace_ctx.trace,
+                                           auto_dce=False)
+        self.source = _source_info.current()
+
+    def arg(self, aval):
+        """A new input of the fragment (a tracer)."""
+        return self.trace.new_arg(aval, self.source)
+
+    def active(self):
+        """Context in which JAX operations are recorded into the fragment."""
+        return set_current_trace(self.trace)
+
+    def mark(self) -> int:
+        """How many equations are recorded so far."""
+        return len(self.trace.frame.tracing_eqns)
+
+    def finish(self, outs) -> tuple:
+        """(jaxpr, consts) of everything recorded, with ``outs`` (tracers or values) as outputs;
+        its equations are in recording order, so :meth:`mark` positions index them."""
+        tracers = [self.trace.to_jaxpr_tracer(x, self.source) for x in outs]
+        jaxpr, consts = self.trace.frame.to_jaxpr(self.trace, tracers, self.info, self.source)
+        self.trace.invalidate()
+        return jaxpr, consts

@@ -7,15 +7,17 @@ types are then exactly JAX's, into a new jaxpr. Only an equation whose input *ty
 bound again (:meth:`Editor.retrace`), so JAX's own rules type what follows it.
 
 An :class:`Editor` holds one level: what each original variable now stands for — a variable of
-the new jaxpr, a literal, or a known value (:class:`Const`, which becomes a constvar when a kept
-equation reads it, as a constant does when JAX traces).
+the new jaxpr, a literal, a known value (:class:`Const`, which becomes a constvar when a kept
+equation reads it, as a constant does when JAX traces), or a tracer of a ``compat.Fragment`` (a
+numeric rewrite's replacement, traced by itself; :meth:`Editor.splice` marks where its equations
+go, :meth:`Editor.finish` puts them there).
 """
 from __future__ import annotations
 
 import jax
 
-from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, Var, bind_equation, new_jaxpr,
-                              typeof)
+from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, Tracer, Var, bind_equation,
+                              new_jaxpr, typeof)
 
 
 class Const:
@@ -42,6 +44,15 @@ def known(value, var) -> Const:
     return Const(value, typeof(value))
 
 
+class Splice:
+    """Where the equations a fragment recorded in positions [start, stop) go."""
+
+    __slots__ = ("start", "stop")
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop = start, stop
+
+
 class Editor:
     """Builds a new version of one jaxpr level from its equations (see the module docstring)."""
 
@@ -57,6 +68,7 @@ class Editor:
         self.consts: list = []
         self._const_var: dict = {}      # id(value) -> its constvar (JAX dedupes constants so too)
         self.edited = False
+        self.pending = False            # some equation or output reads a fragment's tracer
 
     def read(self, v):
         """What ``v`` (an original atom) stands for now."""
@@ -94,6 +106,8 @@ class Editor:
             a = self.atom(x) if type(x) is Const else x
             if a is v:
                 continue
+            if isinstance(a, Tracer):
+                self.pending = True
             if new is None:
                 new = list(eqn.invars)
             new[k] = a
@@ -115,7 +129,7 @@ class Editor:
             if type(v) is DropVar:
                 continue
             self.env[v] = x
-            if type(x) is Const and not same_type(x.aval, v.aval):
+            if type(x) is not Var and not same_type(x.aval, v.aval):
                 self.retyped.add(v)  # e.g. a folded value that lost its weak_type
 
     def inline(self, body, consts, args) -> list:
@@ -149,9 +163,64 @@ class Editor:
         frag = jax.make_jaxpr(again)(*structs)
         return self.inline(frag.jaxpr, frag.consts, [atoms[k] for k in var_pos])
 
-    def finish(self):
-        """The new level (a ClosedJaxpr), or the original object when nothing was edited."""
+    def splice(self, start: int, stop: int) -> None:
+        """The equations a fragment recorded in [start, stop) go here."""
+        self.edited = True
+        self.eqns.append(Splice(start, stop))
+
+    def finish(self, fragment=None, args=()):
+        """The new level (a ClosedJaxpr), or the original object when nothing was edited.
+        ``fragment`` (with ``args``, the atoms its inputs stand for) supplies spliced equations
+        and the values of tracers."""
         outs = [self.atom(self.read(v)) for v in self.jaxpr.outvars]
         if not self.edited and all(a is v for a, v in zip(outs, self.jaxpr.outvars)):
             return self.source
-        return ClosedJaxpr(new_jaxpr(self.jaxpr, self.constvars, outs, self.eqns), self.consts)
+        eqns = self.eqns
+        if fragment is not None and (self.pending or any(isinstance(a, Tracer) for a in outs)
+                                     or any(type(e) is Splice for e in eqns)):
+            eqns, outs = self._resolve(fragment, args, outs)
+        return ClosedJaxpr(new_jaxpr(self.jaxpr, self.constvars, outs, eqns), self.consts)
+
+    def _resolve(self, fragment, args, outs) -> tuple:
+        """Trace the fragment to a jaxpr; splice its equations; tracers become its outputs."""
+        tracers, seen = [], set()
+        for x in [v for e in self.eqns if type(e) is not Splice for v in e.invars] + outs:
+            if isinstance(x, Tracer) and id(x) not in seen:
+                seen.add(id(x))
+                tracers.append(x)
+        frag, consts = fragment.finish(tracers)
+        sub = dict(zip(frag.invars, args))
+        sub.update((v, self.atom(Const(c, v.aval))) for v, c in zip(frag.constvars, consts))
+
+        def new(x):
+            return x if type(x) is Literal else sub.get(x, x)
+
+        recorded = [e.replace(invars=[new(v) for v in e.invars]) for e in frag.eqns]
+        value = {id(t): new(o) for t, o in zip(tracers, frag.outvars)}
+
+        def resolved(x):
+            return value[id(x)] if isinstance(x, Tracer) else x
+
+        eqns = []
+        for e in self.eqns:
+            if type(e) is Splice:
+                eqns += recorded[e.start:e.stop]
+            elif any(isinstance(v, Tracer) for v in e.invars):
+                eqns.append(e.replace(invars=[resolved(v) for v in e.invars]))
+            else:
+                eqns.append(e)
+        outs = [resolved(a) for a in outs]
+        self._order_constants(v for e in eqns for v in e.invars)
+        return eqns, outs
+
+    def _order_constants(self, reads) -> None:
+        """Constvars in order of first use, as JAX's tracer makes them (spliced equations
+        materialise theirs last)."""
+        where = {v: k for k, v in enumerate(self.constvars)}
+        order = []
+        for v in list(reads) + list(self.constvars):
+            k = where.pop(v, None) if type(v) is Var else None
+            if k is not None:
+                order.append(k)
+        self.constvars = [self.constvars[k] for k in order]
+        self.consts = [self.consts[k] for k in order]

@@ -1,22 +1,25 @@
 """Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (DESIGN.md §3).
 
-Two engines build the new jaxpr. Structural passes (dce, cse, inline, fold_constants) *edit*
+No pass re-traces a whole jaxpr. Structural passes (dce, cse, inline, fold_constants) *edit*
 equation lists (:func:`edit`, ``ir.edit``): JAX's equations are copied with their params,
-literals, effects and weak types, and only what they read changes — no re-tracing. Numeric
-rewrites (the conv rules) *re-trace* (:func:`transform`): the foundation's interpreter runs under
-``jax.make_jaxpr`` and a rule computes replacement outputs with ordinary JAX code. A pass that finds
-nothing to do returns its input object unchanged.
+literals, effects and weak types, and only what they read changes. Numeric rewrites (the conv
+rules, :func:`transform`) compute replacement outputs with ordinary JAX code; only that code is
+traced, and its equations are spliced in where the replaced ones were, so params, literals,
+effects and weak types come out canonical there too. A pass that finds nothing to do returns its
+input object unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation, check_equation
-from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
-from mlsys_jax.ir.edit import Editor
+from mlsys_jax.compat import (ClosedJaxpr, Fragment, Literal, Tracer, Var, bind_equation,
+                              check_equation)
+from mlsys_jax.ir import structural_hash
+from mlsys_jax.ir.edit import Const, Editor, known
 from mlsys_jax.ir.keys import signature
 from mlsys_jax.ir.primitives import ARRAY_OPS, NAMED_CALLS, PURE
 from mlsys_jax.ir.walk import bodies, body_path
@@ -219,15 +222,10 @@ def edit(closed: ClosedJaxpr, make_visit: Callable, log: Log, path: str = "") ->
     for i, eqn in enumerate(ed.jaxpr.eqns):
         if visit(i, eqn):
             continue
-        here = f"{path}{i}" if eqn.primitive.name not in ARRAY_OPS else ""
-        params = edited_params(eqn, here, rewrite, log) if here else None
-        if params is not None:
-            try:  # what binding the new body would check (cond branches agree, scan carries, ...)
-                check_equation(eqn.replace(params=params))
-            except Exception as e:
-                _rejected(eqn, here, log, e)
-                params = None
-        ed.keep(eqn, params)
+        if eqn.primitive.name in ARRAY_OPS:
+            ed.keep(eqn)
+        else:
+            _keep(ed, eqn, f"{path}{i}", rewrite, log)
     return ed.finish()
 
 
@@ -242,56 +240,98 @@ def edit_pass(name: str, make_visit: Callable, cleanup: Callable | None = None) 
     return Pass(name, fn)
 
 
-# Numeric rewrites (passes/conv.py) re-trace: rule(index, eqn, invals, lookup, path) -> replacement
-# outputs computed with ordinary JAX code (list), or None to keep the equation.
+# Numeric rewrites (passes/conv.py): rule(index, eqn, invals, lookup, path) -> replacement outputs
+# computed with ordinary JAX code (list), or None to keep the equation. ``lookup(var)`` gives a
+# value known now (a constant) or a tracer; ``invals`` are ``lookup`` of the equation's inputs.
 Rule = Callable[[int, object, list, Callable, str], Optional[list]]
+
+
+class _Inputs(Sequence):
+    """An equation's inputs for a rule, looked up only when the rule reads them."""
+
+    def __init__(self, invars, lookup):
+        self.invars, self.lookup = invars, lookup
+
+    def __len__(self):
+        return len(self.invars)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self.lookup(v) for v in self.invars[k]]
+        return self.lookup(self.invars[k])
 
 
 def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = "",
               recurse: bool = True) -> ClosedJaxpr:
-    """Re-trace ``closed`` applying ``make_rule(closed, log, path)``'s rule to each equation and,
-    where the rule keeps an equation with nested bodies, ``transform`` to those bodies.
+    """Apply ``make_rule(closed, log, path)``'s rule to each equation of ``closed`` and, where the
+    rule keeps an equation with nested bodies, ``transform`` to those bodies.
 
-    Returns ``closed`` itself when nothing fired anywhere.
+    Only what a rule computes is traced (``compat.Fragment``, one per level): the equations it
+    keeps are copied as JAX built them (``ir.edit``), and the replacements are spliced in where
+    the replaced equations were. An equation reading a replacement of another type is bound
+    again, so JAX types what follows. Returns ``closed`` itself when nothing fired anywhere.
     """
     with jax.ensure_compile_time_eval():  # analysis evaluates constants eagerly, even nested
         rule = make_rule(closed, log, path)
     before = len(log.rewrites)
-    jaxpr = closed.jaxpr
-    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    ed = Editor(closed)
+    frag, args, arg_of = [], [], {}  # the level's fragment (made when first needed), its inputs
 
-    def body(*args):
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
+    def fragment():
+        if not frag:
+            frag.append(Fragment(f"transform {path}"))
+        return frag[0]
 
-        def lookup(v):
-            return v.val if isinstance(v, Literal) else env[v]
+    def lookup(v):
+        x = ed.read(v)
+        if type(x) is Literal:
+            return x.val
+        if type(x) is Const:
+            return x.value
+        if type(x) is not Var:
+            return x  # already a tracer: a replacement computed earlier
+        tracer = arg_of.get(x)
+        if tracer is None:
+            tracer = arg_of[x] = fragment().arg(x.aval)
+            args.append(x)
+        return tracer
 
-        def handler(eqn, invals):
-            i = index[id(eqn)]
-            env.update((v, x) for v, x in zip(eqn.invars, invals) if not isinstance(v, Literal))
-            here = f"{path}{i}"
-            outs = rule(i, eqn, invals, lookup, here) if rule is not None else None
-            if outs is None and recurse:
-                outs = _rebind_bodies(eqn, invals, make_rule, log, here)
-            if outs is None:
-                outs = bind_equation(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-            return outs
+    def rewrite(body, body_path):
+        return transform(body, make_rule, log, body_path)
 
-        return eval_jaxpr(jaxpr, closed.consts, *args, handler=handler)
+    for i, eqn in enumerate(ed.jaxpr.eqns):
+        here = f"{path}{i}"
+        retyped = ed.retyped and any(type(v) is not Literal and v in ed.retyped
+                                     for v in eqn.invars)
+        outs = None
+        if rule is not None or retyped:
+            f = fragment()
+            start = f.mark()
+            with f.active():
+                if rule is not None:
+                    outs = rule(i, eqn, _Inputs(eqn.invars, lookup), lookup, here)
+                if outs is None and retyped:
+                    outs = bind_equation(eqn, [lookup(v) for v in eqn.invars])
+            if f.mark() > start:
+                ed.splice(start, f.mark())
+        if outs is not None:
+            ed.bind(eqn.outvars, [x if isinstance(x, Tracer) else known(x, v)
+                                  for x, v in zip(outs, eqn.outvars)])
+            continue
+        _keep(ed, eqn, here, rewrite if recurse else None, log)
+    if len(log.rewrites) == before:
+        return closed
+    return ed.finish(frag[0] if frag else None, args)
 
-    new = jax.make_jaxpr(body)(*input_structs(closed))
-    return new if len(log.rewrites) > before else closed
 
-
-def _rebind_bodies(eqn, invals, make_rule, log, here) -> list | None:
-    """``transform`` every nested body; rebind with the new bodies, else keep the equation."""
-    params = edited_params(eqn, here, lambda b, p: transform(b, make_rule, log, p), log)
-    if params is None:
-        return None
-    try:
-        return bind_equation(eqn.replace(params=params), invals)
-    except Exception as e:  # a primitive that rejects the rebuilt body: leave it untouched
-        _rejected(eqn, here, log, e)
-        return None
+def _keep(ed: Editor, eqn, here: str, rewrite: Callable | None, log: Log) -> None:
+    """Keep ``eqn``, with its bodies rewritten by ``rewrite`` where that changed them and JAX's
+    type check accepts the result (what binding it would check: cond branches agree, ...)."""
+    params = edited_params(eqn, here, rewrite, log) if rewrite is not None else None
+    if params is not None:
+        try:
+            check_equation(eqn.replace(params=params))
+        except Exception as e:  # a primitive that rejects the rebuilt body: leave it untouched
+            _rejected(eqn, here, log, e)
+            params = None
+    ed.keep(eqn, params)

@@ -214,24 +214,17 @@ def _same_body_types(old, new) -> bool:
 
 
 _PARAMS = attrgetter("params")
-_FIELDS = tuple(map(attrgetter, ("primitive", "effects", "params", "invars", "outvars",
-                                  "source_info", "ctx")))
+_FIELDS = tuple(map(attrgetter, ("primitive", "effects", "params", "invars", "outvars")))
 _INVARS, _OUTVARS = attrgetter("invars"), attrgetter("outvars")
-
-
-def _contents(eqns) -> tuple:
-    """Iterators over each equation's mutable contents: inputs, outputs, params keys, values."""
-    params = list(map(_PARAMS, eqns))
-    return (map(_INVARS, eqns), map(_OUTVARS, eqns), map(dict.keys, params),
-            map(dict.values, params))
 
 
 def fingerprint(closed) -> list:
     """Which objects a graph is made of, at every level: equal before and after a pass exactly
     when the pass left its input alone (lists, dicts and equations can be mutated in place).
-    Flat lists built by C-level maps (few containers: cheap for the garbage collector); compared
-    with ``==``, which is identity for Vars, Literals, primitives and bodies, and short-circuits
-    on identical params values."""
+    Built by C-level maps into a few flat lists (cheap for the garbage collector) and compared
+    with ``==``, which is identity for Vars, Literals, primitives and bodies: each equation's
+    fields, inputs, the hash of its outputs (Vars hash by identity), and its params' keys and
+    values."""
     parts, seen, todo = [], set(), [closed]
     while todo:
         j = todo.pop()
@@ -242,10 +235,13 @@ def fingerprint(closed) -> list:
             parts += [j, list(map(id, j.consts))]
             j = j.jaxpr
         eqns = j.eqns
+        params = list(map(_PARAMS, eqns))
         parts += [j, list(j.constvars), list(j.invars), list(j.outvars), j.effects, list(eqns)]
         parts += [list(map(f, eqns)) for f in _FIELDS]
-        parts += [list(map(len, c)) for c in _contents(eqns)]
-        parts += [list(chain.from_iterable(c)) for c in _contents(eqns)]
+        parts += [list(map(len, map(_INVARS, eqns))), list(chain.from_iterable(map(_INVARS, eqns))),
+                  list(map(hash, map(tuple, map(_OUTVARS, eqns)))),  # (Literals have no hash)
+                  list(map(len, params)), list(chain.from_iterable(map(dict.keys, params))),
+                  list(chain.from_iterable(map(dict.values, params)))]
         for e in eqns:
             if e.primitive.name not in ARRAY_OPS:
                 todo += [b.jaxpr for b in bodies(e)]
