@@ -174,5 +174,9 @@ class Fragment:
         its equations are in recording order, so :meth:`mark` positions index them."""
         tracers = [self.trace.to_jaxpr_tracer(x, self.source) for x in outs]
         jaxpr, consts = self.trace.frame.to_jaxpr(self.trace, tracers, self.info, self.source)
-        self.trace.invalidate()
+        self.close()
         return jaxpr, consts
+
+    def close(self) -> None:
+        """Drop what was recorded (the trace and its equations refer to each other)."""
+        self.trace.invalidate()

@@ -2,7 +2,7 @@
 
 Each is a factory returning a named :class:`Pass`; options exist so a fuzzer can build deliberately
 broken variants (TESTING.md §4) — e.g. ``cse(param_blind=True)`` or ``fold_constants(keep_weak=False)``.
-They edit equation lists (``passes.core.edit``, ``ir.edit``): JAX's own equations are kept or
+They edit equation lists (``passes.engine.edit``, ``ir.edit``): JAX's own equations are kept or
 dropped and their inputs renamed, so no equation is traced again.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from mlsys_jax.ir.edit import known
 from mlsys_jax.ir.keys import params_key, value_key
 from mlsys_jax.ir.primitives import PLAIN_CALLS
 from mlsys_jax.ir.walk import bodies, body_path
-from mlsys_jax.passes.core import Log, Pass, PassResult, edit, edit_pass, is_pure
+from mlsys_jax.passes.core import Log, Pass, PassResult, edit_pass, is_pure
+from mlsys_jax.passes.engine import edit
 
 FOLD_MAX_ELEMENTS = 1024  # a folded value may exceed its largest input only up to this size
 
