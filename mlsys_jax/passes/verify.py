@@ -17,7 +17,7 @@ from collections import Counter
 from itertools import chain
 from operator import attrgetter
 
-from mlsys_jax.compat import (ClosedJaxpr, DropVar, Jaxpr, Literal, check_equation,
+from mlsys_jax.compat import (ClosedJaxpr, DropVar, Jaxpr, Literal, Var, check_equation,
                               effects_declared, literal_fits)
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.keys import signature
@@ -192,12 +192,13 @@ def _check_scopes(jaxpr) -> None:
         raise Bad("an input variable is bound twice")
     for eqn in jaxpr.eqns:
         for v in eqn.invars:
-            if type(v) is not Literal and v not in defined:
+            if type(v) is not Literal and (type(v) is not Var or v not in defined):
                 raise Bad(f"{eqn.primitive.name} reads a variable that is not defined")
         for v in eqn.outvars:
             if type(v) is not DropVar:
-                if v in defined:
-                    raise Bad(f"{eqn.primitive.name} binds a variable that is already bound")
+                if type(v) is not Var or v in defined:
+                    raise Bad(f"{eqn.primitive.name} binds a variable that is already bound "
+                              "(or not a variable)")
                 defined.add(v)
     for v in jaxpr.outvars:
         if (v not in defined) if type(v) is not Literal else not literal_fits(v):
