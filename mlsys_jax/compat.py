@@ -26,6 +26,9 @@ Trace = _core.Trace
 Tracer = _core.Tracer
 set_current_trace = _core.set_current_trace
 eval_trace = getattr(_core, "eval_trace", None)
+# Evaluate eagerly even under an outer trace, with the same compiled kernels as plain eager code
+# (jax.ensure_compile_time_eval is part of the jit cache key: it would compile every op again).
+eval_context = _core.eval_context
 cached_abstract_eval = _pe._cached_abstract_eval
 ShapedArray = _core.ShapedArray
 

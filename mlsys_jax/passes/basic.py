@@ -11,7 +11,8 @@ import math
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, bind_equation, dce_jaxpr_consts
+from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, bind_equation, dce_jaxpr_consts,
+                              eval_context)
 from mlsys_jax.ir import input_structs, interpret
 from mlsys_jax.ir.edit import known
 from mlsys_jax.ir.keys import params_key, value_key
@@ -127,7 +128,7 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
             largest = max((_elements(v.aval) for v in eqn.outvars), default=0)
             if largest > max_elements and largest > max(_elements(v.aval) for v in eqn.invars):
                 return False
-            outs = bind_equation(eqn, vals)  # eagerly: the pass runs under compile-time eval
+            outs = bind_equation(eqn, vals)  # eagerly: the pass runs in JAX's eval context
             if not keep_weak:  # a deliberately broken variant for mutation testing
                 outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
             ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
@@ -137,7 +138,7 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
     p = edit_pass("fold_constants", make_visit, cleanup=dce_jaxpr)
 
     def fn(closed):
-        with jax.ensure_compile_time_eval():
+        with eval_context():  # the evaluator's kernels, shared (compile-time eval would not be)
             return p.fn(closed)
     return Pass(p.name, fn)
 

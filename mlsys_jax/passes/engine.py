@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import jax
-
 from mlsys_jax.compat import (ClosedJaxpr, Fragment, Literal, Tracer, Var, bind_equation,
-                              check_equation)
+                              check_equation, eval_context)
 from mlsys_jax.ir.edit import Const, Editor, known
 from mlsys_jax.ir.keys import signature
 from mlsys_jax.ir.primitives import ARRAY_OPS
@@ -144,7 +142,7 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
     the replaced equations were. An equation reading a replacement of another type is bound
     again, so JAX types what follows. Returns ``closed`` itself when nothing fired anywhere.
     """
-    with jax.ensure_compile_time_eval():  # analysis evaluates constants eagerly, even nested
+    with eval_context():  # analysis evaluates constants eagerly, with the evaluator's kernels
         rule = make_rule(closed, log, path)
     before = len(log.rewrites)
     ed = Editor(closed)
