@@ -170,12 +170,12 @@ class Checker:
         if ref is None and eqn.outvars:
             ref = self._by_output.get(id(eqn.outvars[0]))
         if (ref is None or ref.primitive is not eqn.primitive or ref.effects != eqn.effects
-                or _avals(ref.invars) != _avals(eqn.invars)
-                or _avals(ref.outvars) != _avals(eqn.outvars)):
+                or len(ref.invars) != len(eqn.invars)
+                or (ref.outvars is not eqn.outvars and _avals(ref.outvars) != _avals(eqn.outvars))):
             return False
-        if any(type(v) is Literal and v is not r and not literal_fits(v)
-               for v, r in zip(eqn.invars, ref.invars)):
-            return False
+        for v, r in zip(eqn.invars, ref.invars):  # usually all but one are the same variables
+            if v is not r and (v.aval != r.aval or type(v) is Literal and not literal_fits(v)):
+                return False
         if ref.params is eqn.params:
             return True
         if ref.params.keys() != eqn.params.keys():
