@@ -31,7 +31,7 @@ class Const:
 
 
 def same_type(a, b) -> bool:
-    """Shape, dtype and weak_type agree (what a rewrite must keep, TESTING.md §1)."""
+    """Shape, dtype and weak_type agree (what a rewrite must keep: the verifier checks them)."""
     return a is b or (a.shape == b.shape and a.dtype == b.dtype
                       and getattr(a, "weak_type", False) == getattr(b, "weak_type", False))
 
