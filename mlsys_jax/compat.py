@@ -26,6 +26,9 @@ Trace = _core.Trace
 Tracer = _core.Tracer
 set_current_trace = _core.set_current_trace
 eval_trace = getattr(_core, "eval_trace", None)
+# Evaluate eagerly even under an outer trace, with the same compiled kernels as plain eager code
+# (jax.ensure_compile_time_eval is part of the jit cache key: it would compile every op again).
+eval_context = _core.eval_context
 cached_abstract_eval = _pe._cached_abstract_eval
 ShapedArray = _core.ShapedArray
 
@@ -85,8 +88,98 @@ def call_name(eqn) -> str | None:
 # Passes (issue 3): JAX's own dead-code elimination, which keeps effectful equations and prunes
 # nested bodies (jit, scan, cond, while, remat) through their registered DCE rules.
 dce_jaxpr_consts = _pe.dce_jaxpr_consts
+jax_dce_jaxpr = _pe.dce_jaxpr  # the yardstick of benchmarks/bench_passes.py (cached by identity)
 
 
 # Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
 # "from the argument …"); jax.ad_checkpoint only exports the printing form.
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
+
+
+# ---- Building jaxprs from equation lists (structural passes) ---------------------------------
+# The structural passes (dce, cse, inline, fold_constants) copy JAX's own equations into a new
+# jaxpr instead of re-tracing every one: an equation keeps its params, effects and literals as JAX
+# bound them; only its input variables change. These are JAX's constructors for that, and its
+# type check of one equation (the verifier re-checks only equations it has not seen typed).
+from jax._src.core import DebugInfo as _DebugInfo, typecheck as _typecheck  # noqa: E402
+
+typeof = jax.typeof
+
+
+def new_jaxpr(like, constvars, outvars, eqns):
+    """A Jaxpr with ``like``'s inputs and debug info (same arity) and new constvars, outputs and
+    equations; its effects are recomputed from the equations, as JAX's tracer does."""
+    effects = _pe.make_jaxpr_effects(constvars, like.invars, outvars, eqns)
+    return Jaxpr(constvars, like.invars, outvars, eqns, effects, like.debug_info, like.is_high)
+
+
+def literal_fits(literal) -> bool:
+    """A literal's value matches its type annotation (what ``check_jaxpr`` checks of literals)."""
+    return _typecheck(literal.aval, literal.val)
+
+
+def effects_declared(jaxpr) -> bool:
+    """Every equation's effect is among the jaxpr's effects (JAX's rule: a named-axis effect may
+    be discharged; an input effect must name an input)."""
+    try:
+        needed = _pe.make_jaxpr_effects(jaxpr.constvars, jaxpr.invars, jaxpr.outvars, jaxpr.eqns)
+    except ValueError:
+        return False
+    return all(e in jaxpr.effects or isinstance(e, _core.NamedAxisEffect) for e in needed)
+
+
+def check_equation(eqn) -> None:
+    """JAX's type check of one equation (and, recursively, its bodies): ``check_jaxpr`` of a jaxpr
+    holding only ``eqn``. Raises JAX's JaxprTypeError."""
+    free, seen = [], set()
+    for v in eqn.invars:
+        if isinstance(v, Var) and not isinstance(v, Literal) and id(v) not in seen:
+            seen.add(id(v))
+            free.append(v)
+    outs = [v for v in eqn.outvars if not isinstance(v, DropVar)]
+    info = _DebugInfo("check_equation", eqn.primitive.name, ("",) * len(free), ("",) * len(outs))
+    check_jaxpr(Jaxpr((), free, outs, [eqn], eqn.effects, info))
+
+
+# ---- An open trace for numeric rewrites (passes/core.transform) -------------------------------
+# A numeric rule computes replacement outputs with ordinary JAX code. Instead of re-tracing the
+# whole jaxpr around it (make_jaxpr), a Fragment keeps one of JAX's DynamicJaxprTraces open for a
+# jaxpr level: inputs are added when a rule first reads a value, each rule call's equations are
+# recorded in order, and to_jaxpr turns them into a jaxpr the caller splices in. JAX 0.10 API:
+# DynamicJaxprTrace(debug_info, parent_trace, lower, auto_dce), trace.new_arg, frame.tracing_eqns,
+# frame.to_jaxpr (what pe.trace_to_jaxpr does, one call at a time).
+from jax._src import source_info_util as _source_info  # noqa: E402
+
+
+class Fragment:
+    """Equations traced a call at a time (see above)."""
+
+    def __init__(self, name: str):
+        self.info = _DebugInfo("rewrite", name, None, None)
+        self.trace = _pe.DynamicJaxprTrace(self.info, parent_trace=_core.trace_ctx.trace,
+                                           auto_dce=False)
+        self.source = _source_info.current()
+
+    def arg(self, aval):
+        """A new input of the fragment (a tracer)."""
+        return self.trace.new_arg(aval, self.source)
+
+    def active(self):
+        """Context in which JAX operations are recorded into the fragment."""
+        return set_current_trace(self.trace)
+
+    def mark(self) -> int:
+        """How many equations are recorded so far."""
+        return len(self.trace.frame.tracing_eqns)
+
+    def finish(self, outs) -> tuple:
+        """(jaxpr, consts) of everything recorded, with ``outs`` (tracers or values) as outputs;
+        its equations are in recording order, so :meth:`mark` positions index them."""
+        tracers = [self.trace.to_jaxpr_tracer(x, self.source) for x in outs]
+        jaxpr, consts = self.trace.frame.to_jaxpr(self.trace, tracers, self.info, self.source)
+        self.close()
+        return jaxpr, consts
+
+    def close(self) -> None:
+        """Drop what was recorded (the trace and its equations refer to each other)."""
+        self.trace.invalidate()

@@ -1,7 +1,9 @@
-"""The jaxpr is our computation graph: trace, walk, rebuild (by re-tracing), op view, hash, DOT.
+"""The jaxpr is our computation graph: trace, walk, edit, rebuild (by re-tracing), op view, hash,
+DOT.
 
 ``ir.primitives`` is the one table of primitive classes; ``ir.walk`` the one walk into nested
-bodies and path format; ``ir.keys`` the one structural key; ``ir.evaluate`` the op-by-op evaluator.
+bodies and path format; ``ir.keys`` the one structural key; ``ir.edit`` the one way to build a
+jaxpr from equation lists; ``ir.evaluate`` the op-by-op evaluator.
 """
 from mlsys_jax.ir.dot import to_dot
 from mlsys_jax.ir.interpret import as_function, eval_jaxpr, interpret, rebuild

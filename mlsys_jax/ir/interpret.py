@@ -1,8 +1,9 @@
-"""Evaluating and rebuilding jaxprs by re-tracing an interpreter (JAX_NOTES "Jaxprs").
+"""Evaluating and rebuilding jaxprs by re-tracing an interpreter.
 
-Every rewrite in mlsys_jax goes through :func:`rebuild`: an interpreter binds each equation again
-under ``jax.make_jaxpr``, so params, literals, effects and weak types come out canonical. We never
-build equations by hand.
+:func:`rebuild` binds each equation again under ``jax.make_jaxpr`` (optionally through a
+handler), so params, literals, effects and weak types come out as JAX makes them. The passes do
+not re-trace whole jaxprs: they copy JAX's equations and trace only what is new (``ir.edit``).
+Nothing in mlsys_jax builds an equation by hand.
 """
 from __future__ import annotations
 

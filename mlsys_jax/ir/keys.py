@@ -12,12 +12,14 @@ A key has two strengths, which differ only in how params that are code are keyed
   them would change gradients. Nested bodies are keyed with the same strictness.
 
 Bodies are keyed by structure (variable names don't matter), constants and literals by value,
-dtype and weak_type.
+dtype and weak_type. A nested body's key is computed once per body object (jaxprs are never
+mutated: JAX caches and shares them), so a graph is keyed in time linear in its top level.
 """
 from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 
 import jax
 import numpy as np
@@ -29,6 +31,22 @@ _ADDR = re.compile(r" at 0x[0-9a-f]+")
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_PLAIN = frozenset({int, float, complex, bool, str, type(None)})
+_REPRS: dict = {}       # dtypes and other small hashable values -> repr (computing one is slow)
+_SHORT: dict = {}       # aval -> str_short()
+_BODY_KEYS: dict = {}   # id(body) -> (weakref to it, {strict: digest})
+
+
+def _memo(table: dict, key, make):
+    try:
+        hit = table.get(key)
+    except TypeError:  # unhashable
+        return make(key)
+    if hit is None:
+        hit = table[key] = make(key)
+    return hit
 
 
 def value_key(val, aval) -> str:
@@ -45,17 +63,38 @@ def value_key(val, aval) -> str:
         except (TypeError, ValueError):
             pass  # an extended dtype: its raw bytes and recorded dtype still tell values apart
     weak = int(bool(getattr(aval, "weak_type", False)))
-    return f"{dtype}{list(arr.shape)}:{weak}:{_digest(arr.tobytes())[:16]}"
+    data = arr.tobytes()
+    value = data.hex() if len(data) <= 16 else _digest(data)[:16]
+    return f"{_memo(_REPRS, dtype, str)}{list(arr.shape)}:{weak}:{value}"
 
 
 def _is_wrapped_fun(value) -> bool:
     return hasattr(value, "f") and hasattr(value, "transforms")  # JAX's lu.WrappedFun
 
 
+def body_key(body, strict: bool) -> str:
+    """The digest of a nested jaxpr's key, computed once per body object and strictness."""
+    hit = _BODY_KEYS.get(id(body))
+    if hit is None or hit[0]() is not body:
+        ident = id(body)
+        hit = _BODY_KEYS[ident] = (weakref.ref(body, lambda _: _BODY_KEYS.pop(ident, None)), {})
+    digest = hit[1].get(strict)
+    if digest is None:
+        digest = hit[1][strict] = _digest(jaxpr_key(body, strict).encode())
+    return digest
+
+
 def param_key(value, strict: bool) -> str:
     """One param value as a string; see the module docstring for ``strict``."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return repr(value)
+    if kind is tuple or kind is list:
+        return "(" + ",".join([param_key(v, strict) for v in value]) + ")"
+    if kind is np.dtype or isinstance(value, np.dtype):
+        return _memo(_REPRS, value, repr)
     if isinstance(value, (ClosedJaxpr, Jaxpr)):
-        return "{" + _digest(jaxpr_key(value, strict).encode()) + "}"
+        return "{" + body_key(value, strict) + "}"
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(param_key(v, strict) for v in value) + ")"
     if isinstance(value, type):
@@ -93,14 +132,18 @@ def jaxpr_key(closed, strict: bool = False) -> str:
         cparts = [name(v) for v in jaxpr.constvars]
     parts = ["c:" + ",".join(cparts)]
     parts.append("in:" + ",".join(
-        f"{name(v)}:{v.aval.str_short()}:{int(getattr(v.aval, 'weak_type', 0))}"
+        f"{name(v)}:{_short(v.aval)}:{int(getattr(v.aval, 'weak_type', 0))}"
         for v in jaxpr.invars))
     for eqn in jaxpr.eqns:
-        ins = ",".join(name(v) for v in eqn.invars)
-        outs = ",".join(f"{name(v)}:{v.aval.str_short()}" for v in eqn.outvars)
+        ins = ",".join([name(v) for v in eqn.invars])
+        outs = ",".join([f"{name(v)}:{_short(v.aval)}" for v in eqn.outvars])
         parts.append(f"{outs}={eqn.primitive.name}[{params_key(eqn.params, strict)}]({ins})")
     parts.append("out:" + ",".join(name(v) for v in jaxpr.outvars))
     return "\n".join(parts)
+
+
+def _short(aval) -> str:
+    return _memo(_SHORT, aval, lambda a: a.str_short())
 
 
 def structural_hash(closed) -> str:

@@ -76,6 +76,9 @@ FREE = frozenset({"name", "optimization_barrier", "debug_callback", "debug_print
 # primitives, random state, collectives, placement, callbacks) is opaque to the passes.
 PURE = ELEMENTWISE | REDUCTIONS | CONTRACTIONS | SHAPE_ONLY | LOCAL_MOVEMENT | SCANS_AND_SORTS
 
+# Array operations whose params never hold a jaxpr (the body walk skips them without a look).
+ARRAY_OPS = PURE
+
 # ---- primitives with bodies (``ir.walk.bodies`` finds the bodies) -----------------------------
 
 # jax.jit's call primitive (``pjit`` in older JAX releases).

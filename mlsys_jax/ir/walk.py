@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Iterator, NamedTuple
 
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, call_name
+from mlsys_jax.ir.primitives import ARRAY_OPS
 
 
 class Body(NamedTuple):
@@ -25,6 +26,9 @@ class Body(NamedTuple):
     is_closed: bool       # the param holds a ClosedJaxpr (remat2 and shard_map hold open ones)
 
 
+_JAXPRS = (ClosedJaxpr, Jaxpr)
+
+
 def _open(j) -> Jaxpr:
     return j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
@@ -35,13 +39,15 @@ def bodies(eqn) -> list[Body]:
     A body's label is ``prim[name]`` when the equation is a named call with one body, else
     ``prim.param`` with ``[index]`` for tuple params.
     """
+    if eqn.primitive.name in ARRAY_OPS:  # hot: walks and passes ask this of every equation
+        return []
     found = []
     for pname, val in eqn.params.items():
-        items = val if isinstance(val, (tuple, list)) else (val,)
-        for i, item in enumerate(items):
-            if isinstance(item, (ClosedJaxpr, Jaxpr)):
-                idx = i if isinstance(val, (tuple, list)) else None
-                found.append((pname, idx, item))
+        if isinstance(val, (tuple, list)):
+            found += [(pname, i, item) for i, item in enumerate(val)
+                      if isinstance(item, _JAXPRS)]
+        elif isinstance(val, _JAXPRS):
+            found.append((pname, None, val))
     if not found:
         return []
     name = call_name(eqn) if len(found) == 1 else None
@@ -64,7 +70,10 @@ def body_path(here: str, body: Body) -> str:
 def walk(closed, path: str = "") -> Iterator[tuple[str, object]]:
     """Yield ``(path, eqn)`` for every equation, recursively into nested bodies."""
     for i, eqn in enumerate(_open(closed).eqns):
-        yield from walk_eqn(eqn, f"{path}{i}")
+        here = f"{path}{i}"
+        yield here, eqn
+        for body in bodies(eqn):  # (walk_eqn inlined: one generator per level, not per equation)
+            yield from walk(body.jaxpr, body_path(here, body))
 
 
 def walk_eqn(eqn, here: str = "") -> Iterator[tuple[str, object]]:

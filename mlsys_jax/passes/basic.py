@@ -2,6 +2,8 @@
 
 Each is a factory returning a named :class:`Pass`; options exist so a fuzzer can build deliberately
 broken variants (TESTING.md §4) — e.g. ``cse(param_blind=True)`` or ``fold_constants(keep_weak=False)``.
+They edit equation lists (``passes.engine.edit``, ``ir.edit``): JAX's own equations are kept or
+dropped and their inputs renamed, so no equation is traced again.
 """
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import math
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation, dce_jaxpr_consts
-from mlsys_jax.ir import eval_jaxpr, input_structs, interpret
+from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, bind_equation, dce_jaxpr_consts,
+                              eval_context)
+from mlsys_jax.ir import input_structs, interpret
+from mlsys_jax.ir.edit import known
 from mlsys_jax.ir.keys import params_key, value_key
 from mlsys_jax.ir.primitives import PLAIN_CALLS
-from mlsys_jax.ir.walk import bodies, body_path, walk
-from mlsys_jax.passes.core import (Log, Pass, PassResult, default_outputs, is_concrete, is_pure,
-                                   simple_pass)
+from mlsys_jax.ir.walk import bodies, body_path
+from mlsys_jax.passes.core import Log, Pass, PassResult, edit_pass, is_pure
+from mlsys_jax.passes.engine import edit
 
 FOLD_MAX_ELEMENTS = 1024  # a folded value may exceed its largest input only up to this size
 
@@ -31,15 +35,28 @@ def dce_jaxpr(closed: ClosedJaxpr) -> ClosedJaxpr:
     return ClosedJaxpr(new, consts)
 
 
-def _count(closed) -> int:
-    return sum(1 for _ in walk(closed))
+def _size(eqn) -> int:
+    """An equation and every equation nested in its bodies."""
+    return 1 + sum(_size(e) for b in bodies(eqn) for e in b.jaxpr.eqns)
+
+
+def removed_equations(old, new) -> int:
+    """How many equations (nested ones too) ``old`` has more than ``new``, where ``new`` keeps
+    ``old``'s unchanged equations as the same objects (JAX's DCE does): only the equations that
+    differ are counted into."""
+    kept = {id(e) for e in new.eqns}
+    gone = [e for e in old.eqns if id(e) not in kept]
+    if not gone:
+        return 0
+    was = {id(e) for e in old.eqns}
+    return sum(map(_size, gone)) - sum(_size(e) for e in new.eqns if id(e) not in was)
 
 
 def dce() -> Pass:
     """Dead-code elimination: keep only what the outputs need, and every effectful equation."""
     def fn(closed):
         new = dce_jaxpr(closed)
-        removed = _count(closed) - _count(new)
+        removed = removed_equations(closed.jaxpr, new.jaxpr)
         if removed == 0 and len(new.consts) == len(closed.consts):
             return PassResult(closed, False)
         log = Log("dce")
@@ -64,57 +81,66 @@ def cse(param_blind: bool = False) -> Pass:
     inputs (literals keyed by value, dtype and weak_type; params by ``ir.keys`` at full strictness:
     bodies by structure, rules and other functions by identity). Effectful, opaque (unknown) and
     remat-protected (``prevent_cse``) equations are never merged."""
-    def make_rule(closed, log, path):
-        rep: dict = {}     # original var -> representative original var
-        table: dict = {}   # key -> (outputs, path)
+    def make_visit(ed, log, path):
+        table: dict = {}   # key -> (outputs of the first such equation, its index)
+        env = ed.env
 
-        def canon(v):
-            if isinstance(v, Literal):
-                return value_key(v.val, v.aval)
-            return id(rep.get(v, v))
-
-        def rule(i, eqn, invals, lookup, here):
+        def visit(i, eqn):
             if not is_pure(eqn) or eqn.params.get("prevent_cse"):
-                return None
+                return False
             params = "" if param_blind else params_key(eqn.params, strict=True)
-            key = (eqn.primitive.name, params, tuple(canon(v) for v in eqn.invars))
-            if key in table:
-                outs, first, first_vars = table[key]
-                rep.update(zip(eqn.outvars, first_vars))
-                log.fired(here, f"{eqn.primitive.name} = equation {first}")
-                return outs
-            outs = default_outputs(eqn, invals, make_rule, log, here)  # CSE inside bodies too
-            table[key] = (outs, here, eqn.outvars)
-            return outs
-        return rule
-    return simple_pass("cse", make_rule)
+            key = (eqn.primitive.name, params,
+                   *[value_key(v.val, v.aval) if type(v) is Literal else id(env.get(v, v))
+                     for v in eqn.invars])
+            hit = table.get(key)
+            if hit is not None:
+                ed.bind(eqn.outvars, hit[0])
+                log.fired(f"{path}{i}", f"{eqn.primitive.name} = equation {path}{hit[1]}")
+                return True
+            if not any(type(v) is DropVar for v in eqn.outvars):  # a dropped output has no name
+                table[key] = (eqn.outvars, i)
+            return False  # kept, and CSE runs inside its bodies too
+        return visit
+    return edit_pass("cse", make_visit)
 
 
 # ---- fold_constants --------------------------------------------------------------------------
 
-def _size(aval) -> int:
+def _elements(aval) -> int:
     return int(math.prod(getattr(aval, "shape", ()) or ()))
 
 
 def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True) -> Pass:
     """Evaluate pure equations whose inputs are all constants, with JAX on the same backend (XLA:CPU
     flushes subnormals; NumPy would not). Zero-input producers (iota, a broadcast literal) are
-    never expanded into a constant bigger than ``max_elements`` or than their largest input."""
-    def make_rule(closed, log, path):
-        def rule(i, eqn, invals, lookup, here):
-            if not eqn.invars or not is_pure(eqn) or not all(map(is_concrete, invals)):
-                return None
-            biggest = max(_size(v.aval) for v in eqn.invars)
-            if any(_size(v.aval) > max(biggest, max_elements) for v in eqn.outvars):
-                return None
-            with jax.ensure_compile_time_eval():
-                outs = bind_equation(eqn, invals)
-                if not keep_weak:  # a deliberately broken variant for mutation testing
-                    outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
-            log.fired(here, eqn.primitive.name)
-            return outs
-        return rule
-    return simple_pass("fold_constants", make_rule, cleanup=dce_jaxpr)
+    never expanded into a constant bigger than ``max_elements`` or than their largest input.
+    A folded value becomes a constvar of the new jaxpr, as a constant does when JAX traces."""
+    def make_visit(ed, log, path):
+        def visit(i, eqn):
+            if not eqn.invars or not is_pure(eqn):
+                return False
+            vals = []
+            for v in eqn.invars:
+                x = ed.value(v)
+                if x is None:
+                    return False
+                vals.append(x)
+            largest = max((_elements(v.aval) for v in eqn.outvars), default=0)
+            if largest > max_elements and largest > max(_elements(v.aval) for v in eqn.invars):
+                return False
+            outs = bind_equation(eqn, vals)  # eagerly: the pass runs in JAX's eval context
+            if not keep_weak:  # a deliberately broken variant for mutation testing
+                outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
+            ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
+            log.fired(f"{path}{i}", eqn.primitive.name)
+            return True
+        return visit
+    p = edit_pass("fold_constants", make_visit, cleanup=dce_jaxpr)
+
+    def fn(closed):
+        with eval_context():  # the evaluator's kernels, shared (compile-time eval would not be)
+            return p.fn(closed)
+    return Pass(p.name, fn)
 
 
 # ---- inline ----------------------------------------------------------------------------------
@@ -125,20 +151,21 @@ def inline(names=None) -> Pass:
     rules and change gradients (e.g. relu's at 0)."""
     wanted = None if names is None else frozenset([names] if isinstance(names, str) else names)
 
-    def make_rule(closed, log, path):
-        def rule(i, eqn, invals, lookup, here):
+    def make_visit(ed, log, path):
+        def visit(i, eqn):
             if eqn.primitive.name not in PLAIN_CALLS:
-                return None
+                return False
             name = eqn.params.get("name")
             if wanted is not None and name not in wanted:
-                return None
+                return False
             body = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             if not isinstance(body, ClosedJaxpr) or body.effects:
-                return None  # keep effectful calls as calls: order and effects stay explicit
+                return False  # keep effectful calls as calls: order and effects stay explicit
+            here = f"{path}{i}"
             log.fired(here, f"inlined {name}")
-            inner = body_path(here, bodies(eqn)[0])  # calls inside are logged at their own path
-            index = {id(e): j for j, e in enumerate(body.jaxpr.eqns)}
-            return eval_jaxpr(body.jaxpr, body.consts, *invals, handler=lambda e, v: rule(
-                index[id(e)], e, v, lookup, f"{inner}{index[id(e)]}"))
-        return rule
-    return simple_pass("inline", make_rule)
+            inner = edit(body, make_visit, log, body_path(here, bodies(eqn)[0]))  # calls inside
+            ed.bind(eqn.outvars, ed.inline(inner.jaxpr, inner.consts,
+                                           [ed.read(v) for v in eqn.invars]))
+            return True
+        return visit
+    return edit_pass("inline", make_visit)

@@ -1,40 +1,23 @@
 """Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (DESIGN.md §3).
 
-Every rewrite is spliced in by re-tracing the foundation's interpreter (``ir.eval_jaxpr`` with a
-handler) under ``jax.make_jaxpr``; handlers compute replacement outputs with ordinary JAX code, so
-params, literals, effects and weak types come out canonical. A pass that finds nothing to do returns
-its input object unchanged.
+How a pass builds its new jaxpr (editing equation lists, or tracing only a rule's replacement)
+is ``passes.engine``; its names that rules use are re-exported here. A pass that finds nothing to
+do returns its input object unchanged.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
-import jax
-
-from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
-from mlsys_jax.ir import eval_jaxpr, input_structs, structural_hash
-from mlsys_jax.ir.keys import signature
+from mlsys_jax.compat import ClosedJaxpr, Tracer
+from mlsys_jax.ir import structural_hash
 from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
-from mlsys_jax.ir.walk import bodies, body_path
+from mlsys_jax.ir.walk import bodies
+from mlsys_jax.passes.engine import Log, Refusal, Rewrite, edit
+from mlsys_jax.passes.engine import transform  # noqa: F401  (re-exported for the conv rules)
 
-
-@dataclass(frozen=True)
-class Rewrite:
-    """One rule firing: which rule, where (an equation path as in ``ir.walk``), and what it did."""
-
-    rule: str
-    where: str
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A rule whose pattern matched but whose precondition failed, with the reason."""
-
-    rule: str
-    where: str
-    reason: str
+__all__ = ["Rewrite", "Refusal", "PassResult", "Pass", "Runner", "make_pass", "chain",
+           "FixpointError", "fixpoint", "is_concrete", "is_pure", "Log", "transform", "edit_pass"]
 
 
 @dataclass(frozen=True)
@@ -149,111 +132,11 @@ def is_pure(eqn) -> bool:
     return False
 
 
-# ---- the rewrite engine --------------------------------------------------------------------
-
-# rule(index, eqn, invals, lookup, path) -> replacement outputs (list) or None to keep the eqn.
-Rule = Callable[[int, object, list, Callable, str], Optional[list]]
-
-
-class Log:
-    """Collects rewrites and refusals while a pass re-traces a jaxpr."""
-
-    def __init__(self, name: str):
-        self.name, self.rewrites, self.refusals = name, [], []
-
-    def fired(self, where: str, detail: str = "", rule: str | None = None):
-        self.rewrites.append(Rewrite(rule or self.name, where, detail))
-
-    def refused(self, where: str, reason: str, rule: str | None = None):
-        self.refusals.append(Refusal(rule or self.name, where, reason))
-
-
-def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = "",
-              recurse: bool = True) -> ClosedJaxpr:
-    """Re-trace ``closed`` applying ``make_rule(closed, log, path)``'s rule to each equation and,
-    where the rule keeps an equation with nested bodies, ``transform`` to those bodies.
-
-    Returns ``closed`` itself when nothing fired anywhere.
-    """
-    with jax.ensure_compile_time_eval():  # analysis evaluates constants eagerly, even nested
-        rule = make_rule(closed, log, path)
-    before = len(log.rewrites)
-    jaxpr = closed.jaxpr
-    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
-
-    def body(*args):
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
-
-        def lookup(v):
-            return v.val if isinstance(v, Literal) else env[v]
-
-        def handler(eqn, invals):
-            i = index[id(eqn)]
-            env.update((v, x) for v, x in zip(eqn.invars, invals) if not isinstance(v, Literal))
-            here = f"{path}{i}"
-            outs = rule(i, eqn, invals, lookup, here) if rule is not None else None
-            if outs is None and recurse:
-                outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
-            if outs is None:
-                outs = bind_equation(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-            return outs
-
-        return eval_jaxpr(jaxpr, closed.consts, *args, handler=handler)
-
-    new = jax.make_jaxpr(body)(*input_structs(closed))
-    return new if len(log.rewrites) > before else closed
-
-
-def default_outputs(eqn, invals, make_rule, log, here) -> list:
-    """What ``transform`` does with an equation its rule keeps: rewrite nested bodies, else bind
-    (for rules that must see an equation's outputs, like CSE's table)."""
-    outs = _rewrite_bodies(eqn, invals, make_rule, log, here)
-    return bind_equation(eqn, invals) if outs is None else outs
-
-
-def _rewrite_bodies(eqn, invals, make_rule, log, here) -> list | None:
-    """Apply the pass to every nested body; rebind with the new bodies when their signatures are
-    unchanged (so jit tuples and scan/while/cond counts stay valid), else keep the equation."""
-    subs = bodies(eqn)
-    if not subs:
-        return None
-    params = dict(eqn.params)
-    changed = False
-    for b in subs:
-        old = eqn.params[b.param] if b.index is None else eqn.params[b.param][b.index]
-        old_closed = old if b.is_closed else ClosedJaxpr(old, ())
-        new = transform(old_closed, make_rule, log, body_path(here, b))
-        if new is old_closed:
-            continue
-        if signature(old_closed) != signature(new) or (not b.is_closed and new.consts):
-            log.refused(f"{here}/{b.label}", "rewritten body would change its signature or need "
-                        "constants an open jaxpr cannot hold; body left as it was")
-            continue
-        new_val = new if b.is_closed else new.jaxpr
-        if b.index is None:
-            params[b.param] = new_val
-        else:
-            params[b.param] = tuple(new_val if k == b.index else v
-                                    for k, v in enumerate(params[b.param]))
-        changed = True
-    if not changed:
-        return None
-    try:
-        return bind_equation(eqn.replace(params=params), invals)
-    except Exception as e:  # a primitive that rejects the rebuilt body: leave it untouched
-        log.refused(here, f"{eqn.primitive.name} rejected the rewritten body ({type(e).__name__}); "
-                    "equation left as it was")
-        return None
-
-
-def simple_pass(name: str, make_rule: Callable, recurse: bool = True,
-                cleanup: Callable | None = None) -> Pass:
-    """A pass from a rule factory: re-trace with the rule, optionally clean up (e.g. DCE)."""
+def edit_pass(name: str, make_visit: Callable, cleanup: Callable | None = None) -> Pass:
+    """A structural pass from a visitor factory (see ``engine.edit``), optionally cleaned up."""
     def fn(closed):
         log = Log(name)
-        new = transform(closed, make_rule, log, recurse=recurse)
+        new = edit(closed, make_visit, log)
         if new is not closed and cleanup is not None:
             new = cleanup(new)
         return PassResult(new, new is not closed, tuple(log.rewrites), tuple(log.refusals))

@@ -8,7 +8,9 @@ from mlsys_jax.compat import ClosedJaxpr
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.passes.core import Pass, PassResult, Runner
-from mlsys_jax.passes.verify import require_static_shapes, verify as verify_step
+from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint,
+                                     require_static_shapes, same_fingerprint,
+                                     verify as verify_step)
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,14 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
 
 class _VerifyingRunner(Runner):
     """Applies each plain pass of a pipeline (``chain``/``fixpoint`` sequence them), verifying
-    it and logging its rewrites and costs. A graph is hashed once per run (references are held so
-    ids stay unique)."""
+    it and logging its rewrites and costs. One :class:`~mlsys_jax.passes.verify.Checker` per run
+    remembers what is verified, so each graph level is checked once; a graph is hashed (for
+    ``fixpoint``) once per run. References are held, so ids stay unique."""
 
     def __init__(self, verify: bool, costing):
         self.verify, self.costing, self.log, self.hashes = verify, costing, [], {}
+        self.checker = Checker()
+        self.prints: dict = {}  # id(graph) -> (graph, its fingerprint when last seen untouched)
 
     def hash(self, closed) -> str:
         hit = self.hashes.get(id(closed))
@@ -88,18 +93,30 @@ class _VerifyingRunner(Runner):
         return hit[1]
 
     def step(self, p: Pass, closed) -> PassResult:
-        before_hash = self.hash(closed) if self.verify else None
+        before = self._fingerprint(closed) if self.verify else None
         cost_before = cost_summary(closed, *self.costing) if self.costing else None
         t0 = time.perf_counter()
         result = super().step(p, closed)
         seconds = time.perf_counter() - t0
         if self.verify:
-            input_now = structural_hash(closed)  # was the input mutated?
-            after_hash = input_now if result.jaxpr is closed else self.hash(result.jaxpr)
-            verify_step(p.name, closed, result.jaxpr, result.changed, before_hash, after_hash,
-                        input_now)
+            self._verify(p.name, closed, result, before)
         cost_after = (cost_summary(result.jaxpr, *self.costing) if self.costing and result.changed
                       else cost_before)
         self.log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals,
                                  cost_before, cost_after, seconds))
         return result
+
+    def _fingerprint(self, closed) -> list:
+        hit = self.prints.get(id(closed))  # the previous pass returned its input: taken already
+        return hit[1] if hit is not None else fingerprint(closed)
+
+    def _verify(self, name: str, closed, result: PassResult, before: list) -> None:
+        now = fingerprint(closed)
+        if not same_fingerprint(now, before):
+            raise VerificationError(f"verifier: pass {name!r}: mutated its input jaxpr")
+        self.prints = {id(closed): (closed, now)}
+        if (not result.changed and result.jaxpr is not closed
+                and self.hash(result.jaxpr) != self.hash(closed)):
+            raise VerificationError(f"verifier: pass {name!r}: reported 'unchanged' but the "
+                                    "jaxpr differs")
+        verify_step(name, closed, result.jaxpr, result.changed, self.checker)

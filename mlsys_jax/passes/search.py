@@ -29,7 +29,7 @@ from mlsys_jax.passes import registry
 from mlsys_jax.passes.conv import candidates, refusals
 from mlsys_jax.passes.manager import cost_summary, run
 from mlsys_jax.passes.measure import fastest
-from mlsys_jax.passes.verify import VerificationError, verify
+from mlsys_jax.passes.verify import Checker, VerificationError, verify
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     best = min(reached, key=lambda n: n.cost["time_us"])
     queue = [(origin.cost["time_us"], 0, origin)]
     explored, accepted, tick = 0, 0, 1
+    checker = Checker()  # one per search: graphs share their unchanged levels, checked once
     while queue and explored < budget:
         _, _, node = heapq.heappop(queue)
         for name, factory in moves.items():
@@ -132,7 +133,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
                 keep = cost["time_us"] < prune * best.cost["time_us"]
                 if not (keep or cost["time_us"] < best.cost["time_us"]):
                     continue  # discarded unseen: never returned, never expanded
-                verify(move.name, node.graph, new, True, node.hash, h, node.hash)
+                verify(move.name, node.graph, new, True, checker)
                 reached.append(child)
                 if cost["time_us"] < best.cost["time_us"]:
                     best = child
