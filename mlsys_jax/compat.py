@@ -104,3 +104,15 @@ dce_jaxpr_consts = _pe.dce_jaxpr_consts
 # Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
 # "from the argument …"); jax.ad_checkpoint only exports the printing form.
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
+
+
+# Graph-break capture's one-program replay (execute/_fuse.py): zeros of an exact abstract type,
+# weak type included (the "outcome not seen yet" branch must return the same types as the others;
+# jnp.zeros is always strongly typed).
+from jax._src.lax.lax import _convert_element_type  # noqa: E402
+
+
+def zeros_of(aval):
+    """Traced zeros with ``aval``'s shape, dtype and weak type."""
+    z = jax.lax.full(aval.shape, 0, aval.dtype)
+    return _convert_element_type(z, aval.dtype, weak_type=True) if aval.weak_type else z

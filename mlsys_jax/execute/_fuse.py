@@ -1,81 +1,171 @@
-"""Warm replay of a whole two-way branch as one program (lecture §8.1: TF's Switch/Merge).
+"""The guard tree replayed as one program (lecture §8.1: TF's Switch/Merge, the graph way).
 
-Once a capture has seen *both* outcomes of a ``bool`` graph break, and each outcome's path runs
-one segment and returns, the break node, its segment and both children are one ``lax.cond``
-program: a warm call dispatches it once, with no device→host read of the guard. This is the
-same assumption as segment replay (the function is pure) and the same primitives, compiled as
-the segments are (``exact`` keeps XLA's fusion off), so results stay bitwise equal to eager.
+A warm call that walks the guard tree runs one compiled segment per graph and reads every guard
+on the host between them (a blocking device→host copy). Once the outcomes along a path are known,
+the whole tree below a break is one program instead: each segment's recorded primitives, and at
+each break a ``lax.switch`` over the known outcomes — a ``bool`` guard by its predicate, a scalar
+guard (``int``, ``float``, ``item``) by the bit pattern of its value (``_guards.py``). A warm call
+dispatches it once, with no guard read on the host.
+
+If some outcome has not been seen yet (a ``bool`` break with one known branch, any scalar guard),
+the program has a *miss* branch and returns a flag first: the caller reads that one flag and, on a
+miss, runs the Python (a cold call). A tree whose every ``bool`` break has both outcomes has no
+flag and returns as soon as it is dispatched.
+
+Same primitives, same compile options and barriers as the segments (``_compile.py``), so results
+stay bitwise equal to eager. A tree is one program only if every path returns the same structure
+with the same types (weak types included: ``lax.switch`` would otherwise promote them) and the
+same Python constants, and, in exact mode, every segment is one program with no unit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from mlsys_jax.execute._record import EXACT_OPTIONS, replay
-
-TRUE, FALSE = ("bool", True), ("bool", False)
+from mlsys_jax.compat import zeros_of
+from mlsys_jax.execute._compile import EXACT_OPTIONS, bind_eqns, const_key
+from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 
 @dataclass(frozen=True)
-class FusedBranch:
-    """One program for a break node and both its children: reads ``in_slots``, returns leaves."""
+class TreeProgram:
+    """One program for a subtree: ``fn(*env[in_slots], *consts)`` -> ([miss flag], *leaves)."""
 
     fn: Callable
     in_slots: tuple
-    out_tree: object
+    consts: tuple
+    flagged: bool
+    out_tree: Any
+    specs: tuple  # the return's leaves: ('slot', s) from the program, ('const', v) from Python
+
+    def finish(self, leaves):
+        if len(leaves) == len(self.specs):
+            return jax.tree_util.tree_unflatten(self.out_tree, leaves)
+        it = iter(leaves)
+        return jax.tree_util.tree_unflatten(
+            self.out_tree, [next(it) if k == "slot" else v for k, v in self.specs])
 
 
-def _final_child(node):
-    return node is not None and node.kind is None and node.final is not None \
-        and all(kind == "slot" for kind, _ in node.final[1])
+@dataclass
+class _Plan:
+    offsets: dict = field(default_factory=dict)  # id(segment) -> offset of its consts
+    consts: list = field(default_factory=list)
+    finals: dict = field(default_factory=dict)  # signature -> a final
+    flagged: bool = False
 
 
-def fusable(node) -> bool:
-    """A bool break whose two outcomes are known, each one segment and a return of the same tree."""
-    if node.kind != "bool" or node.extra or set(node.children) != {TRUE, FALSE}:
-        return False
-    t, f = node.children[TRUE], node.children[FALSE]
-    return _final_child(t) and _final_child(f) and t.final[0] == f.final[0]
+def _const_sig(v):
+    try:
+        return ("c", const_key(v))
+    except (TypeError, ValueError):
+        return ("py", id(v))
 
 
-def _run(seg, env: dict) -> dict:
-    """Bind a segment's recorded primitives inside the fused program (its own jit is top-level
-    only: compiled with ``exact`` options, it cannot be nested)."""
-    if seg is not None:
-        env = dict(env)
-        body = replay(seg.eqns, seg.consts, seg.in_slots, seg.out_slots)
-        env.update(zip(seg.out_slots, body(*[env[s] for s in seg.in_slots])))
-    return env
+def _signature(final):
+    out_tree, specs, avals = final
+    return out_tree, tuple(("slot", a) if k == "slot" else _const_sig(v)
+                           for (k, v), a in zip(specs, avals))
 
 
-def fuse_branch(node, exact: bool) -> FusedBranch | None:
-    """Build (and compile lazily) the one-program replay of ``node``; None if it cannot be one."""
+def _complete(node) -> bool:
+    return node.final is not None or node.kind is not None
+
+
+def _analyze(node, plan: _Plan, exact: bool) -> bool:
+    """Whether the subtree can be one program; fills the plan (consts, finals, miss flag)."""
+    if not _complete(node):  # a call that raised here: a miss, like an unseen outcome
+        plan.flagged = True
+        return True
     seg = node.seg
-    made = set(seg.out_slots) if seg is not None else set()
-    needed = set(seg.in_slots) if seg is not None else set()
-    for child in node.children.values():
-        child_made = set(child.seg.out_slots) if child.seg is not None else set()
-        child_in = set(child.seg.in_slots) if child.seg is not None else set()
-        needed |= (child_in | ({s for _, s in child.final[1]} - child_made)) - made
-    if node.slot not in made:
-        needed.add(node.slot)
-    in_slots = tuple(sorted(needed))
-    true_child, false_child = node.children[TRUE], node.children[FALSE]
+    if seg is not None:
+        if exact and not seg.one_program():
+            return False
+        if id(seg) not in plan.offsets:
+            plan.offsets[id(seg)] = len(plan.consts)
+            plan.consts.extend(seg.consts)
+    if node.final is not None:
+        plan.finals.setdefault(_signature(node.final), node.final)
+        return len(plan.finals) == 1
+    if not node.children or not checkable_on_device(node.kind, node.aval):
+        return False
+    if node.kind == "bool":
+        plan.flagged |= len(node.children) < 2
+    elif node.raws is None:  # more bit patterns than the program checks
+        return False
+    else:
+        plan.flagged = True  # a scalar guard can always take a new value
+    return all(_analyze(c, plan, exact) for c in node.children.values())
 
-    def branch(child):
-        def run_child(env):
-            out = _run(child.seg, env)
-            return tuple(out[s] for _, s in child.final[1])
-        return run_child
 
-    def program(*vals):
-        env = _run(seg, dict(zip(in_slots, vals)))
-        pred = env[node.slot]
-        if getattr(pred, "shape", None) != ():
-            raise TypeError("a fused branch needs a scalar guard")
-        return jax.lax.cond(pred.astype(bool), branch(true_child), branch(false_child), env)
+def _needs(node) -> set:
+    """Slots the subtree reads that it does not compute."""
+    seg = node.seg
+    made, reads = (set(seg.out_slots), set(seg.in_slots)) if seg is not None else (set(), set())
+    if node.final is not None:
+        later = {s for k, s in node.final[1] if k == "slot"}
+    elif node.kind is not None:
+        later = {node.slot}.union(*(_needs(c) for c in node.children.values()))
+    else:
+        later = set()
+    return reads | (later - made)
+
+
+def build(node, exact: bool) -> TreeProgram | None:
+    """The one-program replay of the subtree at a break ``node``, or None if it cannot be one."""
+    plan = _Plan()
+    if node.final is not None or not _analyze(node, plan, exact) or len(plan.finals) != 1:
+        return None
+    (final,) = plan.finals.values()
+    out_tree, specs, avals = final
+    slot_avals = [a for (k, _), a in zip(specs, avals) if k == "slot"]
+    if plan.flagged and any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+                            for a in slot_avals):
+        return None
+    in_slots = tuple(sorted(_needs(node)))
+    n_in, flagged = len(in_slots), plan.flagged
+
+    def miss(env):
+        del env
+        return jnp.asarray(True), [zeros_of(a) for a in slot_avals]
+
+    def visit(n, env, consts):
+        if not _complete(n):
+            return miss(env)
+        env = dict(env)
+        if n.seg is not None:
+            off = plan.offsets[id(n.seg)]
+            bind_eqns(n.seg.eqns, env, consts[off:off + len(n.seg.consts)], exact)
+        if n.final is not None:
+            return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
+        children = list(n.children.values())
+        if n.kind == "bool":
+            table = [(key[1][1], i) for i, key in enumerate(n.children)]
+        else:
+            index = {key: i for i, key in enumerate(n.children)}
+            table = [(raw, index[key]) for raw, key in n.raws.items()]
+        branches = [lambda e, c=c: visit(c, e, consts) for c in children]
+        if len(children) < 2 or n.kind != "bool":
+            branches.append(miss)
+        idx = device_index(n.kind, env[n.slot], table, len(children))
+        return jax.lax.switch(idx, branches, env)
+
+    def program(*args):
+        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
+        return ((flag,) if flagged else ()) + tuple(leaves)
 
     fn = jax.jit(program, compiler_options=EXACT_OPTIONS if exact else None)
-    return FusedBranch(fn, in_slots, true_child.final[0])
+    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs)
+
+
+def run(prog: TreeProgram, args):
+    """Run a tree program on its inputs: the result, or None on a miss (an unseen outcome)."""
+    res = prog.fn(*args, *prog.consts)
+    if prog.flagged:
+        if bool(np.asarray(res[0])):
+            return None
+        res = res[1:]
+    return prog.finish(list(res))
