@@ -106,9 +106,11 @@ dce_jaxpr_consts = _pe.dce_jaxpr_consts
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
 
 
-# Graph-break capture's one-program replay (execute/_fuse.py): zeros of an exact abstract type,
-# weak type included (the "outcome not seen yet" branch must return the same types as the others;
-# jnp.zeros is always strongly typed).
+# Graph-break capture's warm calls and one-program replay (execute/capture.py, _fuse.py): the
+# concrete array type (a warm call's fast path keys arguments by their cached ``aval``), and zeros
+# of an exact abstract type, weak type included (the "outcome not seen yet" branch must return the
+# same types as the others; jnp.zeros is always strongly typed).
+from jax._src.array import ArrayImpl  # noqa: E402,F401
 from jax._src.lax.lax import _convert_element_type  # noqa: E402
 
 

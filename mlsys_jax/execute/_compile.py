@@ -5,8 +5,9 @@ and hands it its inputs as arguments. A segment compiles many dispatches as *one
 XLA may rewrite across them and change results. Each way was measured (JAX 0.10.2, XLA:CPU):
 
 - *Fusion* contracts a multiply feeding an add into one FMA (one rounding instead of eager's two;
-  ``x * 3 + 1`` differs on ~half of the elements). Optimization barriers do not stop it: exact
-  programs are compiled with XLA's ``fusion`` pass off, so each dispatch is its own kernel.
+  ``x * 3 + 1`` differs on ~half of the elements). Optimization barriers do not stop it: a
+  program where a multiply can reach an add (``_units.fusion_safe``) is compiled with XLA's
+  ``fusion`` pass off, so each dispatch is its own kernel; others keep fusion (and its speed).
 - *The algebraic simplifier and transpose folding* rewrite across dispatches: ``log(exp(x))``
   becomes ``x``; ``x @ x.T`` folds the transpose into the dot and accumulates in another order.
   Every recorded dispatch's outputs pass through ``lax.optimization_barrier``, which these passes
@@ -35,9 +36,16 @@ import numpy as np
 
 from mlsys_jax.compat import eval_trace, set_current_trace
 from mlsys_jax.execute._record import Eqn
+from mlsys_jax.execute._units import fusion_safe
 
 EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
 MAX_PROGRAM_OPS = 500
+
+
+def compiler_options(eqns_lists, exact: bool):
+    """XLA options for a program of these equations: fusion off only where it could round
+    differently from eager (``_units.fusion_safe``); ``jax.jit``'s defaults otherwise."""
+    return EXACT_OPTIONS if exact and not fusion_safe(eqns_lists) else None
 
 
 def _barrier(outs):
@@ -105,7 +113,7 @@ def _localize(eqns, in_slots, out_slots):
         for s in e.outs:
             local[s] = len(local)
         new.append(Eqn(e.prim, e.params, tuple(ins), tuple(local[s] for s in e.outs),
-                       e.unit, e.size))
+                       e.traits))
     return tuple(new), tuple(range(len(in_slots))), tuple(local[s] for s in out_slots), \
         tuple(-1 - r for r in const_ids)
 
@@ -137,12 +145,12 @@ def _split(eqns, exact):
     """Runs of equations compiled together: units alone (exact), runs of <= MAX_PROGRAM_OPS."""
     runs, run, size = [], [], 0
     for e in eqns:
-        if exact and (e.unit or size + e.size > MAX_PROGRAM_OPS) and run:
+        if exact and (e.traits.unit or size + e.traits.size > MAX_PROGRAM_OPS) and run:
             runs.append(run)
             run, size = [], 0
         run.append(e)
-        size += e.size
-        if exact and e.unit:
+        size += e.traits.size
+        if exact and e.traits.unit:
             runs.append(run)
             run, size = [], 0
     if run:
@@ -165,7 +173,7 @@ def compile_pieces(eqns, consts, in_slots, out_slots, exact, cache: dict) -> lis
         p_out = tuple(sorted(made & later))
         leqns, _, lout, cref = _localize(run, p_in, p_out)
         p_consts = tuple(consts[i] for i in cref)
-        if exact and len(run) == 1 and run[0].unit:
+        if exact and len(run) == 1 and run[0].traits.unit:
             pieces.append(Piece(_unit_fn(leqns[0], len(p_in)), p_in, p_out, p_consts, unit_name(run[0])))
             continue
         sig = [(e.prim, _params_key(e.params), e.ins, e.outs) for e in leqns]
@@ -173,7 +181,7 @@ def compile_pieces(eqns, consts, in_slots, out_slots, exact, cache: dict) -> lis
         fn = cache.get(key) if key is not None else None
         if fn is None:
             fn = jax.jit(_program(leqns, len(p_in), lout, exact),
-                         compiler_options=EXACT_OPTIONS if exact else None)
+                         compiler_options=compiler_options([leqns], exact))
             if key is not None:
                 cache[key] = fn
         pieces.append(Piece(fn, p_in, p_out, p_consts))

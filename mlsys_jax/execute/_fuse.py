@@ -24,10 +24,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mlsys_jax.compat import zeros_of
-from mlsys_jax.execute._compile import EXACT_OPTIONS, bind_eqns, const_key
+from mlsys_jax.execute._compile import bind_eqns, compiler_options, const_key
 from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 
@@ -42,12 +41,21 @@ class TreeProgram:
     out_tree: Any
     specs: tuple  # the return's leaves: ('slot', s) from the program, ('const', v) from Python
 
-    def finish(self, leaves):
-        if len(leaves) == len(self.specs):
-            return jax.tree_util.tree_unflatten(self.out_tree, leaves)
-        it = iter(leaves)
+    def call(self, env):
+        """Run on the values of ``in_slots`` (``env[s]``): the result, or MISS (unseen outcome)."""
+        res = self.fn(*[env[s] for s in self.in_slots], *self.consts)
+        if self.flagged:
+            if res[0]:  # one device→host read: the miss flag
+                return MISS
+            res = res[1:]
+        if len(res) == len(self.specs):
+            return jax.tree_util.tree_unflatten(self.out_tree, res)
+        it = iter(res)
         return jax.tree_util.tree_unflatten(
             self.out_tree, [next(it) if k == "slot" else v for k, v in self.specs])
+
+
+MISS = object()
 
 
 @dataclass
@@ -99,6 +107,12 @@ def _analyze(node, plan: _Plan, exact: bool) -> bool:
     else:
         plan.flagged = True  # a scalar guard can always take a new value
     return all(_analyze(c, plan, exact) for c in node.children.values())
+
+
+def _nodes(node):
+    yield node
+    for child in node.children.values():
+        yield from _nodes(child)
 
 
 def _needs(node) -> set:
@@ -157,15 +171,7 @@ def build(node, exact: bool) -> TreeProgram | None:
         flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
         return ((flag,) if flagged else ()) + tuple(leaves)
 
-    fn = jax.jit(program, compiler_options=EXACT_OPTIONS if exact else None)
+    segs = {id(n.seg): n.seg for n in _nodes(node) if n.seg is not None}
+    fn = jax.jit(program, compiler_options=compiler_options(
+        [seg.eqns for seg in segs.values()], exact))
     return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs)
-
-
-def run(prog: TreeProgram, args):
-    """Run a tree program on its inputs: the result, or None on a miss (an unseen outcome)."""
-    res = prog.fn(*args, *prog.consts)
-    if prog.flagged:
-        if bool(np.asarray(res[0])):
-            return None
-        res = res[1:]
-    return prog.finish(list(res))

@@ -24,23 +24,22 @@ import jax
 from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_trace,
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._units import classify
+from mlsys_jax.execute._units import PLAIN, Traits, classify
 
 
 @dataclass(frozen=True)
 class Eqn:
     """One recorded dispatch: ``ins`` are slots (>= 0) or constants (-1 - index).
 
-    ``unit``: in exact mode it runs as its own XLA program (``_units.py``); ``size``: the
-    primitives inside it (what the compiler sees), which bounds the size of one compiled program.
+    ``traits`` (``_units.py``): whether exact mode runs it as its own XLA program, how many
+    primitives it holds, and what XLA's fusion could do to it.
     """
 
     prim: Any
     params: dict
     ins: tuple
     outs: tuple
-    unit: bool = False
-    size: int = 1
+    traits: Traits = PLAIN
 
 
 class DeferredTracer(Tracer):
@@ -131,10 +130,9 @@ class RecordTrace(Trace):
             # Constants only (a Python scalar's convert, jnp.ones, a PRNG key): run now, as eager.
             with set_current_trace(eval_trace):
                 return prim.bind(*args, **params)
-        unit, size = classify(prim, params, avals)
         multiple = prim.multiple_results
         outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals],
-                               unit, size)
+                               classify(prim, params, avals))
         return outs if multiple else outs[0]
 
     def stage_value(self, val):

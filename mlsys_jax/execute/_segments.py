@@ -16,11 +16,12 @@ import gc
 import re
 import weakref
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import jax
 
-from mlsys_jax.compat import eval_trace, set_current_trace
+from mlsys_jax.compat import ClosedJaxpr, Jaxpr, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute._compile import (as_param, bind_eqns, compile_pieces, const_key,
                                        run_pieces)
@@ -89,8 +90,11 @@ class Node:
 class Root:
     """The guard tree of one input signature, with its bounds' state."""
 
+    all_arrays: bool = True  # every argument leaf is an array (slot i is leaf i)
     node: Node = field(default_factory=Node)
     version: int = 0  # bumped when the tree grows: one-program replays are rebuilt
+    fast: Any = None  # the whole tree's one-program replay, once hot (built at fast_version)
+    fast_version: int = -1
     warm_streak: int = 0  # warm calls since the last change
     paths: int = 0
     eager_reason: str | None = None  # set when a bound was passed: calls run eagerly
@@ -100,9 +104,16 @@ class Root:
         self.warm_streak = 0
 
 
-def _params_text(params) -> str:
-    # Re-traced bodies (a lax.cond of fresh lambdas) are new objects with the same text.
-    return re.sub(r" at 0x[0-9a-f]+", "", repr(sorted(params.items())))
+@lru_cache(maxsize=4096)
+def _body_text(body) -> str:
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(body))
+
+
+def _params_text(params) -> tuple:
+    # Re-traced bodies (a lax.cond of fresh lambdas) are new objects with the same text; jnp's
+    # bodies are cached objects, so their text is computed once.
+    return tuple((k, _body_text(v) if isinstance(v, (ClosedJaxpr, Jaxpr))
+                  else re.sub(r" at 0x[0-9a-f]+", "", repr(v))) for k, v in sorted(params.items()))
 
 
 class ColdRun:
@@ -131,7 +142,7 @@ class ColdRun:
         self.all_refs.append(weakref.ref(t))
         return t
 
-    def record(self, prim, params, args, out_avals, unit, size):
+    def record(self, prim, params, args, out_avals, traits):
         ins = []
         for a in args:
             if isinstance(a, DeferredTracer):
@@ -150,7 +161,7 @@ class ColdRun:
             self.all_refs.append(self.live[t.slot])
             outs.append(t)
         self.pending.append(Eqn(prim, dict(params), tuple(ins), tuple(t.slot for t in outs),
-                                unit, size))
+                                traits))
         return outs
 
     def flush(self, needed=()):

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from mlsys_jax.compat import Tracer, eval_trace, set_current_trace
+from mlsys_jax.compat import ArrayImpl, Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import _fuse
 from mlsys_jax.execute._compile import MAX_PROGRAM_OPS
@@ -54,15 +54,28 @@ def _leaf_key(x):
             f"capture: got a {type(x).__name__} argument; a captured function takes concrete "
             "arrays. Apply jax.grad/vmap/jit inside the captured function, not around it.")
     if isinstance(x, jax.Array):
-        return (x.shape, x.dtype, x.weak_type)
+        return x.aval  # shape, dtype, weak type (cached on the array: the cheapest key)
     if isinstance(x, np.ndarray):
-        return (x.shape, x.dtype, False)
+        return ("np", x.shape, x.dtype)
     try:
         hash(x)
     except TypeError:
         raise MlsysError(f"capture: argument of type {type(x).__name__} is neither an array nor "
                          "a hashable Python value; pass arrays (or hashable static values)") from None
     return ("static", type(x), value_key(x))  # floats by bit pattern: -0.0 is not 0.0
+
+
+def input_key(args, kwargs):
+    """(leaves, key): the arguments' leaves and the guard tree's root key for them."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    for x in leaves:
+        if type(x) is not ArrayImpl:
+            return leaves, (tree, tuple(map(_leaf_key, leaves)))
+    return leaves, (tree, tuple([x.aval for x in leaves]))
+
+
+def _arrays(leaves):
+    return [x for x in leaves if isinstance(x, _ARRAYS)]
 
 
 class Captured:
@@ -78,20 +91,29 @@ class Captured:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        key = (tree, tuple(map(_leaf_key, leaves)))
+        leaves, key = input_key(args, kwargs)
         root = self.roots.get(key)
-        if root is None:
-            if len(self.roots) >= MAX_SIGNATURES:
+        if root is not None:
+            prog = root.fast  # the hot path: the whole tree as one program
+            if prog is not None and root.fast_version == root.version:
+                out = prog.call(leaves if root.all_arrays else _arrays(leaves))
+                if out is not _fuse.MISS:
+                    self.stats["fused"] += 1
+                    self.stats["warm"] += 1
+                    return out
+                if root.eager_reason is not None:
+                    return self._eager(args, kwargs)
+            elif root.eager_reason is not None:
                 return self._eager(args, kwargs)
-            root = self.roots[key] = Root()
-        elif root.eager_reason is not None:
+            else:
+                out = self._replay(root, leaves)
+                if out is not _MISS:
+                    return out
+        elif len(self.roots) >= MAX_SIGNATURES:
             return self._eager(args, kwargs)
         else:
-            out = self._replay(root, leaves)
-            if out is not _MISS:
-                return out
-        return self.run_cold(root, leaves, tree)[0]
+            root = self.roots[key] = Root(all_arrays=all(isinstance(x, _ARRAYS) for x in leaves))
+        return self.run_cold(root, leaves, key[0])[0]
 
     def _eager(self, args, kwargs):
         self.stats["eager"] += 1
@@ -113,15 +135,17 @@ class Captured:
 
     def _replay(self, root, leaves):
         """Walk the guard tree without Python; from the second warm call, as one program."""
-        arrays = [x for x in leaves if isinstance(x, _ARRAYS)]
+        arrays = leaves if root.all_arrays else _arrays(leaves)
         env = dict(enumerate(arrays))
         node, hot = root.node, root.warm_streak >= 1
         while True:
             if hot and node.final is None:
                 prog = self._program(root, node)
                 if prog is not None:
-                    out = _fuse.run(prog, [env[s] for s in prog.in_slots])
-                    if out is None:
+                    if node is root.node:  # later calls take the hot path in __call__
+                        root.fast, root.fast_version = prog, root.version
+                    out = prog.call(env)
+                    if out is _fuse.MISS:
                         return _MISS
                     self.stats["fused"] += 1
                     return self._warm(root, out)
@@ -228,7 +252,7 @@ def _notes(segments) -> list[str]:
             notes.append(f"graph {i}: {', '.join(seg.units)} run(s) as its own XLA program, as "
                          "eager runs it (XLA optimises inside it; exact mode keeps that rounding)")
         if len(seg.pieces) > len(seg.units) + 1:
-            notes.append(f"graph {i}: {sum(e.size for e in seg.eqns)} primitives compiled as "
+            notes.append(f"graph {i}: {sum(e.traits.size for e in seg.eqns)} primitives compiled as "
                          f"{len(seg.pieces) - len(seg.units)} programs of at most "
                          f"{MAX_PROGRAM_OPS} (XLA:CPU's compile time grows superlinearly with "
                          "unfused kernels)")
@@ -242,11 +266,12 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
     ``fallback`` says if (and why) calls with these arguments run eagerly.
     """
     c = fn if isinstance(fn, Captured) else Captured(fn)
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    key = (tree, tuple(map(_leaf_key, leaves)))
+    leaves, key = input_key(args, kwargs)
     fallback = c.eager_reason(key)
-    root = Root() if fallback else c.roots.setdefault(key, Root())
-    out, run = c.run_cold(root, leaves, tree)
+    all_arrays = all(isinstance(x, _ARRAYS) for x in leaves)
+    root = Root(all_arrays=all_arrays) if fallback else \
+        c.roots.setdefault(key, Root(all_arrays=all_arrays))
+    out, run = c.run_cold(root, leaves, key[0])
     graphs = [seg.jaxpr() for seg in run.segments]
     return ExplainOutput(len(graphs), len(run.breaks), list(run.breaks),
                          [_op_names(g) for g in graphs], graphs, out,
