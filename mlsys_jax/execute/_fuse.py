@@ -32,7 +32,10 @@ from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 @dataclass(frozen=True)
 class TreeProgram:
-    """One program for a subtree: ``fn(*env[in_slots], *consts)`` -> ([miss flag], *leaves)."""
+    """One program for a subtree: ``fn(*env[in_slots], *consts)`` -> ([miss flag], *leaves).
+
+    ``bare``: the function returns one array, which the program returns as it is (no tuple).
+    """
 
     fn: Callable
     in_slots: tuple
@@ -40,9 +43,12 @@ class TreeProgram:
     flagged: bool
     out_tree: Any
     specs: tuple  # the return's leaves: ('slot', s) from the program, ('const', v) from Python
+    bare: bool = False
 
     def call(self, env):
         """Run on the values of ``in_slots`` (``env[s]``): the result, or MISS (unseen outcome)."""
+        if self.bare:  # the hot path: one array in every slot order, one array out
+            return self.fn(*[env[s] for s in self.in_slots], *self.consts)
         res = self.fn(*[env[s] for s in self.in_slots], *self.consts)
         if self.flagged:
             if res[0]:  # one device→host read: the miss flag
@@ -167,11 +173,14 @@ def build(node, exact: bool) -> TreeProgram | None:
         idx = device_index(n.kind, env[n.slot], table, len(children))
         return jax.lax.switch(idx, branches, env)
 
+    bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
+        and out_tree == jax.tree_util.tree_structure(0)
+
     def program(*args):
         flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
-        return ((flag,) if flagged else ()) + tuple(leaves)
+        return leaves[0] if bare else ((flag,) if flagged else ()) + tuple(leaves)
 
     segs = {id(n.seg): n.seg for n in _nodes(node) if n.seg is not None}
     fn = jax.jit(program, compiler_options=compiler_options(
         [seg.eqns for seg in segs.values()], exact))
-    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs)
+    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs, bare)

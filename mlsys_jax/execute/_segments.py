@@ -33,11 +33,16 @@ MAX_PATHS = 64  # paths (returns) kept per input signature
 MAX_RAWS = 16  # bit patterns a one-program replay checks per guard (then: read on the host)
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
-    """One recorded graph: reads ``in_slots``, writes ``out_slots``; ``run`` replays it."""
+    """One recorded graph: reads ``in_slots``, writes ``out_slots``.
 
-    run: Callable
+    A cold call runs it dispatch by dispatch, exactly as eager runs the same code (no compile).
+    Warm calls that walk the tree compile it from their second run on (``_compile.py``); a
+    settled tree runs as one program instead (``_fuse.py``), so most segments never compile alone.
+    """
+
+    compiled: Callable  # runs the pieces (compiling each on its first call)
     in_slots: tuple
     out_slots: tuple
     structure: tuple  # primitives (params as text), wiring, constants by value
@@ -45,6 +50,19 @@ class Segment:
     consts: tuple  # device arrays: parameters of the compiled programs
     in_avals: tuple
     pieces: tuple
+    warm_runs: int = 0
+
+    def eager(self, *ins):
+        """Run dispatch by dispatch, as eager JAX runs the recorded code."""
+        env = dict(zip(self.in_slots, ins))
+        with set_current_trace(eval_trace):
+            bind_eqns(self.eqns, env, self.consts, exact=False)
+        return [env[s] for s in self.out_slots]
+
+    def run(self, *ins):
+        """A warm walk's run: eager the first time, compiled from the second."""
+        self.warm_runs += 1
+        return self.compiled(*ins) if self.warm_runs >= 2 else self.eager(*ins)
 
     @property
     def units(self) -> list[str]:
@@ -190,8 +208,7 @@ class ColdRun:
             in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
             seg = Segment(run_pieces(pieces, in_slots, out_slots), in_slots, out_slots, structure,
                           eqns, params, in_avals, pieces)
-        with set_current_trace(eval_trace):  # run the segment for real, not into the recording
-            outs = seg.run(*[self.env[s] for s in in_slots])
+        outs = seg.eager(*[self.env[s] for s in in_slots])  # for real, not into the recording
         self.env.update(zip(seg.out_slots, outs))
         for s in seg.out_slots:
             t = self.live[s]() if s in self.live else None

@@ -67,11 +67,21 @@ def _leaf_key(x):
 
 def input_key(args, kwargs):
     """(leaves, key): the arguments' leaves and the guard tree's root key for them."""
+    if not kwargs:  # the hot path: arrays only, keyed by their cached avals (no tree_flatten)
+        for x in args:
+            if type(x) is not ArrayImpl:
+                break
+        else:
+            return args, tuple([x.aval for x in args])
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     for x in leaves:
         if type(x) is not ArrayImpl:
             return leaves, (tree, tuple(map(_leaf_key, leaves)))
     return leaves, (tree, tuple([x.aval for x in leaves]))
+
+
+def _tree(args, kwargs):
+    return jax.tree_util.tree_structure((args, kwargs))
 
 
 def _arrays(leaves):
@@ -113,7 +123,7 @@ class Captured:
             return self._eager(args, kwargs)
         else:
             root = self.roots[key] = Root(all_arrays=all(isinstance(x, _ARRAYS) for x in leaves))
-        return self.run_cold(root, leaves, key[0])[0]
+        return self.run_cold(root, leaves, _tree(args, kwargs))[0]
 
     def _eager(self, args, kwargs):
         self.stats["eager"] += 1
@@ -271,7 +281,7 @@ def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
     all_arrays = all(isinstance(x, _ARRAYS) for x in leaves)
     root = Root(all_arrays=all_arrays) if fallback else \
         c.roots.setdefault(key, Root(all_arrays=all_arrays))
-    out, run = c.run_cold(root, leaves, key[0])
+    out, run = c.run_cold(root, leaves, _tree(args, kwargs))
     graphs = [seg.jaxpr() for seg in run.segments]
     return ExplainOutput(len(graphs), len(run.breaks), list(run.breaks),
                          [_op_names(g) for g in graphs], graphs, out,
