@@ -48,6 +48,7 @@ def _side_by_side(name, fns: dict, repeats: int, figures: dict, notes: list) -> 
                      f"{repeats}); eager/captured {ec.median:.1f}×, captured/cond-jit "
                      f"{cj.median:.2f}× [{cj.low:.2f}–{cj.high:.2f}] (paired)")
     figures[f"{name}_us"] = {k: v.to_dict() for k, v in t.items()}
+    return t
 
 
 def _torch_two_breaks():
@@ -56,6 +57,9 @@ def _torch_two_breaks():
         import torch
     except ImportError as e:
         return None, f"torch.compile comparison skipped: PyTorch is not installed ({e})"
+    # One intra-op thread, like XLA:CPU on these small matmuls: with two, torch's OpenMP workers
+    # spin against the other processes of this shared 2-core machine (measured: 64 ms a call).
+    torch.set_num_threads(1)
 
     def fn(x, w1, w2):
         h = torch.relu(x @ w1)
@@ -63,7 +67,8 @@ def _torch_two_breaks():
         g = h @ w2
         return torch.tanh(g) if g.sum() > 0 else g * 0.5
 
-    return (torch, torch.compile(fn)), f"torch {torch.__version__}, torch.compile(fn) on CPU"
+    return (torch, fn, torch.compile(fn)), (f"torch {torch.__version__}, torch.compile(fn) on CPU, "
+                                        "1 thread; torch's CPU calls return finished tensors")
 
 
 def _two_breaks(rng, repeats, figures, notes):
@@ -82,19 +87,22 @@ def _two_breaks(rng, repeats, figures, notes):
            "cond_jit": lambda: cond_jit(*args)}
     torch_fn, note = _torch_two_breaks()
     if torch_fn is not None:
-        torch, compiled = torch_fn
-        targs = [torch.from_numpy(np.asarray(a)) for a in args]
+        torch, eager_fn, compiled = torch_fn
+        targs = [torch.tensor(np.asarray(a)) for a in args]
         out = compiled(*targs)
         fns["torch_compile"] = lambda: compiled(*targs)
+        fns["torch_eager"] = lambda: eager_fn(*targs)
         note += (f"; result matches ours within 1e-4: "
                  f"{bool(np.allclose(out.numpy(), np.asarray(two_breaks(*args)), atol=1e-4))}")
-    _side_by_side("two_breaks", fns, repeats, figures, notes)
+    t = _side_by_side("two_breaks", fns, repeats, figures, notes)
     if torch_fn is not None:
-        t = figures["two_breaks_us"]
-        # torch on CPU returns finished tensors: its calls are waited calls
         for mode in ("", "_waited"):
-            ratio = t[f"captured{mode}"]["median_us"] / t["torch_compile"]["median_us"]
-            figures[f"two_breaks{mode}_captured_over_torch_compile_ratio"] = {"ratio": ratio}
+            r = timing.ratio(t[f"captured{mode}"], t["torch_compile"])  # paired
+            figures[f"two_breaks{mode}_captured_over_torch_compile_ratio"] = r.to_dict()
+            notes.append(f"two_breaks{mode or ' back-to-back'}: captured/torch.compile "
+                         f"{r.median:.2f}× [{r.low:.2f}–{r.high:.2f}] (torch.compile "
+                         f"{t['torch_compile'].median_us:.1f} µs, torch eager "
+                         f"{t['torch_eager'].median_us:.1f} µs)")
     notes.append(note)
     notes.append(f"two_breaks, all four paths: captured results equal eager bitwise: {same}; "
                  f"lax.cond-jit's equal eager: {cond_same}; capture cache {captured.stats}")

@@ -12,8 +12,8 @@ the program has a *miss* branch and returns a flag first: the caller reads that 
 miss, runs the Python (a cold call). A tree whose every ``bool`` break has both outcomes has no
 flag and returns as soon as it is dispatched.
 
-Same primitives, same compile options and barriers as the segments (``_compile.py``), so results
-stay bitwise equal to eager. A tree is one program only if every path returns the same structure
+Same primitives, with the same separation between dispatches as the segments (``_compile.py``),
+so results stay bitwise equal to eager. A tree is one program only if every path returns the same structure
 with the same types (weak types included: ``lax.switch`` would otherwise promote them) and the
 same Python constants, and, in exact mode, every segment is one program with no unit.
 """
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from mlsys_jax.compat import zeros_of
-from mlsys_jax.execute._compile import bind_eqns, compiler_options, const_key
+from mlsys_jax.execute._compile import bind_eqns, const_key, zero
 from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 
@@ -66,10 +66,18 @@ MISS = object()
 
 @dataclass
 class _Plan:
-    offsets: dict = field(default_factory=dict)  # id(segment) -> offset of its consts
-    consts: list = field(default_factory=list)
+    positions: dict = field(default_factory=dict)  # id(segment) -> its consts' positions
+    consts: list = field(default_factory=list)  # each value once (fewer program arguments)
+    const_index: dict = field(default_factory=dict)
     finals: dict = field(default_factory=dict)  # signature -> a final
     flagged: bool = False
+
+    def add_const(self, c) -> int:
+        key = (_const_sig(c), str(c.dtype), c.weak_type)
+        if key not in self.const_index:
+            self.const_index[key] = len(self.consts)
+            self.consts.append(c)
+        return self.const_index[key]
 
 
 def _const_sig(v):
@@ -98,9 +106,8 @@ def _analyze(node, plan: _Plan, exact: bool) -> bool:
     if seg is not None:
         if exact and not seg.one_program():
             return False
-        if id(seg) not in plan.offsets:
-            plan.offsets[id(seg)] = len(plan.consts)
-            plan.consts.extend(seg.consts)
+        if id(seg) not in plan.positions:
+            plan.positions[id(seg)] = [plan.add_const(c) for c in seg.consts]
     if node.final is not None:
         plan.finals.setdefault(_signature(node.final), node.final)
         return len(plan.finals) == 1
@@ -113,12 +120,6 @@ def _analyze(node, plan: _Plan, exact: bool) -> bool:
     else:
         plan.flagged = True  # a scalar guard can always take a new value
     return all(_analyze(c, plan, exact) for c in node.children.values())
-
-
-def _nodes(node):
-    yield node
-    for child in node.children.values():
-        yield from _nodes(child)
 
 
 def _needs(node) -> set:
@@ -152,13 +153,12 @@ def build(node, exact: bool) -> TreeProgram | None:
         del env
         return jnp.asarray(True), [zeros_of(a) for a in slot_avals]
 
-    def visit(n, env, consts):
+    def visit(n, env, consts, key):
         if not _complete(n):
             return miss(env)
         env = dict(env)
         if n.seg is not None:
-            off = plan.offsets[id(n.seg)]
-            bind_eqns(n.seg.eqns, env, consts[off:off + len(n.seg.consts)], exact)
+            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]], key)
         if n.final is not None:
             return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
         children = list(n.children.values())
@@ -167,7 +167,7 @@ def build(node, exact: bool) -> TreeProgram | None:
         else:
             index = {key: i for i, key in enumerate(n.children)}
             table = [(raw, index[key]) for raw, key in n.raws.items()]
-        branches = [lambda e, c=c: visit(c, e, consts) for c in children]
+        branches = [lambda e, c=c: visit(c, e, consts, key) for c in children]
         if len(children) < 2 or n.kind != "bool":
             branches.append(miss)
         idx = device_index(n.kind, env[n.slot], table, len(children))
@@ -176,11 +176,10 @@ def build(node, exact: bool) -> TreeProgram | None:
     bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
         and out_tree == jax.tree_util.tree_structure(0)
 
-    def program(*args):
-        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
+    def program(*args):  # (*inputs, *consts[, key of the opaque identity])
+        consts, key = (args[n_in:-1], args[-1]) if exact else (args[n_in:], None)
+        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), consts, key)
         return leaves[0] if bare else ((flag,) if flagged else ()) + tuple(leaves)
 
-    segs = {id(n.seg): n.seg for n in _nodes(node) if n.seg is not None}
-    fn = jax.jit(program, compiler_options=compiler_options(
-        [seg.eqns for seg in segs.values()], exact))
-    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs, bare)
+    consts = tuple(plan.consts) + ((zero(),) if exact else ())
+    return TreeProgram(jax.jit(program), in_slots, consts, flagged, out_tree, specs, bare)

@@ -56,7 +56,7 @@ class Segment:
         """Run dispatch by dispatch, as eager JAX runs the recorded code."""
         env = dict(zip(self.in_slots, ins))
         with set_current_trace(eval_trace):
-            bind_eqns(self.eqns, env, self.consts, exact=False)
+            bind_eqns(self.eqns, env, self.consts)
         return [env[s] for s in self.out_slots]
 
     def run(self, *ins):
@@ -75,7 +75,7 @@ class Segment:
         """The segment as a ClosedJaxpr (for the op view in ``explain``)."""
         def segment(*ins):
             env = dict(zip(self.in_slots, ins))
-            bind_eqns(self.eqns, env, self.consts, exact=False)
+            bind_eqns(self.eqns, env, self.consts)
             return [env[s] for s in self.out_slots]
         return jax.make_jaxpr(segment)(*self.in_avals)
 

@@ -138,6 +138,17 @@ class Captured:
                     "static argument values) were seen; new ones run eagerly")
         return root.eager_reason if root is not None else None
 
+    def replay_info(self, *args, **kwargs) -> dict:
+        """How a warm call with these arguments replays: ``one_program`` (the whole guard tree is
+        one compiled program: one dispatch), ``miss_flag`` (that program returns a flag the host
+        reads, because some outcome is still unseen), ``eager`` (the reason calls run eagerly)."""
+        leaves, key = input_key(args, kwargs)
+        root = self.roots.get(key)
+        prog = self._program(root, root.node) if root is not None and root.node.final is None \
+            else None
+        return {"one_program": prog is not None, "miss_flag": bool(prog and prog.flagged),
+                "eager": self.eager_reason(key)}
+
     def _program(self, root, node):
         if node.program is None or node.program[0] != root.version:
             node.program = (root.version, _fuse.build(node, self.exact))

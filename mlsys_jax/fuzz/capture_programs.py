@@ -139,17 +139,17 @@ class _Writer:
             self.python_vals.append(t)
 
 
-def generate(seed: int, max_statements: int = 6) -> CaptureProgram:
-    """A random branchy program (deterministic in ``seed``)."""
+def generate(seed: int, max_statements: int = 6, dtypes=DTYPES, sizes=(1, 2, 3, 4)):
+    """A random branchy program (deterministic in ``seed`` and the options)."""
     rng = np.random.default_rng([seed, 0xCA97])
-    n = int(rng.choice([1, 2, 3, 4]))
+    n = int(rng.choice(sizes))
     w = _Writer(rng, n)
     for _ in range(int(rng.integers(2, max_statements + 1))):
         w.statement()
     outs = list(dict.fromkeys(w.vars[-1:] + [w.pick(w.vars[2:] or ["x"])]))
     outs += w.python_vals[-1:]
     body = "\n".join(w.lines) + f"\n    return ({', '.join(outs)},)\n"
-    return CaptureProgram(seed, HEADER + body, str(rng.choice(DTYPES)), n)
+    return CaptureProgram(seed, HEADER + body, str(rng.choice(dtypes)), n)
 
 
 SPECIAL = (0.0, -0.0, 1e-45, -1e-30, 3e38, -3e38, 1.0, -1.0, 1e-3)
