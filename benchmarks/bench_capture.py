@@ -85,6 +85,11 @@ def _two_breaks(rng, repeats, figures, notes):
     cond_same = all(np.array_equal(cond_jit(*a), two_breaks(*a)) for a in paths)
     fns = {"eager": lambda: two_breaks(*args), "captured": lambda: captured(*args),
            "cond_jit": lambda: cond_jit(*args)}
+    # the warm call's own program, called directly: captured minus this is the Python path
+    # (flatten, guard-tree key, lookup, result) that a warm call adds
+    captured(*args), captured(*args)  # a walk, then the one program (kept as the hot path)
+    prog = captured.roots[next(iter(captured.roots))].fast
+    fns["program"] = lambda: prog.fn(*[args[s] for s in prog.in_slots], *prog.consts)
     torch_fn, note = _torch_two_breaks()
     if torch_fn is not None:
         torch, eager_fn, compiled = torch_fn
@@ -95,6 +100,13 @@ def _two_breaks(rng, repeats, figures, notes):
         note += (f"; result matches ours within 1e-4: "
                  f"{bool(np.allclose(out.numpy(), np.asarray(two_breaks(*args)), atol=1e-4))}")
     t = _side_by_side("two_breaks", fns, repeats, figures, notes)
+    python_us = [c - p for c, p in zip(t["captured"].samples, t["program"].samples)]
+    figures["two_breaks_warm_call_python_us"] = {
+        "median_us": 1e6 * float(np.median(python_us)), "min_us": 1e6 * min(python_us),
+        "max_us": 1e6 * max(python_us), "repeats": repeats}
+    notes.append(f"two_breaks: a warm call's Python path (key, lookup, result) adds "
+                 f"{1e6 * float(np.median(python_us)):.1f} µs to its one program's dispatch "
+                 f"(back to back, paired rounds)")
     if torch_fn is not None:
         for mode in ("", "_waited"):
             r = timing.ratio(t[f"captured{mode}"], t["torch_compile"])  # paired

@@ -71,9 +71,8 @@ def varying_axes(x) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
-# Graph-break capture (issue 4): the jit primitive (jnp helpers are jit(inline=True)) and the
-# effects a compiled segment replays like jax.jit does (jax.debug.print / debug.callback).
-from jax.extend.core.primitives import jit_p  # noqa: E402
+# Graph-break capture (issue 4): the effects a compiled segment replays like jax.jit does
+# (jax.debug.print / debug.callback).
 from jax._src import debugging as _debugging  # noqa: E402
 
 debug_effects = (_debugging.debug_effect, _debugging.ordered_debug_effect)
