@@ -1,9 +1,10 @@
 """The guard tree of graph-break capture: segments, breaks, and one cold run that fills them.
 
-A cold call (``ColdRun``) records primitives (``_record.py``), and at each break compiles and runs
-the pending segment (``_compile.py``), stores it in the current :class:`Node`, and moves to the
-child keyed by the concrete value Python asked for (``_guards.py``). Warm calls (``capture.py``)
-walk the same tree without Python, or run it as one program (``_fuse.py``).
+A cold call (``ColdRun``) records dispatches (``_record.py``); at each break it runs the pending
+segment dispatch by dispatch (as eager does), stores it in the current :class:`Node` with its
+programs (``_compile.py``, compiled only when a warm call needs them), and moves to the child
+keyed by the concrete value Python asked for (``_guards.py``). Warm calls (``capture.py``) walk
+the same tree without Python, or run it as one program (``_fuse.py``).
 
 The tree is bounded: a non-``bool`` guard keeps at most ``MAX_GUARD_VALUES`` outcomes and a tree
 at most ``MAX_PATHS`` paths. A guard past its bound never stabilises (a ``float()`` of a value that
@@ -97,7 +98,6 @@ class Node:
     slot: int | None = None
     extra: tuple = ()
     aval: Any = None  # the guard value's type
-    reason: BreakReason | None = None
     children: dict = field(default_factory=dict)  # guard key -> Node
     raws: dict | None = field(default_factory=dict)  # bit pattern -> guard key; None: too many
     final: tuple | None = None  # (out_tree, specs, avals): specs ('slot', s) or ('const', v)
@@ -183,7 +183,8 @@ class ColdRun:
         return outs
 
     def flush(self, needed=()):
-        """Compile (or reuse) and run the pending segment; materialize every value still alive."""
+        """Store (or reuse) the pending segment and run it as eager does; materialize every value
+        still alive."""
         eqns, consts = tuple(self.pending), tuple(self.consts)
         self.pending, self.consts, self.const_index = [], [], {}
         if not eqns:
@@ -247,7 +248,6 @@ class ColdRun:
         node = self.node
         if node.kind is None:
             node.kind, node.slot, node.extra, node.aval = kind, tracer.slot, extra, tracer.aval
-            node.reason = reason
         child = node.children.get(key)
         if child is None:
             if kind != "bool" and len(node.children) >= MAX_GUARD_VALUES:

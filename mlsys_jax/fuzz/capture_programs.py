@@ -33,7 +33,7 @@ BINARY = (
     "{a} + {b}", "{a} - {b}", "{a} * {b}", "{a} / {b}", "jnp.maximum({a}, {b})",
     "jnp.where({a} > {b}, {a}, {b})", "{a} * {b} + {a}", "{a} @ {b}", "{a} @ {b}.T",
     "{a}.T @ {b}", "jnp.arctan2({a}, {b})", "helper({a}, {b})",
-    "jax.lax.cond(({a} > 0).sum() > {n} // 2, lambda u, v: u * v - 1.0, lambda u, v: u + v, {a}, {b})",
+    "jax.lax.cond(({a} > 0).sum() > {n} // 2, fma_branch, add_branch, {a}, {b})",
 )
 WITH_CONST = ("{a} + {c}", "{a} * {c}", "{c} - {a}", "{a} / ({c} + 1.5)", "1.0 / ({a} + {c})",
               "jnp.asarray({c}, {a}.dtype) * {a}", "{a} + jnp.full({a}.shape, {c}, {a}.dtype)")
@@ -48,6 +48,14 @@ import jax.numpy as jnp
 @jax.jit
 def helper(u, v):
     return u * v + 1.0
+
+
+def fma_branch(u, v):
+    return u * v - 1.0
+
+
+def add_branch(u, v):
+    return u + v
 
 
 def f(x, y, s, w):
