@@ -53,18 +53,29 @@ def zero():
     return jax.device_put(np.uint32(0))
 
 
-def _opaque(x, key):
+class OpaqueKey:
+    """The traced zero of one program, converted once per bit width it is used at."""
+
+    def __init__(self, zero):
+        self.zero, self.widths = zero, {}
+
+    def of(self, dtype):
+        if dtype not in self.widths:
+            self.widths[dtype] = jax.lax.convert_element_type(self.zero, dtype)
+        return self.widths[dtype]
+
+
+def _opaque(x, key: OpaqueKey):
     dtype = x.dtype
     if dtype == jnp.bool_:  # a mask: compare and select must not meet (``max`` reads DAZ)
-        return jax.lax.bitwise_xor(x, key.astype(jnp.bool_))
+        return jax.lax.bitwise_xor(x, key.of(dtype))
     if jnp.issubdtype(dtype, jnp.complexfloating):  # complex multiply-adds contract too
         parts = (_opaque(jax.lax.real(x), key), _opaque(jax.lax.imag(x), key))
         return with_weak_type(jax.lax.complex(*parts), jax.typeof(x).weak_type)
-    if not jnp.issubdtype(dtype, jnp.floating) or jax.dtypes.issubdtype(dtype,
-                                                                        jax.dtypes.extended):
+    if not jnp.issubdtype(dtype, jnp.floating):
         return x
-    uint = jnp.dtype(f"uint{8 * dtype.itemsize}")
-    bits = jax.lax.bitcast_convert_type(x, uint) ^ key.astype(uint)
+    uint = np.dtype(f"uint{8 * dtype.itemsize}")
+    bits = jax.lax.bitwise_xor(jax.lax.bitcast_convert_type(x, uint), key.of(uint))
     return with_weak_type(jax.lax.bitcast_convert_type(bits, dtype), jax.typeof(x).weak_type)
 
 
@@ -144,7 +155,7 @@ def _program(eqns, n_in, out_local, exact):
     def program(*args):
         env = dict(enumerate(args[:n_in]))
         if exact:
-            bind_eqns(eqns, env, args[n_in:-1], args[-1])
+            bind_eqns(eqns, env, args[n_in:-1], OpaqueKey(args[-1]))
         else:
             bind_eqns(eqns, env, args[n_in:])
         return [env[s] for s in out_local]

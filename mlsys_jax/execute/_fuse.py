@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from mlsys_jax.compat import zeros_of
-from mlsys_jax.execute._compile import bind_eqns, const_key, zero
+from mlsys_jax.execute._compile import OpaqueKey, bind_eqns, const_key, zero
 from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 
@@ -157,8 +157,9 @@ def build(node, exact: bool) -> TreeProgram | None:
         if not _complete(n):
             return miss(env)
         env = dict(env)
-        if n.seg is not None:
-            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]], key)
+        if n.seg is not None:  # each branch is its own trace: its own converted keys
+            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]],
+                      key and OpaqueKey(key.zero))
         if n.final is not None:
             return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
         children = list(n.children.values())
@@ -177,7 +178,7 @@ def build(node, exact: bool) -> TreeProgram | None:
         and out_tree == jax.tree_util.tree_structure(0)
 
     def program(*args):  # (*inputs, *consts[, key of the opaque identity])
-        consts, key = (args[n_in:-1], args[-1]) if exact else (args[n_in:], None)
+        consts, key = (args[n_in:-1], OpaqueKey(args[-1])) if exact else (args[n_in:], None)
         flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), consts, key)
         return leaves[0] if bare else ((flag,) if flagged else ()) + tuple(leaves)
 
