@@ -75,6 +75,13 @@ def test_compiled_graph_rounds_as_eager(fn):
     same_as_eager(fn, (x,))
 
 
+def test_explain_names_dispatches_that_run_as_eager_programs():
+    x = jnp.linspace(-1.0, 1.0, 8, dtype=F32)
+    notes = explain(lambda x: jnp.var(x) * x + jax.lax.erfc(x), x).notes
+    assert [n.split(":")[1].split()[0] for n in notes] == ["jit[_var]", "erfc"], notes
+    assert all("its own XLA program" in n for n in notes)
+
+
 # --- weak types survive the one-program replay -------------------------------------------
 
 def test_weak_types_through_the_fused_branch_replay():
