@@ -105,19 +105,15 @@ dce_jaxpr_consts = _pe.dce_jaxpr_consts
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
 
 
-# Graph-break capture's compiled replay (execute/capture.py, _compile.py, _fuse.py): the concrete
-# array type (a warm call's fast path keys arguments by their cached ``aval``); setting a traced
-# value's weak type (lax ops return strong values: the opaque identity between dispatches and the
-# "outcome not seen yet" branch's zeros must keep eager's weak types).
+# Graph-break capture's warm calls and one-program replay (execute/capture.py, _fuse.py): the
+# concrete array type (a warm call's fast path keys arguments by their cached ``aval``), and zeros
+# of an exact abstract type, weak type included (the "outcome not seen yet" branch must return the
+# same types as the others; jnp.zeros is always strongly typed).
 from jax._src.array import ArrayImpl  # noqa: E402,F401
 from jax._src.lax.lax import _convert_element_type  # noqa: E402
 
 
-def with_weak_type(x, weak: bool):
-    """``x`` (traced) with the given weak type; ``lax`` ops on a weak value return strong ones."""
-    return _convert_element_type(x, x.dtype, weak_type=True) if weak else x
-
-
 def zeros_of(aval):
     """Traced zeros with ``aval``'s shape, dtype and weak type."""
-    return with_weak_type(jax.lax.full(aval.shape, 0, aval.dtype), aval.weak_type)
+    z = jax.lax.full(aval.shape, 0, aval.dtype)
+    return _convert_element_type(z, aval.dtype, weak_type=True) if aval.weak_type else z

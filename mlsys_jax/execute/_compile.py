@@ -6,19 +6,17 @@ XLA and LLVM may rewrite across them and change results. Each way was measured (
 XLA:CPU):
 
 - *Fused loops.* LLVM contracts a multiply feeding an add into one FMA (``x * 3 + 1``: one
-  rounding instead of eager's two, different on ~half of the elements), and turns
+  rounding instead of eager's two, different on ~half of the elements) and turns
   ``where(y > x, y, x)`` into a ``max`` instruction, which reads a subnormal ``y`` as zero
-  (XLA:CPU runs with denormals-are-zero: eager's separate compare and select keep ``1e-45``).
-  Turning fusion off stops both, but makes every op its own kernel: slower, and XLA:CPU's thunk
-  scheduler then takes time superlinear in the kernels (``ExecutionGraph``'s transitive
-  reduction: 2,040 kernels compile in 1.7 s, 4,080 in 30 s, 6,000 in 78 s). Instead, every
-  floating-point or boolean output of a dispatch passes through an *opaque identity*: its bits
-  XOR a zero that the program receives as an argument. Fusion stays on, but no instruction
-  pattern spans two dispatches, because the compiler cannot know the XOR changes nothing.
+  (XLA:CPU runs with denormals-are-zero; eager's separate compare and select keep ``1e-45``).
+  Blocking those patterns is not enough: a transcendental op fused into a longer loop is
+  vectorized differently, and its tail elements take another code path (``log`` of a 3-element
+  array, last bit). Optimization barriers do not stop fusion. Exact programs are compiled with
+  XLA's ``fusion`` pass off: every op is its own kernel, the kernel eager runs for it.
 - *The algebraic simplifier and transpose folding* rewrite across dispatches: ``log(exp(x))``
   becomes ``x``; ``x @ x.T`` folds the transpose into the dot and accumulates in another order.
-  Every dispatch's outputs also pass through ``lax.optimization_barrier``, which these passes do
-  not cross; inside a dispatch they still run, as they do for eager.
+  Every dispatch's outputs pass through ``lax.optimization_barrier``, which these passes do not
+  cross; inside a dispatch they still run, as they do for eager.
 - *Constants baked into the program* are simplified with it: ``x + 0.0`` becomes ``x`` (at
   ``x = -0.0``, ``1 / (x + 0.0)`` is ``-inf`` instead of eager's ``+inf``; disabling the simplifier
   does not help) and ``x ** 3.0`` becomes ``x * x * x``. Eager passes such constants as arguments,
@@ -27,78 +25,51 @@ XLA:CPU):
   ``jnp.var``, ``lax.erfc``, a user's jitted multiply-add) runs as its own program (a *unit*),
   the same executable eager runs.
 
-A long segment is split into programs of at most ``MAX_PROGRAM_OPS`` primitives, which keeps
-compile time linear in its length.
+Without fusion, XLA:CPU's thunk scheduler takes time superlinear in a program's kernels
+(``ExecutionGraph``'s transitive reduction: 2,040 kernels compile in 1.7 s, 4,080 in 30 s, 6,000 in
+78 s), so a long segment is split into programs of at most ``MAX_PROGRAM_OPS`` primitives.
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import eval_trace, set_current_trace, with_weak_type
+from mlsys_jax.compat import eval_trace, set_current_trace
 from mlsys_jax.execute._record import Eqn
 
+EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
 MAX_PROGRAM_OPS = 500
 
 
-@lru_cache(maxsize=1)
-def zero():
-    """The opaque identity's key: a zero the compiled program cannot see is zero."""
-    return jax.device_put(np.uint32(0))
+def options(exact: bool):
+    """XLA compile options of a program: fusion off in exact mode, ``jax.jit``'s otherwise."""
+    return EXACT_OPTIONS if exact else None
 
 
-class OpaqueKey:
-    """The traced zero of one program, converted once per bit width it is used at."""
-
-    def __init__(self, zero):
-        self.zero, self.widths = zero, {}
-
-    def of(self, dtype):
-        if dtype not in self.widths:
-            self.widths[dtype] = jax.lax.convert_element_type(self.zero, dtype)
-        return self.widths[dtype]
-
-
-def _opaque(x, key: OpaqueKey):
-    dtype = x.dtype
-    if dtype == jnp.bool_:  # a mask: compare and select must not meet (``max`` reads DAZ)
-        return jax.lax.bitwise_xor(x, key.of(dtype))
-    if jnp.issubdtype(dtype, jnp.complexfloating):  # complex multiply-adds contract too
-        parts = (_opaque(jax.lax.real(x), key), _opaque(jax.lax.imag(x), key))
-        return with_weak_type(jax.lax.complex(*parts), jax.typeof(x).weak_type)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        return x
-    uint = np.dtype(f"uint{8 * dtype.itemsize}")
-    bits = jax.lax.bitwise_xor(jax.lax.bitcast_convert_type(x, uint), key.of(uint))
-    return with_weak_type(jax.lax.bitcast_convert_type(bits, dtype), jax.typeof(x).weak_type)
-
-
-def _separate(outs, key):
-    """A dispatch's outputs, as no rewrite or instruction pattern can join them to the next."""
+def _barrier(outs):
+    # Extended dtypes (PRNG keys) carry no rounding: no barrier needed (or supported).
     plain = [i for i, o in enumerate(outs)
              if not jax.dtypes.issubdtype(o.dtype, jax.dtypes.extended)]
     outs = list(outs)
     if plain:
         held = jax.lax.optimization_barrier([outs[i] for i in plain])
         for i, o in zip(plain, held):
-            outs[i] = _opaque(o, key)
+            outs[i] = o
     return outs
 
 
-def bind_eqns(eqns, env: dict, consts, key=None) -> None:
-    """Bind recorded equations into ``env`` (slot -> value); with ``key`` (exact programs),
-    each dispatch's outputs are separated from the next (barrier and opaque identity)."""
+def bind_eqns(eqns, env: dict, consts, exact: bool = False) -> None:
+    """Bind recorded equations into ``env`` (slot -> value); in exact programs, each dispatch's
+    outputs pass through a barrier that no simplifier rewrite crosses."""
     for e in eqns:
         args = [env[r] if r >= 0 else consts[-1 - r] for r in e.ins]
         outs = e.prim.bind(*args, **e.params)
         outs = list(outs) if e.prim.multiple_results else [outs]
-        env.update(zip(e.outs, outs if key is None else _separate(outs, key)))
+        env.update(zip(e.outs, _barrier(outs) if exact else outs))
 
 
 def as_param(c):
@@ -151,13 +122,10 @@ def _localize(eqns, in_slots, out_slots):
 
 
 def _program(eqns, n_in, out_local, exact):
-    """``(*ins, *consts[, key]) -> outs``: the key of the opaque identity comes last if exact."""
+    """``(*ins, *consts) -> outs``."""
     def program(*args):
         env = dict(enumerate(args[:n_in]))
-        if exact:
-            bind_eqns(eqns, env, args[n_in:-1], OpaqueKey(args[-1]))
-        else:
-            bind_eqns(eqns, env, args[n_in:])
+        bind_eqns(eqns, env, args[n_in:], exact)
         return [env[s] for s in out_local]
     return program
 
@@ -181,7 +149,7 @@ def _split(eqns, exact):
     """Runs of equations compiled together: units alone (exact), runs of <= MAX_PROGRAM_OPS."""
     runs, run, size = [], [], 0
     for e in eqns:
-        if (exact and e.traits.unit or size + e.traits.size > MAX_PROGRAM_OPS) and run:
+        if exact and (e.traits.unit or size + e.traits.size > MAX_PROGRAM_OPS) and run:
             runs.append(run)
             run, size = [], 0
         run.append(e)
@@ -216,10 +184,10 @@ def compile_pieces(eqns, consts, in_slots, out_slots, exact, cache: dict) -> lis
         key = None if any(s[1] is None for s in sig) else (exact, tuple(sig), len(p_in), lout)
         fn = cache.get(key) if key is not None else None
         if fn is None:
-            fn = jax.jit(_program(leqns, len(p_in), lout, exact))
+            fn = jax.jit(_program(leqns, len(p_in), lout, exact), compiler_options=options(exact))
             if key is not None:
                 cache[key] = fn
-        pieces.append(Piece(fn, p_in, p_out, p_consts + ((zero(),) if exact else ())))
+        pieces.append(Piece(fn, p_in, p_out, p_consts))
     return pieces
 
 

@@ -12,8 +12,8 @@ the program has a *miss* branch and returns a flag first: the caller reads that 
 miss, runs the Python (a cold call). A tree whose every ``bool`` break has both outcomes has no
 flag and returns as soon as it is dispatched.
 
-Same primitives, with the same separation between dispatches as the segments (``_compile.py``),
-so results stay bitwise equal to eager. A tree is one program only if every path returns the same structure
+Same primitives, compiled as the segments are (``_compile.py``), so results stay bitwise equal
+to eager. A tree is one program only if every path returns the same structure
 with the same types (weak types included: ``lax.switch`` would otherwise promote them) and the
 same Python constants, and, in exact mode, every segment is one program with no unit.
 """
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from mlsys_jax.compat import zeros_of
-from mlsys_jax.execute._compile import OpaqueKey, bind_eqns, const_key, zero
+from mlsys_jax.execute._compile import bind_eqns, const_key, options
 from mlsys_jax.execute._guards import checkable_on_device, device_index
 
 
@@ -153,13 +153,12 @@ def build(node, exact: bool) -> TreeProgram | None:
         del env
         return jnp.asarray(True), [zeros_of(a) for a in slot_avals]
 
-    def visit(n, env, consts, key):
+    def visit(n, env, consts):
         if not _complete(n):
             return miss(env)
         env = dict(env)
-        if n.seg is not None:  # each branch is its own trace: its own converted keys
-            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]],
-                      key and OpaqueKey(key.zero))
+        if n.seg is not None:
+            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]], exact)
         if n.final is not None:
             return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
         children = list(n.children.values())
@@ -168,7 +167,7 @@ def build(node, exact: bool) -> TreeProgram | None:
         else:
             index = {key: i for i, key in enumerate(n.children)}
             table = [(raw, index[key]) for raw, key in n.raws.items()]
-        branches = [lambda e, c=c: visit(c, e, consts, key) for c in children]
+        branches = [lambda e, c=c: visit(c, e, consts) for c in children]
         if len(children) < 2 or n.kind != "bool":
             branches.append(miss)
         idx = device_index(n.kind, env[n.slot], table, len(children))
@@ -177,10 +176,9 @@ def build(node, exact: bool) -> TreeProgram | None:
     bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
         and out_tree == jax.tree_util.tree_structure(0)
 
-    def program(*args):  # (*inputs, *consts[, key of the opaque identity])
-        consts, key = (args[n_in:-1], OpaqueKey(args[-1])) if exact else (args[n_in:], None)
-        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), consts, key)
+    def program(*args):  # (*inputs, *consts)
+        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
         return leaves[0] if bare else ((flag,) if flagged else ()) + tuple(leaves)
 
-    consts = tuple(plan.consts) + ((zero(),) if exact else ())
-    return TreeProgram(jax.jit(program), in_slots, consts, flagged, out_tree, specs, bare)
+    fn = jax.jit(program, compiler_options=options(exact))
+    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs, bare)
