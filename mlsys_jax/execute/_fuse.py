@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from mlsys_jax.compat import zeros_of
 from mlsys_jax.execute._compile import bind_eqns, const_key, options
-from mlsys_jax.execute._guards import checkable_on_device, device_index
+from mlsys_jax.execute._guards import checkable_on_device, device_index, device_predicate
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,11 @@ class TreeProgram:
 
     def call(self, env):
         """Run on the values of ``in_slots`` (``env[s]``): the result, or MISS (unseen outcome)."""
-        if self.bare:  # the hot path: one array in every slot order, one array out
-            return self.fn(*[env[s] for s in self.in_slots], *self.consts)
+        if self.bare and type(env) is not dict and len(env) == len(self.in_slots):
+            return self.fn(*env, *self.consts)  # the hot path: every input, in order
         res = self.fn(*[env[s] for s in self.in_slots], *self.consts)
+        if self.bare:
+            return res
         if self.flagged:
             if res[0]:  # one device→host read: the miss flag
                 return MISS
@@ -161,17 +163,17 @@ def build(node, exact: bool) -> TreeProgram | None:
             bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]], exact)
         if n.final is not None:
             return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
-        children = list(n.children.values())
-        if n.kind == "bool":
-            table = [(key[1][1], i) for i, key in enumerate(n.children)]
-        else:
-            index = {key: i for i, key in enumerate(n.children)}
-            table = [(raw, index[key]) for raw, key in n.raws.items()]
-        branches = [lambda e, c=c: visit(c, e, consts) for c in children]
-        if len(children) < 2 or n.kind != "bool":
-            branches.append(miss)
-        idx = device_index(n.kind, env[n.slot], table, len(children))
-        return jax.lax.switch(idx, branches, env)
+        def branch(child):
+            return miss if child is None else lambda e: visit(child, e, consts)
+
+        if n.kind == "bool":  # a lax.cond on the predicate itself: nothing computed to choose
+            known = {key[1][1]: child for key, child in n.children.items()}
+            return jax.lax.cond(device_predicate(env[n.slot]), branch(known.get(True)),
+                                branch(known.get(False)), env)
+        index = {key: i for i, key in enumerate(n.children)}
+        table = [(raw, index[key]) for raw, key in n.raws.items()]
+        branches = [branch(child) for child in n.children.values()] + [miss]
+        return jax.lax.switch(device_index(env[n.slot], table, len(index)), branches, env)
 
     bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
         and out_tree == jax.tree_util.tree_structure(0)

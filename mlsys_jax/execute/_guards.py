@@ -68,16 +68,18 @@ def raw_bits(value) -> int:
     return int.from_bytes(np.asarray(value).tobytes(), sys.byteorder)
 
 
-def device_index(kind, guard, table, miss: int):
-    """Traced: the branch index for a guard value; ``table`` is ((match, index), ...).
-
-    ``bool`` guards match the predicate (``v != 0``, as ``bool()`` of a NumPy scalar: NaN is
-    true, -0.0 false); value guards match the array's bit pattern. No match gives ``miss``.
-    """
+def device_predicate(guard):
+    """Traced: what ``bool()`` of a one-element array gives (``v != 0``, as NumPy: NaN is true,
+    -0.0 false)."""
     g = guard.reshape(())
-    if kind == "bool":
-        v = g if g.dtype == jnp.bool_ else g != 0
-    elif g.dtype == jnp.bool_:
+    return g if g.dtype == jnp.bool_ else g != 0
+
+
+def device_index(guard, table, miss: int):
+    """Traced: the branch index of a scalar guard, matched by the bit pattern of its value;
+    ``table`` is ((bit pattern, index), ...); no match gives ``miss``."""
+    g = guard.reshape(())
+    if g.dtype == jnp.bool_:
         v = g.astype(jnp.uint8)
     else:
         v = jax.lax.bitcast_convert_type(g, jnp.dtype(f"uint{8 * g.dtype.itemsize}"))

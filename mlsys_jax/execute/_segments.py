@@ -111,8 +111,7 @@ class Root:
     all_arrays: bool = True  # every argument leaf is an array (slot i is leaf i)
     node: Node = field(default_factory=Node)
     version: int = 0  # bumped when the tree grows: one-program replays are rebuilt
-    fast: Any = None  # the whole tree's one-program replay, once hot (built at fast_version)
-    fast_version: int = -1
+    fast: Any = None  # the whole tree's one-program replay, once hot (dropped when it grows)
     warm_streak: int = 0  # warm calls since the last change
     paths: int = 0
     eager_reason: str | None = None  # set when a bound was passed: calls run eagerly
@@ -120,6 +119,7 @@ class Root:
     def changed(self):
         self.version += 1
         self.warm_streak = 0
+        self.fast = None
 
 
 @lru_cache(maxsize=4096)

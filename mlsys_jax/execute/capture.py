@@ -105,7 +105,7 @@ class Captured:
         root = self.roots.get(key)
         if root is not None:
             prog = root.fast  # the hot path: the whole tree as one program
-            if prog is not None and root.fast_version == root.version:
+            if prog is not None:
                 out = prog.call(leaves if root.all_arrays else _arrays(leaves))
                 if out is not _fuse.MISS:
                     self.stats["fused"] += 1
@@ -164,7 +164,7 @@ class Captured:
                 prog = self._program(root, node)
                 if prog is not None:
                     if node is root.node:  # later calls take the hot path in __call__
-                        root.fast, root.fast_version = prog, root.version
+                        root.fast = prog
                     out = prog.call(env)
                     if out is _fuse.MISS:
                         return _MISS
