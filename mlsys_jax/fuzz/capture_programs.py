@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import jax
 import numpy as np
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -44,9 +45,17 @@ SCALARS = ("{a} * s", "{a} + s", "1.0 / ({a} * 0 + s)", "{a} * w", "w * 2 + {a}.
 HEADER = """import jax
 import jax.numpy as jnp
 
+from mlsys_jax.fuzz.capture_programs import add_branch, fma_branch, helper
 
+
+def f(x, y, s, w):
+"""
+
+
+# Shared by every program (one compiled executable each per input type, for eager and capture).
 @jax.jit
 def helper(u, v):
+    """A user's jitted multiply-add: eager fuses it into one FMA."""
     return u * v + 1.0
 
 
@@ -56,10 +65,6 @@ def fma_branch(u, v):
 
 def add_branch(u, v):
     return u + v
-
-
-def f(x, y, s, w):
-"""
 
 
 @dataclass(frozen=True)
