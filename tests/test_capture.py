@@ -77,7 +77,7 @@ def test_both_outcomes_known_replay_as_one_program():
     c(x, w1)  # first warm call: segment-by-segment replay
     assert c.stats == {"cold": 1, "warm": 1, "fused": 0, "eager": 0}
     c(*neg)  # the other outcome: a second cold call
-    # the first warm call after the tree grew walks it; then one program (lax.switch), no guard
+    # the first warm call after the tree grew walks it; then one program (lax.cond), no guard
     # read on the host
     for args in ((x, w1), neg, (x, w1), neg):
         assert same_bits(c(*args), branchy(*args))
@@ -274,5 +274,6 @@ def test_cold_reruns_of_a_pure_function_are_not_called_impure(capsys):
 
     c = capture(f)
     outs = [c(x) for _ in range(3)]
-    assert all(same_bits(o, f(x)) for o in outs) and c.stats == {"cold": 3, "warm": 0, "fused": 0, "eager": 0}
+    assert all(same_bits(o, f(x)) for o in outs)
+    assert c.stats == {"cold": 3, "warm": 0, "fused": 0, "eager": 0}
     assert len(c.cache) == 2  # the second and third calls reuse the compiled segments
