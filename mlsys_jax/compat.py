@@ -60,9 +60,8 @@ def varying_axes(x) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
-# Graph-break capture (issue 4): the jit primitive (jnp helpers are jit(inline=True)) and the
-# effects a compiled segment replays like jax.jit does (jax.debug.print / debug.callback).
-from jax.extend.core.primitives import jit_p  # noqa: E402
+# Graph-break capture (issue 4): the effects a compiled segment replays like jax.jit does
+# (jax.debug.print / debug.callback).
 from jax._src import debugging as _debugging  # noqa: E402
 
 debug_effects = (_debugging.debug_effect, _debugging.ordered_debug_effect)
@@ -183,3 +182,17 @@ class Fragment:
     def close(self) -> None:
         """Drop what was recorded (the trace and its equations refer to each other)."""
         self.trace.invalidate()
+
+
+# Graph-break capture's warm calls and one-program replay (execute/capture.py, _fuse.py): the
+# concrete array type (a warm call's fast path keys arguments by their cached ``aval``), and zeros
+# of an exact abstract type, weak type included (the "outcome not seen yet" branch must return the
+# same types as the others; jnp.zeros is always strongly typed).
+from jax._src.array import ArrayImpl  # noqa: E402,F401
+from jax._src.lax.lax import _convert_element_type  # noqa: E402
+
+
+def zeros_of(aval):
+    """Traced zeros with ``aval``'s shape, dtype and weak type."""
+    z = jax.lax.full(aval.shape, 0, aval.dtype)
+    return _convert_element_type(z, aval.dtype, weak_type=True) if aval.weak_type else z

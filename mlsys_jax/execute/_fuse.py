@@ -1,81 +1,186 @@
-"""Warm replay of a whole two-way branch as one program (lecture §8.1: TF's Switch/Merge).
+"""The guard tree replayed as one program (lecture §8.1: TF's Switch/Merge, the graph way).
 
-Once a capture has seen *both* outcomes of a ``bool`` graph break, and each outcome's path runs
-one segment and returns, the break node, its segment and both children are one ``lax.cond``
-program: a warm call dispatches it once, with no device→host read of the guard. This is the
-same assumption as segment replay (the function is pure) and the same primitives, compiled as
-the segments are (``exact`` keeps XLA's fusion off), so results stay bitwise equal to eager.
+A warm call that walks the guard tree runs one compiled segment per graph and reads every guard
+on the host between them (a blocking device→host copy). Once the outcomes along a path are known,
+the whole tree below a break is one program instead: each segment's recorded primitives, and at
+each break a ``lax.switch`` over the known outcomes — a ``bool`` guard by its predicate, a scalar
+guard (``int``, ``float``, ``item``) by the bit pattern of its value (``_guards.py``). A warm call
+dispatches it once, with no guard read on the host.
+
+If some outcome has not been seen yet (a ``bool`` break with one known branch, any scalar guard),
+the program has a *miss* branch and returns a flag first: the caller reads that one flag and, on a
+miss, runs the Python (a cold call). A tree whose every ``bool`` break has both outcomes has no
+flag and returns as soon as it is dispatched.
+
+Same primitives, compiled as the segments are (``_compile.py``), so results stay bitwise equal
+to eager. A tree is one program only if every path returns the same structure
+with the same types (weak types included: ``lax.switch`` would otherwise promote them) and the
+same Python constants, and, in exact mode, every segment is one program with no unit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
-from mlsys_jax.execute._record import EXACT_OPTIONS, replay
-
-TRUE, FALSE = ("bool", True), ("bool", False)
+from mlsys_jax.compat import zeros_of
+from mlsys_jax.execute._compile import bind_eqns, const_key, options
+from mlsys_jax.execute._guards import checkable_on_device, device_index, device_predicate
 
 
 @dataclass(frozen=True)
-class FusedBranch:
-    """One program for a break node and both its children: reads ``in_slots``, returns leaves."""
+class TreeProgram:
+    """One program for a subtree: ``fn(*env[in_slots], *consts)`` -> ([miss flag], *leaves).
+
+    ``bare``: the function returns one array, which the program returns as it is (no tuple).
+    """
 
     fn: Callable
     in_slots: tuple
-    out_tree: object
+    consts: tuple
+    flagged: bool
+    out_tree: Any
+    specs: tuple  # the return's leaves: ('slot', s) from the program, ('const', v) from Python
+    bare: bool = False
+
+    def call(self, env):
+        """Run on the values of ``in_slots`` (``env[s]``): the result, or MISS (unseen outcome)."""
+        if self.bare and type(env) is not dict and len(env) == len(self.in_slots):
+            return self.fn(*env, *self.consts)  # the hot path: every input, in order
+        res = self.fn(*[env[s] for s in self.in_slots], *self.consts)
+        if self.bare:
+            return res
+        if self.flagged:
+            if res[0]:  # one device→host read: the miss flag
+                return MISS
+            res = res[1:]
+        if len(res) == len(self.specs):
+            return jax.tree_util.tree_unflatten(self.out_tree, res)
+        it = iter(res)
+        return jax.tree_util.tree_unflatten(
+            self.out_tree, [next(it) if k == "slot" else v for k, v in self.specs])
 
 
-def _final_child(node):
-    return node is not None and node.kind is None and node.final is not None \
-        and all(kind == "slot" for kind, _ in node.final[1])
+MISS = object()
 
 
-def fusable(node) -> bool:
-    """A bool break whose two outcomes are known, each one segment and a return of the same tree."""
-    if node.kind != "bool" or node.extra or set(node.children) != {TRUE, FALSE}:
-        return False
-    t, f = node.children[TRUE], node.children[FALSE]
-    return _final_child(t) and _final_child(f) and t.final[0] == f.final[0]
+@dataclass
+class _Plan:
+    positions: dict = field(default_factory=dict)  # id(segment) -> its consts' positions
+    consts: list = field(default_factory=list)  # each value once (fewer program arguments)
+    const_index: dict = field(default_factory=dict)
+    finals: dict = field(default_factory=dict)  # signature -> a final
+    flagged: bool = False
+
+    def add_const(self, c) -> int:
+        key = (_const_sig(c), str(c.dtype), c.weak_type)
+        if key not in self.const_index:
+            self.const_index[key] = len(self.consts)
+            self.consts.append(c)
+        return self.const_index[key]
 
 
-def _run(seg, env: dict) -> dict:
-    """Bind a segment's recorded primitives inside the fused program (its own jit is top-level
-    only: compiled with ``exact`` options, it cannot be nested)."""
-    if seg is not None:
-        env = dict(env)
-        body = replay(seg.eqns, seg.consts, seg.in_slots, seg.out_slots)
-        env.update(zip(seg.out_slots, body(*[env[s] for s in seg.in_slots])))
-    return env
+def _const_sig(v):
+    try:
+        return ("c", const_key(v))
+    except (TypeError, ValueError):
+        return ("py", id(v))
 
 
-def fuse_branch(node, exact: bool) -> FusedBranch | None:
-    """Build (and compile lazily) the one-program replay of ``node``; None if it cannot be one."""
+def _signature(final):
+    out_tree, specs, avals = final
+    return out_tree, tuple(("slot", a) if k == "slot" else _const_sig(v)
+                           for (k, v), a in zip(specs, avals))
+
+
+def _complete(node) -> bool:
+    return node.final is not None or node.kind is not None
+
+
+def _analyze(node, plan: _Plan, exact: bool) -> bool:
+    """Whether the subtree can be one program; fills the plan (consts, finals, miss flag)."""
+    if not _complete(node):  # a call that raised here: a miss, like an unseen outcome
+        plan.flagged = True
+        return True
     seg = node.seg
-    made = set(seg.out_slots) if seg is not None else set()
-    needed = set(seg.in_slots) if seg is not None else set()
-    for child in node.children.values():
-        child_made = set(child.seg.out_slots) if child.seg is not None else set()
-        child_in = set(child.seg.in_slots) if child.seg is not None else set()
-        needed |= (child_in | ({s for _, s in child.final[1]} - child_made)) - made
-    if node.slot not in made:
-        needed.add(node.slot)
-    in_slots = tuple(sorted(needed))
-    true_child, false_child = node.children[TRUE], node.children[FALSE]
+    if seg is not None:
+        if exact and not seg.one_program():
+            return False
+        if id(seg) not in plan.positions:
+            plan.positions[id(seg)] = [plan.add_const(c) for c in seg.consts]
+    if node.final is not None:
+        plan.finals.setdefault(_signature(node.final), node.final)
+        return len(plan.finals) == 1
+    if not node.children or not checkable_on_device(node.kind, node.aval):
+        return False
+    if node.kind == "bool":
+        plan.flagged |= len(node.children) < 2
+    elif node.raws is None:  # more bit patterns than the program checks
+        return False
+    else:
+        plan.flagged = True  # a scalar guard can always take a new value
+    return all(_analyze(c, plan, exact) for c in node.children.values())
 
-    def branch(child):
-        def run_child(env):
-            out = _run(child.seg, env)
-            return tuple(out[s] for _, s in child.final[1])
-        return run_child
 
-    def program(*vals):
-        env = _run(seg, dict(zip(in_slots, vals)))
-        pred = env[node.slot]
-        if getattr(pred, "shape", None) != ():
-            raise TypeError("a fused branch needs a scalar guard")
-        return jax.lax.cond(pred.astype(bool), branch(true_child), branch(false_child), env)
+def _needs(node) -> set:
+    """Slots the subtree reads that it does not compute."""
+    seg = node.seg
+    made, reads = (set(seg.out_slots), set(seg.in_slots)) if seg is not None else (set(), set())
+    if node.final is not None:
+        later = {s for k, s in node.final[1] if k == "slot"}
+    elif node.kind is not None:
+        later = {node.slot}.union(*(_needs(c) for c in node.children.values()))
+    else:
+        later = set()
+    return reads | (later - made)
 
-    fn = jax.jit(program, compiler_options=EXACT_OPTIONS if exact else None)
-    return FusedBranch(fn, in_slots, true_child.final[0])
+
+def build(node, exact: bool) -> TreeProgram | None:
+    """The one-program replay of the subtree at a break ``node``, or None if it cannot be one."""
+    plan = _Plan()
+    if node.final is not None or not _analyze(node, plan, exact) or len(plan.finals) != 1:
+        return None
+    (final,) = plan.finals.values()
+    out_tree, specs, avals = final
+    slot_avals = [a for (k, _), a in zip(specs, avals) if k == "slot"]
+    if plan.flagged and any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+                            for a in slot_avals):
+        return None
+    in_slots = tuple(sorted(_needs(node)))
+    n_in, flagged = len(in_slots), plan.flagged
+
+    def miss(env):
+        del env
+        return jnp.asarray(True), [zeros_of(a) for a in slot_avals]
+
+    def visit(n, env, consts):
+        if not _complete(n):
+            return miss(env)
+        env = dict(env)
+        if n.seg is not None:
+            bind_eqns(n.seg.eqns, env, [consts[p] for p in plan.positions[id(n.seg)]], exact)
+        if n.final is not None:
+            return jnp.asarray(False), [env[s] for k, s in n.final[1] if k == "slot"]
+        def branch(child):
+            return miss if child is None else lambda e: visit(child, e, consts)
+
+        if n.kind == "bool":  # a lax.cond on the predicate itself: nothing computed to choose
+            known = {key[1][1]: child for key, child in n.children.items()}
+            return jax.lax.cond(device_predicate(env[n.slot]), branch(known.get(True)),
+                                branch(known.get(False)), env)
+        index = {key: i for i, key in enumerate(n.children)}
+        table = [(raw, index[key]) for raw, key in n.raws.items()]
+        branches = [branch(child) for child in n.children.values()] + [miss]
+        return jax.lax.switch(device_index(env[n.slot], table, len(index)), branches, env)
+
+    bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
+        and out_tree == jax.tree_util.tree_structure(0)
+
+    def program(*args):  # (*inputs, *consts)
+        flag, leaves = visit(node, dict(zip(in_slots, args[:n_in])), args[n_in:])
+        return leaves[0] if bare else ((flag,) if flagged else ()) + tuple(leaves)
+
+    fn = jax.jit(program, compiler_options=options(exact))
+    return TreeProgram(fn, in_slots, tuple(plan.consts), flagged, out_tree, specs, bare)

@@ -2,12 +2,16 @@
 
 Lecture §8.4: TorchDynamo records tensor operations into an FX graph and *breaks* the graph where
 Python needs a concrete value. Here the same happens one level down, on JAX's own tracing
-machinery (JAX_NOTES.md "A custom trace"): user code runs with :class:`RecordTrace` as the current
-trace, so every ``Primitive.bind`` lands in :meth:`RecordTrace.process_primitive`, which appends an
-equation to the pending segment and returns a :class:`DeferredTracer`. A tracer's ``__bool__``,
-``__int__``, ``__float__``, ``__index__``, ``__array__``, ``item``, ``tolist`` and printing call
-back into the run (``capture.py``), which compiles and executes the pending segment and returns the
-concrete value — a graph break.
+machinery: user code runs with :class:`RecordTrace` as the current trace, so every
+``Primitive.bind`` lands in :meth:`RecordTrace.process_primitive`, which appends an equation to
+the pending segment and returns a :class:`DeferredTracer`. A tracer's ``__bool__``, ``__int__``,
+``__float__``, ``__index__``, ``__array__``, ``item``, ``tolist`` and printing call back into the
+run (``_segments.py``), which compiles and executes the pending segment and returns the concrete
+value — a graph break.
+
+One recorded equation is one *eager dispatch*: a primitive, or a whole ``jit`` call (``jnp``
+helpers are ``jit(inline=True)``, a user's ``@jax.jit`` function is not), exactly the unit eager
+JAX compiles and runs on its own; ``_units.py`` says which of them exact replay runs alone.
 """
 from __future__ import annotations
 
@@ -17,19 +21,25 @@ from typing import Any
 
 import jax
 
-from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_jaxpr,
-                              jit_p, set_current_trace)
+from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_trace,
+                              set_current_trace)
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.execute._units import PLAIN, Traits, classify
 
 
 @dataclass(frozen=True)
 class Eqn:
-    """One recorded primitive application: ``ins`` are slots (>= 0) or constants (-1 - index)."""
+    """One recorded dispatch: ``ins`` are slots (>= 0) or constants (-1 - index).
+
+    ``traits`` (``_units.py``): whether exact mode runs it as its own XLA program, how many
+    primitives it holds, and what XLA's fusion could do to it.
+    """
 
     prim: Any
     params: dict
     ins: tuple
     outs: tuple
+    traits: Traits = PLAIN
 
 
 class DeferredTracer(Tracer):
@@ -108,11 +118,6 @@ class RecordTrace(Trace):
 
     def process_primitive(self, prim, args, params):
         args = self._checked(args)
-        if prim is jit_p and params.get("inline"):
-            # jnp.* helpers are jit(inline=True): record their primitives, as jit would inline them
-            closed = params["jaxpr"]
-            with set_current_trace(self):
-                return eval_jaxpr(closed.jaxpr, closed.consts, *args)
         avals = [a.aval if isinstance(a, DeferredTracer) else jax.typeof(a) for a in args]
         out_avals, effects = cached_abstract_eval(prim, *avals, **params)
         unreplayable = [e for e in effects if e not in debug_effects]
@@ -122,15 +127,25 @@ class RecordTrace(Trace):
                 "segments cannot replay faithfully. Remove it from the captured function, or run "
                 "the function eagerly (or under jax.jit).")
         if not effects and not any(isinstance(a, DeferredTracer) for a in args):
-            # Constants only (a Python scalar's convert, jnp.ones): run now, as eager would.
-            # (The current trace inside process_primitive is JAX's eval trace.)
-            return prim.bind(*args, **params)
+            # Constants only (a Python scalar's convert, jnp.ones, a PRNG key): run now, as eager.
+            with set_current_trace(eval_trace):
+                return prim.bind(*args, **params)
         multiple = prim.multiple_results
-        outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals])
+        outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals],
+                               classify(prim, params, avals))
         return outs if multiple else outs[0]
 
+    def stage_value(self, val):
+        # jnp.asarray / jnp.array of a value: a deferred value stays deferred; anything else is
+        # made an array now, as eager does.
+        if isinstance(val, DeferredTracer) and val._trace is self:
+            return val
+        with set_current_trace(eval_trace):
+            return eval_trace.stage_value(self._checked([val])[0])
+
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
-        # Segments are only evaluated (never differentiated), so the custom rule is not needed.
+        # Segments are only evaluated (never differentiated), so the custom rule is not needed;
+        # eager evaluation runs ``fun`` op by op too.
         del prim, jvp, symbolic_zeros
         with set_current_trace(self):
             return fun.call_wrapped(*self._checked(tracers))
@@ -145,6 +160,11 @@ class RecordTrace(Trace):
         with set_current_trace(self):
             return f.call_wrapped(*self._checked(tracers))
 
+    def process_map(self, prim, f, tracers, params):
+        raise MlsysError(
+            f"capture: {prim.name} (jax.pmap) inside a captured function is not supported; use "
+            "jax.shard_map inside it, or call the function eagerly")
+
 
 def user_frame() -> str:
     """``file:line: source`` of the innermost frame outside JAX and this package (a break's site)."""
@@ -158,29 +178,3 @@ def user_frame() -> str:
         return "<unknown>"
     code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     return f"{frame.f_code.co_filename}:{frame.f_lineno}: {code}"
-
-
-# Fusion is where a compiled program parts from eager bits: XLA:CPU contracts a ``mul`` feeding an
-# ``add`` into one FMA (one rounding instead of eager's two); optimization barriers do not stop it
-# (XLA removes them before fusion). Turning off XLA's fusion pass for a segment keeps every
-# primitive its own kernel, rounded as eager dispatch rounds it, in one compiled call.
-EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
-
-
-def replay(eqns, consts, in_slots, out_slots):
-    """A Python function that binds the recorded equations: what jax.jit compiles per segment."""
-
-    def segment(*ins):
-        env = dict(zip(in_slots, ins))
-        for e in eqns:
-            args = [env[r] if r >= 0 else consts[-1 - r] for r in e.ins]
-            outs = e.prim.bind(*args, **e.params)
-            env.update(zip(e.outs, outs if e.prim.multiple_results else [outs]))
-        return [env[s] for s in out_slots]
-
-    return segment
-
-
-def segment_jaxpr(eqns, consts, in_slots, out_slots, in_avals):
-    """The segment as a ClosedJaxpr (for the op view in :func:`explain`)."""
-    return jax.make_jaxpr(replay(eqns, consts, in_slots, out_slots))(*in_avals)

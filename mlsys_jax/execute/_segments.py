@@ -1,74 +1,84 @@
 """The guard tree of graph-break capture: segments, breaks, and one cold run that fills them.
 
-A cold call (``ColdRun``) records primitives (``_record.py``), and at each break compiles and runs
-the pending segment, stores it in the current :class:`Node`, and moves to the child keyed by the
-concrete value Python asked for. Warm calls (``capture.py``) walk the same tree without Python.
+A cold call (``ColdRun``) records dispatches (``_record.py``); at each break it runs the pending
+segment dispatch by dispatch (as eager does), stores it in the current :class:`Node` with its
+programs (``_compile.py``, compiled only when a warm call needs them), and moves to the child
+keyed by the concrete value Python asked for (``_guards.py``). Warm calls (``capture.py``) walk
+the same tree without Python, or run it as one program (``_fuse.py``).
+
+The tree is bounded: a non-``bool`` guard keeps at most ``MAX_GUARD_VALUES`` outcomes and a tree
+at most ``MAX_PATHS`` paths. A guard past its bound never stabilises (a ``float()`` of a value that
+changes every call), so caching its outcomes would only grow memory: the run sets ``overflow``,
+and the caller runs such calls eagerly and says why in ``explain()``.
 """
 from __future__ import annotations
 
 import gc
-import hashlib
 import re
 import weakref
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
-from mlsys_jax.compat import eval_trace, set_current_trace
+from mlsys_jax.compat import ClosedJaxpr, Jaxpr, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._record import (EXACT_OPTIONS, DeferredTracer, Eqn, RecordTrace, replay,
-                                      segment_jaxpr, user_frame)
+from mlsys_jax.execute._compile import (as_param, bind_eqns, compile_pieces, const_key,
+                                       run_pieces)
+from mlsys_jax.execute._guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
+from mlsys_jax.execute._record import DeferredTracer, Eqn, RecordTrace, user_frame
 
-CONVERT = {  # bool/int/float through NumPy: the same value, ~6 µs cheaper than jax.Array's
-    "bool": lambda v, *a: bool(np.asarray(v)), "int": lambda v, *a: int(np.asarray(v)),
-    "float": lambda v, *a: float(np.asarray(v)),
-    "complex": lambda v, *a: complex(v), "index": lambda v, *a: v.__index__(),
-    "item": lambda v, *a: v.item(*a), "tolist": lambda v, *a: v.tolist(),
-    "array": lambda v, *a: np.asarray(v),
-    "str": lambda v, *a: str(v), "repr": lambda v, *a: repr(v), "format": lambda v, *a: format(v, *a),
-}
-TEXT_KINDS = frozenset({"str", "repr", "format"})  # Python consumes text: not replayable
+MAX_GUARD_VALUES = 8  # outcomes kept per non-bool guard
+MAX_PATHS = 64  # paths (returns) kept per input signature
+MAX_RAWS = 16  # bit patterns a one-program replay checks per guard (then: read on the host)
 
 
-def guard_key(kind, py):
-    """The cache key of a break's concrete value (arrays by bytes, text kinds not replayable)."""
-    if kind in TEXT_KINDS:
-        return (kind, None)
-    if kind == "array":
-        return (kind, py.shape, py.dtype.str, py.tobytes())
-    if kind == "tolist":
-        return (kind, repr(py))
-    return (kind, py)
-
-
-@dataclass
+@dataclass(eq=False)
 class Segment:
-    """One compiled graph: reads ``in_slots``, writes ``out_slots``; ``fn`` is its jax.jit."""
+    """One recorded graph: reads ``in_slots``, writes ``out_slots``.
 
-    fn: Callable
+    A cold call runs it dispatch by dispatch, exactly as eager runs the same code (no compile).
+    Warm calls that walk the tree compile it from their second run on (``_compile.py``); a
+    settled tree runs as one program instead (``_fuse.py``), so most segments never compile alone.
+    """
+
+    compiled: Callable  # runs the pieces (compiling each on its first call)
     in_slots: tuple
     out_slots: tuple
     structure: tuple  # primitives (params as text), wiring, constants by value
     eqns: tuple
-    consts: tuple
+    consts: tuple  # device arrays: parameters of the compiled programs
     in_avals: tuple
+    pieces: tuple
+    warm_runs: int = 0
+
+    def eager(self, *ins):
+        """Run dispatch by dispatch, as eager JAX runs the recorded code."""
+        env = dict(zip(self.in_slots, ins))
+        with set_current_trace(eval_trace):
+            bind_eqns(self.eqns, env, self.consts)
+        return [env[s] for s in self.out_slots]
+
+    def run(self, *ins):
+        """A warm walk's run: eager the first time, compiled from the second."""
+        self.warm_runs += 1
+        return self.compiled(*ins) if self.warm_runs >= 2 else self.eager(*ins)
+
+    @property
+    def units(self) -> list[str]:
+        return [p.unit for p in self.pieces if p.unit]
+
+    def one_program(self) -> bool:
+        return len(self.pieces) == 1 and not self.pieces[0].unit
 
     def jaxpr(self):
-        return segment_jaxpr(self.eqns, self.consts, self.in_slots, self.out_slots, self.in_avals)
-
-
-@dataclass
-class Node:
-    """A point of the guard tree: the segment run here, then a break (kind, slot) or the return."""
-
-    seg: Segment | None = None
-    kind: str | None = None
-    slot: int | None = None
-    extra: tuple = ()
-    children: dict = field(default_factory=dict)
-    final: tuple | None = None  # (out_tree, specs): ('slot', s) or ('const', value) per leaf
+        """The segment as a ClosedJaxpr (for the op view in ``explain``)."""
+        def segment(*ins):
+            env = dict(zip(self.in_slots, ins))
+            bind_eqns(self.eqns, env, self.consts)
+            return [env[s] for s in self.out_slots]
+        return jax.make_jaxpr(segment)(*self.in_avals)
 
 
 @dataclass(frozen=True)
@@ -79,34 +89,68 @@ class BreakReason:
     source: str
 
 
-def const_key(c):
-    """A constant by value (cold path only): a fresh ``jnp.ones`` each call is the same constant."""
-    if isinstance(c, (bool, int, float, complex)):
-        return (type(c).__name__, c)
-    arr = np.asarray(c)
-    digest = hashlib.sha1(arr.tobytes()).hexdigest()
-    return (arr.dtype.str, arr.shape, bool(getattr(c, "weak_type", False)), digest)
+@dataclass(eq=False)
+class Node:
+    """A point of the guard tree: the segment run here, then a break (kind, slot) or the return."""
+
+    seg: Segment | None = None
+    kind: str | None = None
+    slot: int | None = None
+    extra: tuple = ()
+    aval: Any = None  # the guard value's type
+    children: dict = field(default_factory=dict)  # guard key -> Node
+    raws: dict | None = field(default_factory=dict)  # bit pattern -> guard key; None: too many
+    final: tuple | None = None  # (out_tree, specs, avals): specs ('slot', s) or ('const', v)
+    program: tuple | None = None  # (tree version, one-program replay or None)
 
 
-def _params_text(params) -> str:
-    # Re-traced bodies (a lax.cond of fresh lambdas) are new objects with the same text.
-    return re.sub(r" at 0x[0-9a-f]+", "", repr(sorted(params.items())))
+@dataclass(eq=False)
+class Root:
+    """The guard tree of one input signature, with its bounds' state."""
+
+    all_arrays: bool = True  # every argument leaf is an array (slot i is leaf i)
+    node: Node = field(default_factory=Node)
+    version: int = 0  # bumped when the tree grows: one-program replays are rebuilt
+    fast: Any = None  # the whole tree's one-program replay, once hot (dropped when it grows)
+    warm_streak: int = 0  # warm calls since the last change
+    paths: int = 0
+    eager_reason: str | None = None  # set when a bound was passed: calls run eagerly
+
+    def changed(self):
+        self.version += 1
+        self.warm_streak = 0
+        self.fast = None
+
+
+@lru_cache(maxsize=4096)
+def _body_text(body) -> str:
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(body))
+
+
+def _params_text(params) -> tuple:
+    # Re-traced bodies (a lax.cond of fresh lambdas) are new objects with the same text; jnp's
+    # bodies are cached objects, so their text is computed once.
+    return tuple((k, _body_text(v) if isinstance(v, (ClosedJaxpr, Jaxpr))
+                  else re.sub(r" at 0x[0-9a-f]+", "", repr(v))) for k, v in sorted(params.items()))
 
 
 class ColdRun:
     """One cold call: records segments, breaks at concrete-value requests, fills the guard tree."""
 
-    def __init__(self, cache, node, exact=True):
-        self.cache, self.node, self.exact = cache, node, exact
+    def __init__(self, cache, root: Root, exact=True):
+        self.cache, self.root, self.exact = cache, root, exact
+        self.node = root.node
         self.trace = RecordTrace(self)
         self.next_slot = 0
         self.env: dict[int, Any] = {}
         self.pending: list[Eqn] = []
         self.consts: list = []
+        self.const_index: dict[int, int] = {}
         self.live: dict[int, weakref.ref] = {}
         self.all_refs: list[weakref.ref] = []
         self.segments: list[Segment] = []
         self.breaks: list[BreakReason] = []
+        self.overflow: str | None = None
         self.finished = False
 
     def input(self, value):
@@ -116,16 +160,17 @@ class ColdRun:
         self.all_refs.append(weakref.ref(t))
         return t
 
-    def record(self, prim, params, args, out_avals):
+    def record(self, prim, params, args, out_avals, traits):
         ins = []
         for a in args:
             if isinstance(a, DeferredTracer):
                 ins.append(a.slot)
             else:
-                ids = [i for i, c in enumerate(self.consts) if c is a]
-                if not ids:
-                    self.consts.append(a)
-                ins.append(-1 - (ids[0] if ids else len(self.consts) - 1))
+                i = self.const_index.get(id(a))
+                if i is None:
+                    i = self.const_index[id(a)] = len(self.consts)
+                    self.consts.append(a)  # kept alive, so its id stays its own
+                ins.append(-1 - i)
         outs = []
         for aval in out_avals:
             t = DeferredTracer(self.trace, aval, self.next_slot)
@@ -133,13 +178,15 @@ class ColdRun:
             self.live[t.slot] = weakref.ref(t)
             self.all_refs.append(self.live[t.slot])
             outs.append(t)
-        self.pending.append(Eqn(prim, dict(params), tuple(ins), tuple(t.slot for t in outs)))
+        self.pending.append(Eqn(prim, dict(params), tuple(ins), tuple(t.slot for t in outs),
+                                traits))
         return outs
 
     def flush(self, needed=()):
-        """Compile (or reuse) and run the pending segment; materialize every value still alive."""
+        """Store (or reuse) the pending segment and run it as eager does; materialize every value
+        still alive."""
         eqns, consts = tuple(self.pending), tuple(self.consts)
-        self.pending, self.consts = [], []
+        self.pending, self.consts, self.const_index = [], [], {}
         if not eqns:
             self._set_segment(None)
             return
@@ -147,30 +194,25 @@ class ColdRun:
         in_slots = tuple(dict.fromkeys(r for e in eqns for r in e.ins if r >= 0 and r not in made))
         alive = {s for s, ref in self.live.items() if ref() is not None}
         out_slots = tuple(sorted(alive | {s for s in needed if s in made}))
-        local = {s: i for i, s in enumerate(in_slots + tuple(s for e in eqns for s in e.outs))}
-        wiring = tuple(tuple(local[r] if r >= 0 else r for r in e.ins) for e in eqns)
-        ckeys, outs_local = tuple(const_key(c) for c in consts), tuple(local[s] for s in out_slots)
-        structure = (tuple((e.prim.name, _params_text(e.params)) for e in eqns), wiring, ckeys)
+        structure = (tuple((e.prim.name, _params_text(e.params), e.ins, e.outs) for e in eqns),
+                     tuple(const_key(c) for c in consts))
         old = self.node.seg
         if old is not None:  # a later cold call on a known path: same structure, reuse the program
             if (old.structure != structure or old.in_slots != in_slots
                     or not set(out_slots) <= set(old.out_slots)):
                 self._impure()
-            seg, out_slots = old, old.out_slots
+            seg = old
         else:
-            sig = (tuple((e.prim, tuple(sorted(e.params.items()))) for e in eqns), wiring, ckeys,
-                   outs_local)
-            fn = self.cache.get(sig) or jax.jit(replay(eqns, consts, in_slots, out_slots),
-                                                compiler_options=EXACT_OPTIONS if self.exact else None)
-            self.cache[sig] = fn
+            params = tuple(as_param(c) for c in consts)
+            pieces = tuple(compile_pieces(eqns, params, in_slots, out_slots, self.exact,
+                                          self.cache))
             in_avals = tuple(jax.typeof(self.env[s]) for s in in_slots)
-            seg = Segment(fn, in_slots, out_slots, structure, eqns, consts, in_avals)
-        fn = seg.fn
-        with set_current_trace(eval_trace):  # run the segment for real, not into the recording
-            outs = fn(*[self.env[s] for s in in_slots])
-        self.env.update(zip(out_slots, outs))
-        for s in out_slots:
-            t = self.live[s]()
+            seg = Segment(run_pieces(pieces, in_slots, out_slots), in_slots, out_slots, structure,
+                          eqns, params, in_avals, pieces)
+        outs = seg.eager(*[self.env[s] for s in in_slots])  # for real, not into the recording
+        self.env.update(zip(seg.out_slots, outs))
+        for s in seg.out_slots:
+            t = self.live[s]() if s in self.live else None
             if t is not None:
                 t.val = self.env[s]
         self.live.clear()
@@ -194,23 +236,54 @@ class ColdRun:
             raise MlsysError(
                 f"capture: a deferred value ({tracer.aval.str_short()}) was used after its call "
                 "returned: it was stored outside the function. Return it instead.")
-        self.breaks.append(BreakReason(
-            f"{kind}() of a deferred {tracer.aval.str_short()}", user_frame()))
+        reason = BreakReason(f"{kind}() of a deferred {tracer.aval.str_short()}", user_frame())
+        self.breaks.append(reason)
         with set_current_trace(eval_trace):
             self.flush(needed=(tracer.slot,) if tracer.val is None else ())
             py = CONVERT[kind](tracer.val, *extra)
+        self._descend(tracer, kind, extra, guard_key(kind, py), reason)
+        return py
+
+    def _descend(self, tracer, kind, extra, key, reason):
         node = self.node
         if node.kind is None:
-            node.kind, node.slot, node.extra = kind, tracer.slot, extra
-        self.node = node.children.setdefault(guard_key(kind, py), Node())
-        return py
+            node.kind, node.slot, node.extra, node.aval = kind, tracer.slot, extra, tracer.aval
+        child = node.children.get(key)
+        if child is None:
+            if kind != "bool" and len(node.children) >= MAX_GUARD_VALUES:
+                self.overflow = self.overflow or (
+                    f"the guard {reason.reason} at {reason.source} took more than "
+                    f"{MAX_GUARD_VALUES} different values: it never stabilises, so calls with "
+                    "these argument types run eagerly")
+                self.node = Node()  # keep recording (this call's result), cache nothing more
+                return
+            child = node.children[key] = Node()
+            self.root.changed()
+        if node.raws is not None and checkable_on_device(kind, tracer.aval):
+            raw = raw_bits(tracer.val)
+            assert node.raws.get(raw, key) == key, "one bit pattern, two guard outcomes"
+            if raw not in node.raws:
+                node.raws[raw] = key
+                if len(node.raws) > MAX_RAWS:
+                    node.raws = None  # too many values to check on device: read on the host
+                self.root.changed()
+        self.node = child
 
     def finish(self, out):
         leaves, out_tree = jax.tree_util.tree_flatten(out)
         self.flush(needed=[x.slot for x in leaves if isinstance(x, DeferredTracer)])
         specs = tuple(("slot", x.slot) if isinstance(x, DeferredTracer) else ("const", x)
                       for x in leaves)
-        self.node.final = (out_tree, specs)
+        avals = tuple(x.aval if isinstance(x, DeferredTracer) else None for x in leaves)
+        if self.node.final is None:
+            self.node.final = (out_tree, specs, avals)
+            self.root.paths += 1
+            self.root.changed()
+            if self.root.paths > MAX_PATHS:
+                self.overflow = self.overflow or (
+                    f"more than {MAX_PATHS} different paths through the function's branches for "
+                    "these argument types (the branch values never stabilise), so calls with "
+                    "them run eagerly")
         self.finished = True
         return jax.tree_util.tree_unflatten(
             out_tree, [self.env[s[1]] if s[0] == "slot" else s[1] for s in specs])

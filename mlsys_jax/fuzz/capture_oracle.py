@@ -1,0 +1,167 @@
+"""The capture oracle: random branchy programs under ``capture``, compared bitwise with eager.
+
+Each program (``capture_programs.py``) is called through one ``mlsys_jax.capture`` wrapper on a
+sequence of inputs — the same inputs three times (a cold call that runs the Python, a warm call
+that replays segment by segment, a replay of the whole guard tree as one program), then inputs
+with flipped signs (new guard outcomes: -0.0 against 0.0 among them) three times, then the first
+inputs again (the grown tree as one program) — and every
+result is compared with the same function run eagerly: values bit for bit, dtypes, weak types,
+Python values (floats by bit pattern), and raised errors by type. Calls that the bounded cache
+sends back to eager are counted apart.
+
+NAN_NOTE: a NaN equals a NaN whatever its sign and payload. When both operands of an op are
+NaN, which one propagates depends on XLA's kernel, not on the op: measured on XLA:CPU, ``a / b``
+with a negative NaN in ``a`` and a positive NaN ``b`` broadcast from a scalar gives ``b``'s NaN in
+eager's program and ``a``'s when the broadcast is its own kernel (float16, float32, float64).
+
+CI runs 200 programs (``tests/test_capture_fuzz.py``); the hand-run tier is
+``python -m mlsys_jax.fuzz.capture_oracle --programs 2000 --seed 0``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import time
+from collections import Counter
+
+import numpy as np
+
+from mlsys_jax.fuzz.capture_programs import generate, inputs
+
+# input variant per call: cold, warm (segment by segment), one program; the same with flipped
+# signs (new outcomes); the first inputs again (the grown tree as one program)
+CALLS = (0, 0, 0, 1, 1, 1, 0)
+
+
+def _leaf_diff(got, want) -> str | None:
+    import jax
+
+    if isinstance(want, jax.Array) or isinstance(got, jax.Array):
+        if not (isinstance(want, jax.Array) and isinstance(got, jax.Array)):
+            return f"type {type(got).__name__} vs eager {type(want).__name__}"
+        if (got.dtype, got.shape, got.weak_type) != (want.dtype, want.shape, want.weak_type):
+            return (f"type {got.dtype}{list(got.shape)} weak={got.weak_type} vs eager "
+                    f"{want.dtype}{list(want.shape)} weak={want.weak_type}")
+        g, w = np.asarray(got).ravel(), np.asarray(want).ravel()
+        gb, wb = (a.view(np.uint8).reshape(a.size, -1) for a in (g, w))
+        differ = (gb != wb).any(axis=1)
+        if g.dtype.kind in "fc" or str(g.dtype) == "bfloat16":  # NaN payloads: see NAN_NOTE
+            differ &= ~(np.isnan(g) & np.isnan(w))
+        if differ.any():
+            i = int(np.flatnonzero(differ)[0])
+            return (f"{int(differ.sum())} of {g.size} elements differ in bits, e.g. [{i}]: "
+                    f"{g[i]!r} vs eager {w[i]!r}")
+        return None
+    if type(got) is not type(want):
+        return f"Python value {got!r} vs eager {want!r}"
+    if isinstance(want, float):
+        same = struct.pack("<d", got) == struct.pack("<d", want) or (got != got and want != want)
+        return None if same else f"{got!r} vs eager {want!r}"
+    return None if got == want else f"{got!r} vs eager {want!r}"
+
+
+def compare(got, want) -> str | None:
+    """None if ``got`` equals eager's ``want`` bitwise (values, dtypes, weak types), else why."""
+    import jax
+
+    gl, gt = jax.tree_util.tree_flatten(got)
+    wl, wt = jax.tree_util.tree_flatten(want)
+    if gt != wt:
+        return f"output structure {gt} vs eager {wt}"
+    for i, (g, w) in enumerate(zip(gl, wl)):
+        diff = _leaf_diff(g, w)
+        if diff:
+            return f"output {i}: {diff}"
+    return None
+
+
+def _outcome(fn, args):
+    try:
+        return fn(*args), None
+    except Exception as e:  # noqa: BLE001 - the oracle compares errors too
+        return None, type(e).__name__
+
+
+def check(program, calls=CALLS) -> dict:
+    """Run one program's call sequence; returns its modes and the first mismatch (or None)."""
+    from mlsys_jax.execute import capture
+
+    fn = program.function()
+    captured = capture(fn)
+    modes, before = [], dict(captured.stats)
+    for i, variant in enumerate(calls):
+        args = inputs(program, variant)
+        want, want_err = _outcome(fn, args)
+        got, got_err = _outcome(captured, args)
+        now = dict(captured.stats)
+        mode = next((m for m in ("fused", "eager", "cold", "warm") if now[m] > before[m]),
+                    "raised")
+        before = now
+        modes.append(mode)
+        diff = (f"raised {got_err} vs eager {want_err}" if got_err != want_err
+                else None if want_err else compare(got, want))
+        if diff:
+            return {"seed": program.seed, "modes": modes, "mismatch":
+                    f"call {i + 1} ({mode}, inputs {variant}): {diff}", "source": program.source,
+                    "dtype": program.dtype, "n": program.n}
+    return {"seed": program.seed, "modes": modes, "mismatch": None}
+
+
+def program_seed(seed: int, index: int) -> int:
+    return seed * 1_000_003 + index
+
+
+# The CI tier: fewer dtypes and sizes (eager's own compile cache warms up sooner), shorter
+# programs, and four calls: cold, warm, one program, then flipped signs (a new outcome, or the
+# one program on new inputs).
+CI = {"calls": (0, 0, 0, 1), "generate": {"max_statements": 4, "dtypes": ("float32", "bfloat16"),
+                                          "sizes": (1, 3)}}
+
+
+def run_campaign(programs: int, seed: int = 0, time_budget: float | None = None,
+                 first: int = 0, calls=CALLS, generate_options=None) -> dict:
+    """Check programs ``first .. first + programs - 1`` of a seed; a summary with every
+    mismatch's reproducer source."""
+    t0, modes, mismatches, done = time.perf_counter(), Counter(), [], 0
+    for i in range(first, first + programs):
+        if time_budget is not None and time.perf_counter() - t0 > time_budget:
+            break
+        res = check(generate(program_seed(seed, i), **(generate_options or {})), calls)
+        done += 1
+        modes.update(res["modes"])
+        if res["mismatch"]:
+            mismatches.append(res)
+    return {"programs": done, "requested": programs, "seed": seed,
+            "calls": sum(modes.values()), "modes": dict(modes), "mismatches": mismatches,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    from mlsys_jax import runtime
+
+    ap = argparse.ArgumentParser(prog="python -m mlsys_jax.fuzz.capture_oracle",
+                                 description="random branchy programs under capture vs eager")
+    ap.add_argument("--programs", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-budget", type=float, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.programs < 1 or args.seed < 0:
+        ap.error("--programs must be ≥ 1 and --seed ≥ 0")
+    runtime.configure(devices=1, x64=True)
+    res = run_campaign(args.programs, args.seed, args.time_budget)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"capture oracle: {res['programs']} programs × {len(CALLS)} calls (seed "
+              f"{res['seed']}), {res['calls']} calls {res['modes']}, "
+              f"{len(res['mismatches'])} mismatches, {res['seconds']} s")
+        for m in res["mismatches"][:5]:
+            print(f"\nprogram {m['seed']} ({m['dtype']}, n={m['n']}): {m['mismatch']}\n"
+                  f"{m['source']}")
+    return 1 if res["mismatches"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
