@@ -1,4 +1,4 @@
-"""Graph passes (issue 3): how fast the verified pipeline is, and what the §4.2 rewrite buys on CPU.
+"""Graph passes: how fast the verified pipeline is, and what the §4.2 rewrite buys on CPU.
 
 1. The default pipeline (fold_constants, cse, fold_conv_bn, merge_parallel_convs, dce), verified
    after every pass, on a generated program of ~10,000 equations (duplicates, constant subgraphs

@@ -131,7 +131,7 @@ def run(**overrides) -> Result:
     tables["XLA:CPU measured vs cost model ('cpu' hardware)"] = data["cpu"]["rows"]
     notes = [f"max |diff| in float64 at {'×'.join(map(str, cfg['small_shape']))}; costs from the "
              f"roofline model ({cfg['hw']}, {cfg['dtype']}); rewrites found by the passes, "
-             "verified after every pass (TESTING.md §1)",
+             "verified after every pass (docs/verification.md §1)",
              f"estimated speedup {data['speedup']:.3g}× (lecture {LECTURE['speedup']}×)",
              data["cpu"]["note"]]
     return Result(ID, TITLE, tables, notes, data)

@@ -21,7 +21,7 @@ check_jaxpr = jcore.check_jaxpr
 jaxpr_as_fun = jcore.jaxpr_as_fun
 eval_jaxpr = jax.core.eval_jaxpr
 
-# Custom traces (graph-break capture, issue 4): JAX's tracing machinery.
+# Custom traces (graph-break capture): JAX's tracing machinery.
 Trace = _core.Trace
 Tracer = _core.Tracer
 set_current_trace = _core.set_current_trace
@@ -60,7 +60,7 @@ def varying_axes(x) -> frozenset:
     return frozenset(getattr(aval, "vma", ()))
 
 
-# Graph-break capture (issue 4): the effects a compiled segment replays like jax.jit does
+# Graph-break capture: the effects a compiled segment replays like jax.jit does
 # (jax.debug.print / debug.callback).
 from jax._src import debugging as _debugging  # noqa: E402
 
@@ -84,13 +84,13 @@ def call_name(eqn) -> str | None:
     return name or None
 
 
-# Passes (issue 3): JAX's own dead-code elimination, which keeps effectful equations and prunes
+# Passes: JAX's own dead-code elimination, which keeps effectful equations and prunes
 # nested bodies (jit, scan, cond, while, remat) through their registered DCE rules.
 dce_jaxpr_consts = _pe.dce_jaxpr_consts
 jax_dce_jaxpr = _pe.dce_jaxpr  # the yardstick of benchmarks/bench_passes.py (cached by identity)
 
 
-# Remat planner (issue 5): the residuals a VJP keeps, each with its source ("named 'v3' from …",
+# Remat planner: the residuals a VJP keeps, each with its source ("named 'v3' from …",
 # "from the argument …"); jax.ad_checkpoint only exports the printing form.
 from jax._src.ad_checkpoint import saved_residuals  # noqa: E402,F401
 

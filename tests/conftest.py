@@ -1,4 +1,4 @@
-"""Test-session set-up: 8 simulated CPU devices and float64, before JAX starts (JAX_NOTES.md)."""
+"""Test-session set-up: 8 simulated CPU devices and float64, before JAX starts (docs/jax-notes.md)."""
 import os
 import sys
 

@@ -1,4 +1,4 @@
-"""TESTING.md §5: every bad input gets one clear error, or the program is left untouched.
+"""docs/verification.md §5: every bad input gets one clear error, or the program is left untouched.
 
 Each case goes through the Python API and, where the CLI reaches it, through ``mlsys-jax`` (one
 line ``mlsys-jax: error: ...``, non-zero exit, no traceback).

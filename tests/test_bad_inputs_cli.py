@@ -1,4 +1,4 @@
-"""TESTING.md §5 on the command line: every hostile input gets one line and exit 2 — never a
+"""docs/verification.md §5 on the command line: every hostile input gets one line and exit 2 — never a
 traceback, a hang or an OOM kill — and none of them reaches the catch-all for our own bugs.
 
 Each case runs in-process (``cli.main``) and must finish in under 30 s with the process's peak

@@ -36,9 +36,8 @@ USER_FILE = textwrap.dedent("""
 
 @pytest.fixture
 def user_file(tmp_path):
-    path = tmp_path / "model.py"
-    path.write_text(USER_FILE)
-    return str(path)
+    (tmp_path / "model.py").write_text(USER_FILE)
+    return str(tmp_path / "model.py")
 
 
 def test_json_has_exactly_the_documented_keys(user_file, capsys):

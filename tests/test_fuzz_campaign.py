@@ -1,4 +1,4 @@
-"""The CI-tier campaign (issue 8 acceptance): 300 programs through every pass at a fixed seed.
+"""The CI-tier campaign: 300 programs through every pass at a fixed seed.
 
 0 verifier failures, 0 mismatches, 0 crashes, every pass fired on at least 10% of the valid
 programs; remat and data-parallel cases on their oracles. (Gradients are probed on every 2nd

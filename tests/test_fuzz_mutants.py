@@ -1,4 +1,4 @@
-"""Mutation score (TESTING.md §4): every deliberately broken pass is caught within 300 programs."""
+"""Mutation score (docs/verification.md §4): every deliberately broken pass is caught within 300 programs."""
 import pytest
 
 from mlsys_jax.fuzz.mutants import MUTANTS, hunt

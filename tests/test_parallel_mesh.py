@@ -1,4 +1,4 @@
-"""Mesh construction and validation: clear MlsysErrors where JAX is silent (JAX_NOTES "shard_map")."""
+"""Mesh construction and validation: clear MlsysErrors where JAX is silent (docs/jax-notes.md "shard_map and meshes")."""
 import jax
 import pytest
 from jax.sharding import AxisType

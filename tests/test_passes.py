@@ -1,4 +1,4 @@
-"""Structural passes (dce, cse, fold_constants, inline) and the pass manager (TESTING.md §1, §3, §5)."""
+"""Structural passes (dce, cse, fold_constants, inline) and the pass manager (docs/verification.md §1, §3, §5)."""
 from __future__ import annotations
 
 import jax
@@ -15,7 +15,7 @@ from mlsys_jax.passes.verify import VerificationError, effect_multiset, signatur
 F32 = jnp.float32
 C4 = jnp.arange(4.0, dtype=F32)
 
-# An opaque user primitive: passes must neither fold nor merge it (TESTING.md §5).
+# An opaque user primitive: passes must neither fold nor merge it (docs/verification.md §5).
 opaque_p = Primitive("opaque_double")
 opaque_p.def_impl(lambda x: x * 2)
 opaque_p.def_abstract_eval(lambda x: x)
@@ -87,7 +87,7 @@ PROGRAMS = {"jit": prog_jit, "cond": prog_cond, "scan": prog_scan, "while": prog
             "checkpoint": prog_checkpoint, "custom": prog_custom, "print": prog_print,
             "opaque": prog_opaque, "weak": prog_weak}
 X = jnp.array([0.5, -1.0, 2.0, 3.0], F32)
-STRUCTURAL = {"dce": P.dce, "cse": P.cse}  # bitwise tier (TESTING.md §3)
+STRUCTURAL = {"dce": P.dce, "cse": P.cse}  # bitwise tier (docs/verification.md §3)
 # inline: XLA compiles a call as a unit (it may contract z*s + t into an FMA), so inlined
 # primitives can round differently: the numeric tier applies.
 ALL = {**STRUCTURAL, "inline": P.inline, "fold_constants": P.fold_constants,
@@ -95,7 +95,7 @@ ALL = {**STRUCTURAL, "inline": P.inline, "fold_constants": P.fold_constants,
 
 
 def _outs(closed):
-    return [np.asarray(o) for o in ir.interpret(closed, X)]  # op by op (eager), TESTING.md §3
+    return [np.asarray(o) for o in ir.interpret(closed, X)]  # op by op (eager), docs/verification.md §3
 
 
 @pytest.mark.parametrize("prog", sorted(PROGRAMS))

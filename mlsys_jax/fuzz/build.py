@@ -1,4 +1,4 @@
-"""Spec → Python function → traced jaxpr (TESTING.md §2: real programs' features come for free).
+"""Spec → Python function → traced jaxpr (docs/verification.md §2: real programs' features come for free).
 
 ``make_function(spec)`` writes the program with ordinary jnp/lax code, so the jaxpr has what user
 code has: nested jit (``jnp.where``), ``custom_jvp_call[relu]``, weak literals, captured constants,

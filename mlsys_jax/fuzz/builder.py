@@ -1,7 +1,7 @@
 """The generator's state: every value's shape and kind, and the node helpers motifs build with.
 
 A :class:`Builder` records the nodes a spec is made of and, for each value, its shape and kind,
-so that every motif draws only what its precondition allows (TESTING.md §2). The tables below are
+so that every motif draws only what its precondition allows (docs/verification.md §2). The tables below are
 the choices motifs draw from, simplest first (hypothesis shrinks toward the first).
 """
 from __future__ import annotations

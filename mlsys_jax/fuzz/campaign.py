@@ -1,4 +1,4 @@
-"""A fuzzing campaign: random programs through every pass, judged by the oracles (TESTING.md §4).
+"""A fuzzing campaign: random programs through every pass, judged by the oracles (docs/verification.md §4).
 
 Each program is generated from ``program_seed(seed, i)``, traced, evaluated once (the reference),
 then every pass runs on it through ``passes.run(..., verify=True)``; a pass that changed the
@@ -19,7 +19,7 @@ from mlsys_jax.passes import registry
 
 @dataclass
 class Summary:
-    """TESTING.md §4's figures for one campaign."""
+    """docs/verification.md §4's figures for one campaign."""
 
     seed: int
     passes: list

@@ -1,4 +1,4 @@
-"""Random branchy programs for the capture oracle (lecture §8.4: graph breaks; TESTING.md §3).
+"""Random branchy programs for the capture oracle (lecture §8.4: graph breaks; docs/verification.md §3).
 
 A program is Python source text — printable, so a failure is its own reproducer — for a function
 ``f(x, y, s, w)`` of two arrays, a static Python float and a weakly typed scalar. Its body mixes

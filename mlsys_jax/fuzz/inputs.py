@@ -2,7 +2,7 @@
 
 Inputs are drawn from a seed (standard normal rounded to the program's dtype; small integers; fair
 coins for booleans), so a program and its float64 twin see the same values. A spec with
-``special`` sprinkles one to three special values into each input (TESTING.md §2): NaN, ±Inf,
+``special`` sprinkles one to three special values into each input (docs/verification.md §2): NaN, ±Inf,
 -0.0 and subnormals for floats, INT_MIN, INT_MAX, 0 and -1 for integers. A spec with ``keys``
 gets that many PRNG keys after its arrays.
 """

@@ -1,5 +1,5 @@
 """Judging one program: every pass runs on it under the verifier, each rewrite against the oracles
-(TESTING.md §3, §4). Campaigns, reproducers and the mutation score all judge programs this way.
+(docs/verification.md §3, §4). Campaigns, reproducers and the mutation score all judge programs this way.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Outcome:
 
 
 def apply_pass(p, closed):
-    """Run one pass with the verifier (TESTING.md §1); returns the RunResult."""
+    """Run one pass with the verifier (docs/verification.md §1); returns the RunResult."""
     return run(p, closed, verify=True, cost=False)
 
 

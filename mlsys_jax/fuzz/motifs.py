@@ -1,4 +1,4 @@
-"""Generator motifs: small node patterns that give each pass something to do (TESTING.md §2).
+"""Generator motifs: small node patterns that give each pass something to do (docs/verification.md §2).
 
 Each motif checks its precondition (a value of the right rank, channels divisible by groups, an
 output window of at least one pixel) before it emits nodes, so every spec traces. The same motifs

@@ -1,4 +1,4 @@
-"""Integer, boolean and PRNG motifs (TESTING.md §2: a generator that only draws floats cannot find
+"""Integer, boolean and PRNG motifs (docs/verification.md §2: a generator that only draws floats cannot find
 a fold that is legal only over the reals).
 
 Integer programs reuse the float motifs with the tables below (their unary and binary functions,

@@ -1,4 +1,4 @@
-"""Deliberately broken passes (TESTING.md §4) and the mutation score.
+"""Deliberately broken passes (docs/verification.md §4) and the mutation score.
 
 Each mutant wraps or alters the *real* pass at call time — an option it exposes, a module attribute
 patched for the duration of one call, or a post-processing step — never by editing its source. The
@@ -181,8 +181,9 @@ def _int_div_folds(closed) -> dict:
             continue
         dims = cv.params["dimension_numbers"]
         try:
-            vec = affine.per_channel(divisor, z.aval.shape, dims.out_spec[1])
-        except affine.Stop:
+            vec = affine.per_channel(divisor, z.aval.shape, dims.out_spec[1],
+                                     np.asarray(divisor).dtype, "div")
+        except (affine.Stop, affine.Refuse):
             continue
         shape = [1] * w.ndim
         shape[dims.rhs_spec[0]] = -1

@@ -1,4 +1,4 @@
-"""An unknown user primitive (TESTING.md §5): the passes must treat it as opaque.
+"""An unknown user primitive (docs/verification.md §5): the passes must treat it as opaque.
 
 ``fuzz_opaque(x) = sin(x) + x`` (integers: ``3x + 1``), registered like a user's custom op (impl,
 abstract eval, lowering, JVP) — but it is in no pass's table of known pure primitives, so nothing

@@ -1,4 +1,4 @@
-"""Oracles in tiers (TESTING.md §3): bitwise, float64-referenced error ratio, types, gradients.
+"""Oracles in tiers (docs/verification.md §3): bitwise, float64-referenced error ratio, types, gradients.
 
 A :class:`Reference` is computed once per program (outputs, the float64 program's outputs, and a
 derivative probe); :func:`compare` then judges any rewritten jaxpr against it. Programs are
@@ -27,7 +27,7 @@ from mlsys_jax.passes import registry
 __all__ = ["BITWISE", "NUMERIC", "Reference", "Rejected", "Verdict", "compare", "mirrors",
            "reference", "tier", "twin_equal"]
 
-RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (TESTING.md §3)
+RTOL, ATOL = 1.3e-6, 1e-5          # float32 closeness (docs/verification.md §3)
 FLOOR = ATOL / 2                   # err(new) <= k*err(orig) + 1e-5  <=>  ratio <= k
 BITWISE, NUMERIC = "bitwise", "numeric"
 
@@ -148,7 +148,7 @@ def error_ratio(new, orig, ref, norm: str = "max") -> float:
 
 
 def allowed_ratio(x) -> float:
-    """2, or 3 for tiny tensors and 16-bit floats (TESTING.md §3)."""
+    """2, or 3 for tiny tensors and 16-bit floats (docs/verification.md §3)."""
     return 3.0 if x.size <= 16 or np.dtype(x.dtype).itemsize <= 2 else 2.0
 
 

@@ -1,4 +1,4 @@
-"""Shrinking a failing program and saving it as a pytest reproducer (TESTING.md §4).
+"""Shrinking a failing program and saving it as a pytest reproducer (docs/verification.md §4).
 
 Shrinking is greedy: drop outputs, drop nodes (their uses rewired to the node's first argument),
 drop wrapper-body nodes — keeping each step only if the same pass still fails for the same reason

@@ -1,4 +1,4 @@
-"""Random program specs: a DAG of ops with static params, and the generator (TESTING.md §2).
+"""Random program specs: a DAG of ops with static params, and the generator (docs/verification.md §2).
 
 A :class:`Spec` is plain data (JSON-able, printable in a reproducer): inputs, a list of nodes and
 the outputs. Node ``i`` produces value ``len(inputs) + i``; a wrapper node (jit, checkpoint, cond,
@@ -11,7 +11,7 @@ shrinking (:mod:`mlsys_jax.fuzz.strategy`). Options are listed simplest first, s
 shrinks toward small, plain programs. Each motif declares its preconditions (shapes, channels)
 and is only drawn where they hold; the opportunity knobs make every pass fire.
 
-Not only floating point (TESTING.md §2): integer programs (integer convs followed by truncating
+Not only floating point (docs/verification.md §2): integer programs (integer convs followed by truncating
 division or remainder, shifts, comparisons feeding selects) and boolean ones (boolean inputs,
 masks, logic), so that a fold legal only over the reals is found; PRNG keys passed in as inputs;
 and inputs sprinkled with NaN, ±Inf, -0.0 and subnormals (integers: their extremes).
@@ -109,7 +109,7 @@ class NumpyChooser:
 
 @dataclass
 class Knobs:
-    """Opportunity knobs (TESTING.md §2): probabilities of each motif per program."""
+    """Opportunity knobs (docs/verification.md §2): probabilities of each motif per program."""
 
     image: float = 0.6          # conv programs (NCHW or NHWC) rather than dense
     low_precision: float = 0.1  # f16 / bf16 programs

@@ -1,4 +1,4 @@
-"""A hypothesis strategy over the same program specs (TESTING.md §2: shrinking for free).
+"""A hypothesis strategy over the same program specs (docs/verification.md §2: shrinking for free).
 
 The generator draws every choice through a chooser; this one asks hypothesis, so a failing
 example shrinks toward the first option of each choice (listed simplest first), fewer motifs and

@@ -1,4 +1,4 @@
-"""Oracles for schedules and layouts (TESTING.md §3): remat and data parallelism on random cases.
+"""Oracles for schedules and layouts (docs/verification.md §3): remat and data parallelism on random cases.
 
 Remat: a random chain length N and segment length K; the schedule's gradients must be bitwise those
 of storing everything, and its claimed counts (peak activations, layer forwards) must be what the

@@ -1,7 +1,7 @@
 """Data parallelism with ``jax.shard_map``: one optax training step over a ``data`` mesh axis.
 
 §2.2/§5.1: the batch gradient is the mean of per-sample gradients, so devices may each take a
-slice of the batch and average. Two traps (§11 misconception 5, JAX_NOTES "shard_map"):
+slice of the batch and average. Two traps (§11 misconception 5, docs/jax-notes.md "shard_map and meshes"):
 
 * inside shard_map, ``jax.grad`` w.r.t. a replicated (``P()``) parameter is *already* the sum over
   devices (the transpose of the implicit broadcast is a psum) — another psum multiplies by N;

@@ -1,4 +1,4 @@
-"""Device meshes for shard_map, validated up front with our own messages (JAX_NOTES "shard_map").
+"""Device meshes for shard_map, validated up front with our own messages (docs/jax-notes.md "shard_map and meshes").
 
 JAX is quiet on several bad meshes: duplicate axis names collapse, a 3-device mesh on 8 devices
 silently takes devices 0-2, a psum over an unknown axis raises a bare AssertionError. Every

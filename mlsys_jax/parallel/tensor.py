@@ -53,7 +53,7 @@ def column_parallel(mesh: Mesh, axis: str = "tensor") -> Callable:
     def local(x, w_cols):
         return lax.all_gather(x @ w_cols, axis, axis=1, tiled=True)
     # all_gather's result is typed "varying" though every device holds the same full Y, so the
-    # replicated out_spec needs check_vma=False (JAX_NOTES "shard_map").
+    # replicated out_spec needs check_vma=False (docs/jax-notes.md "shard_map and meshes").
     fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis)), out_specs=P(),
                        check_vma=False)
     return _validated(fn, mesh, axis, lambda x, w: [("columns of w", w.shape[1])])

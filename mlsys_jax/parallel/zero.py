@@ -7,7 +7,7 @@ forward/backward). Memory is traded for communication (§7.4) — the numbers st
 
 Parameters are handled as one flat vector (padded to a multiple of N) so a shard is a slice;
 ``per_device_bytes`` gives the formulas, :func:`measure` reads ``memory_analysis()`` of the
-compiled step (per device on a mesh, JAX_NOTES "shard_map").
+compiled step (per device on a mesh, docs/jax-notes.md "shard_map and meshes").
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Structural passes: dce, cse, fold_constants, inline (TensorFlow's graph-level clean-ups, §8.1).
 
 Each is a factory returning a named :class:`Pass`; options exist so a fuzzer can build deliberately
-broken variants (TESTING.md §4) — e.g. ``cse(param_blind=True)`` or ``fold_constants(keep_weak=False)``.
+broken variants (docs/verification.md §4) — e.g. ``cse(param_blind=True)`` or ``fold_constants(keep_weak=False)``.
 They edit equation lists (``passes.engine.edit``, ``ir.edit``): JAX's own equations are kept or
 dropped and their inputs renamed, so no equation is traced again.
 """

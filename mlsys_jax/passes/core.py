@@ -1,4 +1,4 @@
-"""Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (DESIGN.md §3).
+"""Pass machinery: a pass is a named pure function ClosedJaxpr -> PassResult (docs/architecture.md "Passes").
 
 How a pass builds its new jaxpr (editing equation lists, or tracing only a rule's replacement)
 is ``passes.engine``; its names that rules use are re-exported here. A pass that finds nothing to

@@ -58,7 +58,7 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
         cost: bool = True) -> RunResult:
     """Apply ``pipeline`` (a pass, ``chain`` or ``fixpoint``) to ``closed``.
 
-    With ``verify``, every pass that ran is checked (TESTING.md §1): input not mutated, honest
+    With ``verify``, every pass that ran is checked (docs/verification.md §1): input not mutated, honest
     about changing, and — if it changed something — well-typed, same signature (weak_type too),
     same effects, nested params consistent, static shapes. A failure raises VerificationError
     naming the pass. Returns the new jaxpr and the log.

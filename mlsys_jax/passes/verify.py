@@ -1,4 +1,4 @@
-"""The verifier run after every pass that changed something (TESTING.md §1, like XLA's HloVerifier).
+"""The verifier run after every pass that changed something (docs/verification.md §1, like XLA's HloVerifier).
 
 ``check_jaxpr`` misses weak_type flips, dropped effects and stale nested params, so we check those
 too. Every failure names the pass.
