@@ -200,7 +200,8 @@ def run(**overrides) -> Result:
                      "(≈ N/K + 3K), so XLA's minimum sits near K = √(N/3), not √N")
         notes.append("JAX's input-only is a nest of N jax.checkpoints; its compile grows ~N³ "
                      "(measured 232 s at N=64), so it runs at N=jax_input_only_layers. On "
-                     "XLA:CPU unrolled nested remat does not lower temp memory (CSE; docs/jax-notes.md "Remat")")
+                     "XLA:CPU unrolled nested remat does not lower temp memory (CSE; "
+                     "docs/jax-notes.md, 'Remat')")
     ex5 = 100 if n != 100 else None
     if ex5:   # exercise 5 is always checked, with the reference executor (cheap)
         x5, w5 = chain_inputs(ex5, cfg["width"], cfg["batch"], cfg["seed"])
