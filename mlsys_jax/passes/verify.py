@@ -224,36 +224,58 @@ def fingerprint(closed) -> list:
     when the pass left its input alone (lists, dicts and equations can be mutated in place).
     Built by C-level maps into a few flat lists (cheap for the garbage collector) and compared
     with ``==``, which is identity for Vars, Literals, primitives and bodies: each equation's
-    fields, inputs, the hash of its outputs (Vars hash by identity), and its params' keys and
-    values."""
-    parts, seen, todo = [], set(), [closed]
+    fields, inputs and outputs (with their counts), and its params' keys and values."""
+    return list(_parts(closed))
+
+
+def unchanged_since(closed, before: list) -> bool:
+    """``fingerprint(closed) == before``, built and compared part by part: each part is dropped
+    once compared (a whole second fingerprint of a big graph never sits in memory), and the
+    first difference ends the check."""
+    n = 0
+    try:
+        for n, part in enumerate(_parts(closed), 1):
+            if n > len(before) or not (part is before[n - 1] or part == before[n - 1]):
+                return False
+    except Exception:  # a params value that was replaced and has no plain == (an array)
+        return False
+    return n == len(before)
+
+
+def _parts(closed):
+    seen, todo = set(), [closed]
     while todo:
         j = todo.pop()
         if id(j) in seen:
             continue
         seen.add(id(j))
         if isinstance(j, ClosedJaxpr):
-            parts += [j, list(map(id, j.consts))]
+            yield j
+            yield list(map(id, j.consts))
             j = j.jaxpr
         eqns = j.eqns
-        params = list(map(_PARAMS, eqns))
-        parts += [j, list(j.constvars), list(j.invars), list(j.outvars), j.effects, list(eqns)]
-        parts += [list(map(f, eqns)) for f in _FIELDS]
-        parts += [list(map(len, map(_INVARS, eqns))), list(chain.from_iterable(map(_INVARS, eqns))),
-                  list(map(hash, map(tuple, map(_OUTVARS, eqns)))),  # (Literals have no hash)
-                  list(map(len, params)), list(chain.from_iterable(map(dict.keys, params))),
-                  list(chain.from_iterable(map(dict.values, params)))]
+        yield from (j, list(j.constvars), list(j.invars), list(j.outvars), j.effects, list(eqns))
+        for k in range(0, len(eqns), _BLOCK):
+            yield from _block_parts(eqns[k:k + _BLOCK])
         for e in eqns:
             if e.primitive.name not in ARRAY_OPS:
                 todo += [b.jaxpr for b in bodies(e)]
-    return parts
 
 
-def same_fingerprint(a: list, b: list) -> bool:
-    try:
-        return a == b
-    except Exception:  # a params value that was replaced and has no plain == (an array)
-        return False
+# Equations per block of the fingerprint: a block is swept once per part (C-level maps), so its
+# equations, lists and dicts must stay in the CPU's cache between sweeps — else a 10,000-equation
+# graph is fetched from memory once per part, and the check costs more per equation the bigger
+# the graph.
+_BLOCK = 256
+
+
+def _block_parts(eqns: list) -> list:
+    params = list(map(_PARAMS, eqns))
+    return [*[list(map(f, eqns)) for f in _FIELDS],
+            list(map(len, map(_INVARS, eqns))), list(chain.from_iterable(map(_INVARS, eqns))),
+            list(map(len, map(_OUTVARS, eqns))), list(chain.from_iterable(map(_OUTVARS, eqns))),
+            list(map(len, params)), list(chain.from_iterable(map(dict.keys, params))),
+            list(chain.from_iterable(map(dict.values, params)))]
 
 
 def _open(closed):
