@@ -76,6 +76,15 @@ def walk(closed, path: str = "") -> Iterator[tuple[str, object]]:
             yield from walk(body.jaxpr, body_path(here, body))
 
 
+def equations(closed) -> Iterator:
+    """Every equation, recursively into nested bodies, as :func:`walk` orders them but without
+    building paths (a string per equation): for questions like "is there a conv anywhere?"."""
+    for eqn in _open(closed).eqns:
+        yield eqn
+        for body in bodies(eqn):
+            yield from equations(body.jaxpr)
+
+
 def walk_eqn(eqn, here: str = "") -> Iterator[tuple[str, object]]:
     """Yield ``(here, eqn)`` and then every equation nested in its bodies, with their paths."""
     yield here, eqn

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlsys_jax.compat import Literal
-from mlsys_jax.ir.walk import bodies, body_path, walk
+from mlsys_jax.ir.walk import bodies, body_path, equations
 from mlsys_jax.passes.basic import dce_jaxpr
 from mlsys_jax.passes.convsites import CONV, Consts
 from mlsys_jax.passes.core import Log, Pass, PassResult, is_concrete, transform
@@ -47,7 +47,7 @@ def conv_pass(name: str, plan_fn, only=None, **options) -> Pass:
 
     def fn(closed):
         log = Log(name)
-        if not any(e.primitive.name == CONV for _, e in walk(closed)):
+        if not any(e.primitive.name == CONV for e in equations(closed)):
             return PassResult(closed, False)  # nothing to match: skip the re-trace
         new = transform(closed, make_rule, log, recurse=only is None)
         if new is not closed:
