@@ -68,17 +68,18 @@ def ratio(a: Timing, b: Timing) -> Ratio:
     return Ratio(a.median_s / b.median_s, a.min_s / b.max_s, a.max_s / b.min_s)
 
 
-def _run(fn: Callable[[], Any], number: int) -> float:
+def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter
+         ) -> float:
     out = None
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(number):
         out = fn()
     jax.block_until_ready(out)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
-               per_call_s: float = 0.0) -> int:
+               per_call_s: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> int:
     """Calls per round so that a round takes at least ``min_time_s`` (like timeit.autorange).
 
     Starts from half the count that ``per_call_s`` (a warm call, if known) suggests. The best of
@@ -87,7 +88,7 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
     """
     number = min(max_number, max(1, int(0.5 * min_time_s / per_call_s))) if per_call_s > 0 else 1
     while number < max_number:
-        best = min(_run(fn, number) for _ in range(3))
+        best = min(_run(fn, number, clock) for _ in range(3))
         if best >= min_time_s:
             break
         # jump towards the target at the measured rate (at least ×2, at most ×100 per step)
@@ -98,12 +99,16 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
 
 def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 2,
             number: int | None = None, min_time_s: float = 5e-3,
-            max_number: int = 10_000) -> dict[str, Timing]:
+            max_number: int = 10_000,
+            clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time zero-argument callables side by side; returns seconds per call for each.
 
     Each callable first runs ``warmup`` times (compilation, caches), then ``repeats`` rounds run
     every callable once per round, in turn, ``number`` calls each (chosen per callable so a round
     takes ≥ ``min_time_s`` when ``number`` is None). The median of the rounds is the figure.
+    ``clock`` is wall time by default; ``time.process_time`` counts only this process's CPU time
+    (every thread's), for host-side work that other jobs on a shared machine would otherwise
+    stretch by descheduling it.
     """
     if repeats < 1 or warmup < 0:
         raise MlsysError(f"timing.compare: repeats must be ≥ 1 and warmup ≥ 0, got "
@@ -114,12 +119,12 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
     for name, fn in fns.items():
         warm = 0.0
         for _ in range(warmup):
-            warm = _run(fn, 1)  # the last warm-up call is warm: a first guess of the call time
-        numbers[name] = number or _calibrate(fn, min_time_s, max_number, warm)
+            warm = _run(fn, 1, clock)  # the last warm-up call is warm: a first guess
+        numbers[name] = number or _calibrate(fn, min_time_s, max_number, warm, clock)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            samples[name].append(_run(fn, numbers[name]) / numbers[name])
+            samples[name].append(_run(fn, numbers[name], clock) / numbers[name])
     return {name: Timing(statistics.median(s), min(s), max(s), repeats, numbers[name], tuple(s))
             for name, s in samples.items()}
 
