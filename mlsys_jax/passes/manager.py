@@ -9,7 +9,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.passes.core import Pass, PassResult, Runner
 from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint,
-                                     require_static_shapes, same_fingerprint,
+                                     require_static_shapes, unchanged_since,
                                      verify as verify_step)
 
 
@@ -111,10 +111,9 @@ class _VerifyingRunner(Runner):
         return hit[1] if hit is not None else fingerprint(closed)
 
     def _verify(self, name: str, closed, result: PassResult, before: list) -> None:
-        now = fingerprint(closed)
-        if not same_fingerprint(now, before):
+        if not unchanged_since(closed, before):
             raise VerificationError(f"verifier: pass {name!r}: mutated its input jaxpr")
-        self.prints = {id(closed): (closed, now)}
+        self.prints = {id(closed): (closed, before)}
         if (not result.changed and result.jaxpr is not closed
                 and self.hash(result.jaxpr) != self.hash(closed)):
             raise VerificationError(f"verifier: pass {name!r}: reported 'unchanged' but the "
