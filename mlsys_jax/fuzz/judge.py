@@ -17,6 +17,8 @@ from mlsys_jax.passes import VerificationError, conv, registry, run
 # reach every other pass). Each entry names the identity that Inf breaks.
 FINITE_INPUTS_ONLY = {
     registry.name_of(conv.enlarge_conv_kernel): "a zero tap times an Inf input is NaN (0·Inf)",
+    registry.name_of(conv.merge_parallel_convs): "summed weights: Inf·w₁ + Inf·w₂ is NaN where "
+                                                 "w₁, w₂ differ in sign, Inf·(w₁ + w₂) is not",
 }
 
 

@@ -127,7 +127,8 @@ def _merge_plans(jaxpr, consts, log, path, concat=True):
             bias = ba if bb is None else (bb if ba is None else ba + bb)
             return [emit_conv(a, lookup(a.x), w, bias)]
         plans[i] = Plan(i, f"merged convs {path}{a.index} + {path}{b.index} "
-                           f"({fmt_window(a)}); the add disappears", emit)
+                           f"({fmt_window(a)}); the add disappears (exact for finite inputs)",
+                        emit)
     if concat:
         _concat_plans(jaxpr, c, sites, used, reported, plans, log, path)
     return plans
@@ -200,7 +201,9 @@ def merge_parallel_convs(concat: bool = True, only: int | None = None) -> Pass:
     """Merge convs on the same input with identical window, strides, padding, dilation, groups,
     precision and dtypes: summed outputs → one conv with summed weights (§4.1 rule 2); with
     ``concat``, independently used outputs → one conv with concatenated channels plus slices.
-    A refusal names the attribute that differs."""
+    A refusal names the attribute that differs. The summed-weights merge is exact on finite
+    inputs only, like §4.1 rule 2 itself: where an input is ±Inf, conv(x, W₁) + conv(x, W₂) is
+    Inf − Inf = NaN wherever the two weights differ in sign, conv(x, W₁ + W₂) is ±Inf."""
     return conv_pass("merge_parallel_convs", _merge_plans, only, concat=concat)
 
 
