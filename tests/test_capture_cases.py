@@ -75,6 +75,19 @@ def test_compiled_graph_rounds_as_eager(fn):
     same_as_eager(fn, (x,))
 
 
+@pytest.mark.parametrize("fn", [lambda x: 1.0 / (x + 0.0), lambda x: x ** 3.0, lambda x: x * 3 + 1],
+                         ids=["add_zero", "pow3", "fma"])
+def test_baked_constants_of_the_one_program_replay_round_as_eager(fn):
+    # behind a break, the constants are baked into the one program (behind barriers)
+    def f(x):
+        return fn(x) if x.sum() > 0 else fn(-x)
+
+    x = jnp.linspace(-3.0, 3.1, 4096, dtype=F32).at[0].set(-0.0)
+    c = same_as_eager(f, (x,), (-x,))
+    assert c.replay_info(x)["one_program"] and c.stats["fused"] > 0
+    assert not c.roots[next(iter(c.roots))].fast.consts  # no constant passed as an argument
+
+
 def test_explain_names_dispatches_that_run_as_eager_programs():
     x = jnp.linspace(-1.0, 1.0, 8, dtype=F32)
     notes = explain(lambda x: jnp.var(x) * x + jax.lax.erfc(x), x).notes
