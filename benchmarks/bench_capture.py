@@ -90,7 +90,7 @@ def _two_breaks(rng, repeats, figures, notes):
     # (flatten, guard-tree key, lookup, result) that a warm call adds
     captured(*args), captured(*args)  # a walk, then the one program (kept as the hot path)
     prog = captured.roots[next(iter(captured.roots))].fast
-    fns["program"] = lambda: prog.fn(*[args[s] for s in prog.in_slots], *prog.consts)
+    fns["program"] = lambda: prog.fn(*prog.consts, *[args[s] for s in prog.in_slots])
     torch_fn, note = _torch_two_breaks()
     if torch_fn is not None:
         torch, eager_fn, compiled = torch_fn
