@@ -61,8 +61,38 @@ def _side_by_side(name, fns: dict, rounds: int, figures: dict, notes: list) -> d
                      f"{c.repeats} shuffled rounds); eager/captured {ec.median:.1f}×, "
                      f"captured/cond-jit {cj.median:.2f}× [{cj.low:.2f}–{cj.high:.2f}] (median "
                      f"of per-round ratios [10th–90th percentile])")
+    if "program" in fns:  # the program against lax.cond-jit, the Python path against the program
+        _split(name, t, figures, notes)
     figures[f"{name}_us"] = {k: v.to_dict() for k, v in t.items()}
     return t
+
+
+def _program(captured, args):
+    """The warm call's own program, called directly (what its hot path calls): captured over this
+    is the Python path (type check, input key, lookup) that a warm call adds."""
+    for _ in range(3):  # a walk, then the one program, then the hot path is set
+        captured(*args)
+    direct = captured.roots[next(iter(captured.roots))].fast.direct(len(args))
+    return lambda: direct(*args)
+
+
+def _split(name, t, figures, notes):
+    for mode in ("", "_waited"):
+        parts = {f"{a}_over_{b}": timing.ratio(t[a + mode], t[b + mode], SPREAD)
+                 for a, b in (("program", "cond_jit"), ("captured", "program"))}
+        for k, r in parts.items():
+            figures[f"{name}{mode}_{k}_ratio"] = r.to_dict()
+        notes.append(f"{name}{mode or ' back-to-back'}: " + ", ".join(
+            f"{k.replace('_over_', '/')} {r.median:.2f}× [{r.low:.2f}–{r.high:.2f}]"
+            for k, r in parts.items()))
+    python_us = [1e6 * (c - p) for c, p in zip(t["captured"].samples, t["program"].samples)]
+    us = {f"p{p}_us": timing.percentile(python_us, p) for p in SPREAD}
+    figures[f"{name}_warm_call_python_us"] = {
+        "median_us": timing.percentile(python_us, 50), **us, "rounds": len(python_us)}
+    notes.append(f"{name}: a warm call's Python path (type check, key, lookup) adds "
+                 f"{timing.percentile(python_us, 50):.1f} µs [{us['p10_us']:.1f}–"
+                 f"{us['p90_us']:.1f}] to its one program's call (back to back; median of "
+                 f"per-round differences [10th–90th percentile])")
 
 
 def _torch_two_breaks():
@@ -99,12 +129,7 @@ def _two_breaks(rng, rounds, figures, notes):
     cond_same = all(np.array_equal(cond_jit(*a), two_breaks(*a)) for a in paths)
     fns = {"eager": lambda: two_breaks(*args), "captured": lambda: captured(*args),
            "cond_jit": lambda: cond_jit(*args)}
-    # the warm call's own program, called directly: captured minus this is the Python path
-    # (type check, input key, lookup) that a warm call adds
-    captured(*args), captured(*args)  # a walk, then the one program (kept as the hot path)
-    prog = captured.roots[next(iter(captured.roots))].fast
-    direct = prog.direct(len(args))  # what the hot path calls
-    fns["program"] = lambda: direct(*args)
+    fns["program"] = _program(captured, args)
     torch_fn, note = _torch_two_breaks()
     if torch_fn is not None:
         torch, eager_fn, compiled = torch_fn
@@ -115,23 +140,6 @@ def _two_breaks(rng, rounds, figures, notes):
         note += (f"; result matches ours within 1e-4: "
                  f"{bool(np.allclose(out.numpy(), np.asarray(two_breaks(*args)), atol=1e-4))}")
     t = _side_by_side("two_breaks", fns, rounds, figures, notes)
-    # the program against lax.cond-jit, and the Python path against the program (paired)
-    for mode in ("", "_waited"):
-        parts = {f"{a}_over_{b}": timing.ratio(t[a + mode], t[b + mode], SPREAD)
-                 for a, b in (("program", "cond_jit"), ("captured", "program"))}
-        for k, r in parts.items():
-            figures[f"two_breaks{mode}_{k}_ratio"] = r.to_dict()
-        notes.append(f"two_breaks{mode or ' back-to-back'}: " + ", ".join(
-            f"{k.replace('_over_', '/')} {r.median:.2f}× [{r.low:.2f}–{r.high:.2f}]"
-            for k, r in parts.items()))
-    python_us = [1e6 * (c - p) for c, p in zip(t["captured"].samples, t["program"].samples)]
-    us = {f"p{p}_us": timing.percentile(python_us, p) for p in SPREAD}
-    figures["two_breaks_warm_call_python_us"] = {
-        "median_us": timing.percentile(python_us, 50), **us, "rounds": len(python_us)}
-    notes.append(f"two_breaks: a warm call's Python path (type check, key, lookup) adds "
-                 f"{timing.percentile(python_us, 50):.1f} µs [{us['p10_us']:.1f}–"
-                 f"{us['p90_us']:.1f}] to its one program's call (back to back; median of "
-                 f"per-round differences [10th–90th percentile])")
     if torch_fn is not None:
         for mode in ("", "_waited"):
             r = timing.ratio(t[f"captured{mode}"], t[f"torch_compile{mode}"], SPREAD)  # paired
@@ -210,8 +218,9 @@ def run(quick: bool = False) -> dict:
     figures, notes = {}, []
     for branch, args in inputs.items():
         same = all(np.array_equal(f(*args), branchy(*args)) for f in (captured, cond_jit))
-        _side_by_side(branch, {"eager": lambda: branchy(*args), "captured": lambda: captured(*args),
-                               "cond_jit": lambda: cond_jit(*args)}, rounds, figures, notes)
+        fns = {"eager": lambda: branchy(*args), "captured": lambda: captured(*args),
+               "cond_jit": lambda: cond_jit(*args), "program": _program(captured, args)}
+        _side_by_side(branch, fns, rounds, figures, notes)
         notes.append(f"{branch}: captured and lax.cond-jit results equal eager bitwise: {same}")
     notes.append(f"branchy capture cache: {captured.stats}")
     _two_breaks(rng, rounds, figures, notes)
