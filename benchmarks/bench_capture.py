@@ -1,7 +1,7 @@
 """Graph-break capture (lecture §8.4, exercise 8): captured vs eager vs lax.cond under jit.
 
-Three functions, each timed side by side after warm-up (interleaved rounds, median and min–max
-of paired ratios): the one-break ``branchy`` (``h = relu(x @ w1); h * 2 if h.sum() > 0 else
+Three functions, each timed side by side after warm-up (hundreds of short rounds, each running
+every variant in a shuffled order; median and 10th–90th percentile of paired ratios): the one-break ``branchy`` (``h = relu(x @ w1); h * 2 if h.sum() > 0 else
 exp(h)``) on each outcome, and ``two_breaks`` (a second layer and a second ``if``) — op-by-op
 eager JAX, the same Python under ``mlsys_jax.capture`` (exact mode: results bitwise equal to
 eager), and the function rewritten with ``lax.cond`` under ``jax.jit``. Warm-up calls the captured
@@ -35,21 +35,64 @@ from mlsys_jax.models.branchy import two_breaks, two_breaks_cond
 NAME = "capture"
 
 
-def _side_by_side(name, fns: dict, repeats: int, figures: dict, notes: list) -> None:
-    fns = dict(fns)
-    fns.update({f"{k}_waited": lambda f=f: jax.block_until_ready(f()) for k, f in list(fns.items())})
-    t = timing.compare(fns, repeats=repeats)
+# Microsecond calls, so many short rounds: each round runs every variant in a fresh order
+# (timing.compare's shuffle) — back to back: BATCH calls, only the last result waited for (eager,
+# ~20× slower, as many calls as take ~1 ms); waited: one call, its result waited for — and a
+# figure is the median of the per-round ratios with their 10th–90th percentiles. Waited times
+# are bimodal (~25 µs when XLA:CPU's worker thread is still awake, ~80 µs when it must be woken),
+# so 15 rounds could not decide a 15% target. Every compiled variant gets the same BATCH: a
+# round's fixed cost (waking the worker, the final wait) is then the same share of each.
+BATCH = 64
+SPREAD = (10, 90)
+
+
+def _side_by_side(name, fns: dict, rounds: int, figures: dict, notes: list) -> dict:
+    batch = {k: BATCH for k in fns if not k.endswith("eager")}
+    t = timing.compare(fns, repeats=rounds, number=batch, min_time_s=1e-3, shuffle=True)
+    waited = timing.compare(fns, repeats=4 * rounds, number=1, shuffle=True)
+    t.update({f"{k}_waited": v for k, v in waited.items()})
     for mode in ("", "_waited"):
         e, c, j = t[f"eager{mode}"], t[f"captured{mode}"], t[f"cond_jit{mode}"]
-        ec, cj = timing.ratio(e, c), timing.ratio(c, j)  # paired, round by round
+        ec, cj = timing.ratio(e, c, SPREAD), timing.ratio(c, j, SPREAD)  # paired, round by round
         figures[f"{name}{mode}_eager_over_captured_ratio"] = ec.to_dict()
         figures[f"{name}{mode}_captured_over_cond_jit_ratio"] = cj.to_dict()
         notes.append(f"{name}{mode or ' back-to-back'}: eager {e.median_us:.1f} µs, captured "
-                     f"{c.median_us:.1f} µs, lax.cond-jit {j.median_us:.1f} µs (median of "
-                     f"{repeats}); eager/captured {ec.median:.1f}×, captured/cond-jit "
-                     f"{cj.median:.2f}× [{cj.low:.2f}–{cj.high:.2f}] (paired)")
+                     f"{c.median_us:.1f} µs, lax.cond-jit {j.median_us:.1f} µs (medians of "
+                     f"{c.repeats} shuffled rounds); eager/captured {ec.median:.1f}×, "
+                     f"captured/cond-jit {cj.median:.2f}× [{cj.low:.2f}–{cj.high:.2f}] (median "
+                     f"of per-round ratios [10th–90th percentile])")
+    if "program" in fns:  # the program against lax.cond-jit, the Python path against the program
+        _split(name, t, figures, notes)
     figures[f"{name}_us"] = {k: v.to_dict() for k, v in t.items()}
     return t
+
+
+def _program(captured, args):
+    """The warm call's own program, called directly (what its hot path calls): captured over this
+    is the Python path (type check, input key, lookup) that a warm call adds."""
+    for _ in range(3):  # a walk, then the one program, then the hot path is set
+        captured(*args)
+    direct = captured.roots[next(iter(captured.roots))].fast.direct(len(args))
+    return lambda: direct(*args)
+
+
+def _split(name, t, figures, notes):
+    for mode in ("", "_waited"):
+        parts = {f"{a}_over_{b}": timing.ratio(t[a + mode], t[b + mode], SPREAD)
+                 for a, b in (("program", "cond_jit"), ("captured", "program"))}
+        for k, r in parts.items():
+            figures[f"{name}{mode}_{k}_ratio"] = r.to_dict()
+        notes.append(f"{name}{mode or ' back-to-back'}: " + ", ".join(
+            f"{k.replace('_over_', '/')} {r.median:.2f}× [{r.low:.2f}–{r.high:.2f}]"
+            for k, r in parts.items()))
+    python_us = [1e6 * (c - p) for c, p in zip(t["captured"].samples, t["program"].samples)]
+    us = {f"p{p}_us": timing.percentile(python_us, p) for p in SPREAD}
+    figures[f"{name}_warm_call_python_us"] = {
+        "median_us": timing.percentile(python_us, 50), **us, "rounds": len(python_us)}
+    notes.append(f"{name}: a warm call's Python path (type check, key, lookup) adds "
+                 f"{timing.percentile(python_us, 50):.1f} µs [{us['p10_us']:.1f}–"
+                 f"{us['p90_us']:.1f}] to its one program's call (back to back; median of "
+                 f"per-round differences [10th–90th percentile])")
 
 
 def _torch_two_breaks():
@@ -72,7 +115,7 @@ def _torch_two_breaks():
                                         "1 thread; torch's CPU calls return finished tensors")
 
 
-def _two_breaks(rng, repeats, figures, notes):
+def _two_breaks(rng, rounds, figures, notes):
     x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
     w1, w2 = (jnp.asarray(rng.standard_normal((64, 64)), jnp.float32) for _ in range(2))
     paths = [(x, w1, w2), (x, w1, -w2), (jnp.abs(x), -jnp.abs(w1), w2),
@@ -86,11 +129,7 @@ def _two_breaks(rng, repeats, figures, notes):
     cond_same = all(np.array_equal(cond_jit(*a), two_breaks(*a)) for a in paths)
     fns = {"eager": lambda: two_breaks(*args), "captured": lambda: captured(*args),
            "cond_jit": lambda: cond_jit(*args)}
-    # the warm call's own program, called directly: captured minus this is the Python path
-    # (flatten, guard-tree key, lookup, result) that a warm call adds
-    captured(*args), captured(*args)  # a walk, then the one program (kept as the hot path)
-    prog = captured.roots[next(iter(captured.roots))].fast
-    fns["program"] = lambda: prog.fn(*[args[s] for s in prog.in_slots], *prog.consts)
+    fns["program"] = _program(captured, args)
     torch_fn, note = _torch_two_breaks()
     if torch_fn is not None:
         torch, eager_fn, compiled = torch_fn
@@ -100,22 +139,15 @@ def _two_breaks(rng, repeats, figures, notes):
         fns["torch_eager"] = lambda: eager_fn(*targs)
         note += (f"; result matches ours within 1e-4: "
                  f"{bool(np.allclose(out.numpy(), np.asarray(two_breaks(*args)), atol=1e-4))}")
-    t = _side_by_side("two_breaks", fns, repeats, figures, notes)
-    python_us = [c - p for c, p in zip(t["captured"].samples, t["program"].samples)]
-    figures["two_breaks_warm_call_python_us"] = {
-        "median_us": 1e6 * float(np.median(python_us)), "min_us": 1e6 * min(python_us),
-        "max_us": 1e6 * max(python_us), "repeats": repeats}
-    notes.append(f"two_breaks: a warm call's Python path (key, lookup, result) adds "
-                 f"{1e6 * float(np.median(python_us)):.1f} µs to its one program's dispatch "
-                 f"(back to back, paired rounds)")
+    t = _side_by_side("two_breaks", fns, rounds, figures, notes)
     if torch_fn is not None:
         for mode in ("", "_waited"):
-            r = timing.ratio(t[f"captured{mode}"], t["torch_compile"])  # paired
+            r = timing.ratio(t[f"captured{mode}"], t[f"torch_compile{mode}"], SPREAD)  # paired
             figures[f"two_breaks{mode}_captured_over_torch_compile_ratio"] = r.to_dict()
             notes.append(f"two_breaks{mode or ' back-to-back'}: captured/torch.compile "
                          f"{r.median:.2f}× [{r.low:.2f}–{r.high:.2f}] (torch.compile "
-                         f"{t['torch_compile'].median_us:.1f} µs, torch eager "
-                         f"{t['torch_eager'].median_us:.1f} µs)")
+                         f"{t[f'torch_compile{mode}'].median_us:.1f} µs, torch eager "
+                         f"{t[f'torch_eager{mode}'].median_us:.1f} µs)")
     notes.append(note)
     notes.append(f"two_breaks, all four paths: captured results equal eager bitwise: {same}; "
                  f"lax.cond-jit's equal eager: {cond_same}; capture cache {captured.stats}")
@@ -175,7 +207,7 @@ def _cold(n, figures, notes):
 
 
 def run(quick: bool = False) -> dict:
-    repeats = 5 if quick else 15
+    rounds = 100 if quick else 800  # back to back; waited: 4× as many (one call each)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
     w1 = jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)
@@ -186,11 +218,12 @@ def run(quick: bool = False) -> dict:
     figures, notes = {}, []
     for branch, args in inputs.items():
         same = all(np.array_equal(f(*args), branchy(*args)) for f in (captured, cond_jit))
-        _side_by_side(branch, {"eager": lambda: branchy(*args), "captured": lambda: captured(*args),
-                               "cond_jit": lambda: cond_jit(*args)}, repeats, figures, notes)
+        fns = {"eager": lambda: branchy(*args), "captured": lambda: captured(*args),
+               "cond_jit": lambda: cond_jit(*args), "program": _program(captured, args)}
+        _side_by_side(branch, fns, rounds, figures, notes)
         notes.append(f"{branch}: captured and lax.cond-jit results equal eager bitwise: {same}")
     notes.append(f"branchy capture cache: {captured.stats}")
-    _two_breaks(rng, repeats, figures, notes)
+    _two_breaks(rng, rounds, figures, notes)
     _cold(500 if quick else 2000, figures, notes)
     notes.append("captured = mlsys_jax.capture(fn) in exact mode (results bitwise equal to eager)")
     notes.append(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

@@ -192,7 +192,11 @@ from jax._src.array import ArrayImpl  # noqa: E402,F401
 from jax._src.lax.lax import _convert_element_type  # noqa: E402
 
 
+def weak_as(x, weak_type: bool):
+    """``x`` (strongly typed) with the weak type ``weak_type``."""
+    return _convert_element_type(x, x.dtype, weak_type=True) if weak_type else x
+
+
 def zeros_of(aval):
     """Traced zeros with ``aval``'s shape, dtype and weak type."""
-    z = jax.lax.full(aval.shape, 0, aval.dtype)
-    return _convert_element_type(z, aval.dtype, weak_type=True) if aval.weak_type else z
+    return weak_as(jax.lax.full(aval.shape, 0, aval.dtype), aval.weak_type)

@@ -4,10 +4,17 @@ On a shared, noisy machine an absolute time means little; a ratio of two medians
 same run, with the candidates interleaved repeat by repeat (so a burst of load hits all of them),
 is what the experiments and benchmarks report. Every callable's result is waited for with
 ``jax.block_until_ready`` (JAX dispatches asynchronously).
+
+Microsecond calls need many short rounds instead of a few long ones: a round's time depends on
+what ran just before it (caches, whether XLA:CPU's worker thread is still awake), so
+``compare(..., shuffle=True)`` runs each round's callables in a fresh (seeded) order, and
+``ratio(a, b, spread=(10, 90))`` reports the median of the per-round ratios with their 10th–90th
+percentiles instead of the extremes thousands of rounds would reach.
 """
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,28 +51,50 @@ class Timing:
 
 @dataclass(frozen=True)
 class Ratio:
-    """``a / b`` of two timings: the ratio of medians, and the extreme ratios of their ranges."""
+    """``a / b`` of two timings: the median ratio, and its spread ``low``–``high`` (see ``ratio``)."""
 
     median: float
     low: float
     high: float
+    spread: tuple = (0, 100)  # the percentiles of the per-round ratios that low and high are
+
+    @property
+    def bound_names(self) -> tuple:
+        """What ``low`` and ``high`` are: ``("min", "max")`` or percentiles, ``("p10", "p90")``."""
+        return ("min", "max") if self.spread == (0, 100) else \
+            tuple(f"p{p:g}" for p in self.spread)
 
     def to_dict(self) -> dict:
-        return {"ratio": self.median, "min": self.low, "max": self.high}
+        lo, hi = self.bound_names
+        return {"ratio": self.median, lo: self.low, hi: self.high}
 
 
-def ratio(a: Timing, b: Timing) -> Ratio:
+def ratio(a: Timing, b: Timing, spread: tuple = (0, 100)) -> Ratio:
     """How many times slower ``a`` is than ``b``.
 
     When both come from one :func:`compare` call, the ratio is *paired*: the median over rounds of
     ``a``'s time over ``b``'s time in the same round, so load that comes and goes on a shared
-    machine cancels (min–max over rounds). Otherwise: the ratio of medians, with the extreme
-    ratios of the two ranges as min–max.
+    machine cancels; ``low``–``high`` are the ``spread`` percentiles of those per-round ratios
+    (min–max by default). Otherwise: the ratio of medians, with the extreme ratios of the two
+    ranges as min–max.
     """
+    if not 0 <= spread[0] <= 50 <= spread[1] <= 100:
+        raise MlsysError(f"timing.ratio: spread must be percentiles (low ≤ 50 ≤ high) within "
+                         f"0–100, got {spread}")
     if a.samples and len(a.samples) == len(b.samples):
         per_round = [x / y for x, y in zip(a.samples, b.samples)]
-        return Ratio(statistics.median(per_round), min(per_round), max(per_round))
+        return Ratio(statistics.median(per_round), percentile(per_round, spread[0]),
+                     percentile(per_round, spread[1]), tuple(spread))
     return Ratio(a.median_s / b.median_s, a.min_s / b.max_s, a.max_s / b.min_s)
+
+
+def percentile(values, p: float) -> float:
+    """The ``p``-th percentile of ``values`` (linear between ranks; 0 and 100: min and max)."""
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * p / 100
+    i = int(at)
+    return ordered[i] if i + 1 >= len(ordered) else \
+        ordered[i] + (ordered[i + 1] - ordered[i]) * (at - i)
 
 
 def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter
@@ -98,14 +127,18 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
 
 
 def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 2,
-            number: int | None = None, min_time_s: float = 5e-3,
-            max_number: int = 10_000,
+            number: int | Mapping[str, int] | None = None, min_time_s: float = 5e-3,
+            max_number: int = 10_000, shuffle: bool = False,
             clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time zero-argument callables side by side; returns seconds per call for each.
 
     Each callable first runs ``warmup`` times (compilation, caches), then ``repeats`` rounds run
     every callable once per round, in turn, ``number`` calls each (chosen per callable so a round
-    takes ≥ ``min_time_s`` when ``number`` is None). The median of the rounds is the figure.
+    takes ≥ ``min_time_s`` when ``number`` is None or does not name it), the last call's result
+    waited for: a fixed cost per round (waking XLA:CPU's worker, the final wait) is spread over
+    ``number`` calls, so callables compared closely should get the same ``number``. The
+    median of the rounds is the figure. ``shuffle``: each round runs the callables in a new order
+    (seeded, so runs repeat): each one follows every other equally often on average.
     ``clock`` is wall time by default; ``time.process_time`` counts only this process's CPU time
     (every thread's), for host-side work that other jobs on a shared machine would otherwise
     stretch by descheduling it.
@@ -120,10 +153,14 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
         warm = 0.0
         for _ in range(warmup):
             warm = _run(fn, 1, clock)  # the last warm-up call is warm: a first guess
-        numbers[name] = number or _calibrate(fn, min_time_s, max_number, warm, clock)
+        given = number.get(name) if isinstance(number, Mapping) else number
+        numbers[name] = given or _calibrate(fn, min_time_s, max_number, warm, clock)
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    order, rng = list(fns.items()), random.Random(0)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        if shuffle:
+            rng.shuffle(order)
+        for name, fn in order:
             samples[name].append(_run(fn, numbers[name], clock) / numbers[name])
     return {name: Timing(statistics.median(s), min(s), max(s), repeats, numbers[name], tuple(s))
             for name, s in samples.items()}

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import capture, explain
 from mlsys_jax.execute._compile import MAX_PROGRAM_OPS
 from mlsys_jax.execute._segments import MAX_GUARD_VALUES
@@ -73,6 +74,19 @@ def test_bool_guard_of_negative_zero_and_nan():
 def test_compiled_graph_rounds_as_eager(fn):
     x = jnp.linspace(-3.0, 3.0, 4096, dtype=F32).at[0].set(-0.0)
     same_as_eager(fn, (x,))
+
+
+@pytest.mark.parametrize("fn", [lambda x: 1.0 / (x + 0.0), lambda x: x ** 3.0, lambda x: x * 3 + 1],
+                         ids=["add_zero", "pow3", "fma"])
+def test_baked_constants_of_the_one_program_replay_round_as_eager(fn):
+    # behind a break, the constants are baked into the one program (behind barriers)
+    def f(x):
+        return fn(x) if x.sum() > 0 else fn(-x)
+
+    x = jnp.linspace(-3.0, 3.1, 4096, dtype=F32).at[0].set(-0.0)
+    c = same_as_eager(f, (x,), (-x,))
+    assert c.replay_info(x)["one_program"] and c.stats["fused"] > 0
+    assert not c.roots[next(iter(c.roots))].fast.consts  # no constant passed as an argument
 
 
 def test_explain_names_dispatches_that_run_as_eager_programs():
@@ -182,3 +196,29 @@ def test_two_breaks_replay_as_one_program_without_a_guard_read():
     # every outcome known: no flag, nothing read on the host, one dispatch per call
     assert c.replay_info(*paths[0]) == {"one_program": True, "miss_flag": False, "eager": None}
     assert c.stats["cold"] == 4 and c.stats["fused"] >= 4
+
+
+# --- a warm call's hot path (the settled tree's program, called directly) --------------------
+
+def test_hot_path_keeps_results_counts_and_refusals():
+    k = np.linspace(-1.0, 1.0, 100, dtype=np.float32)  # > 64 elements: a program argument
+
+    def f(x):
+        h = x * k
+        return (h, h.sum()) if h.sum() > 0 else (jnp.exp(h), h.max())
+
+    x = jnp.linspace(0.0, 1.0, 100, dtype=F32)
+    c = same_as_eager(f, (x,), (-x,), calls=4)
+    prog = c.roots[next(iter(c.roots))].fast
+    assert prog.consts and not prog.bare and c.hot and c.hot_calls > 0
+    before, hot = c.stats, c.hot_calls
+    assert compare(c(-x), f(-x)) is None
+    assert c.hot_calls == hot + 1 and c.stats == {**before, "warm": before["warm"] + 1,
+                                                   "fused": before["fused"] + 1}
+    with pytest.raises(MlsysError, match="inside the captured function"):
+        jax.jit(c)(x)  # a tracer of the same type never takes the hot path
+    c(np.asarray(x))  # a new input signature: a cold run drops the hot path ...
+    assert not c.hot and c.stats["cold"] == before["cold"] + 1
+    for _ in range(3):  # ... until the tree's program is called directly again
+        assert compare(c(x), f(x)) is None
+    assert c.hot

@@ -36,3 +36,23 @@ def test_bad_arguments_are_clear_errors(kwargs):
         timing.compare({"f": lambda: 0}, **kwargs)
     with pytest.raises(MlsysError, match="no callables"):
         timing.compare({})
+
+
+def test_paired_ratio_spread_is_percentiles_of_the_rounds():
+    b = timing.Timing(1.0, 1.0, 1.0, 11, 1, (1.0,) * 11)
+    a = timing.Timing(6.0, 1.0, 11.0, 11, 1, tuple(float(i) for i in range(11, 0, -1)))
+    r = timing.ratio(a, b, spread=(10, 90))
+    assert (r.median, r.low, r.high) == (6.0, 2.0, 10.0)
+    assert r.to_dict() == {"ratio": 6.0, "p10": 2.0, "p90": 10.0}
+    assert timing.ratio(a, b).to_dict() == {"ratio": 6.0, "min": 1.0, "max": 11.0}
+    with pytest.raises(MlsysError, match="timing.ratio: spread"):
+        timing.ratio(a, b, spread=(60, 90))
+
+
+def test_shuffled_rounds_run_every_callable_once_per_round_in_changing_orders():
+    seen = []
+    fns = {name: (lambda name=name: seen.append(name)) for name in "abc"}
+    t = timing.compare(fns, repeats=30, warmup=0, number=1, shuffle=True)
+    rounds = [tuple(seen[i:i + 3]) for i in range(0, 90, 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds) and len(set(rounds)) > 1
+    assert all(len(x.samples) == 30 for x in t.values())

@@ -38,7 +38,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from mlsys_jax.compat import eval_trace, set_current_trace
+from mlsys_jax.compat import eval_trace, set_current_trace, weak_as
 from mlsys_jax.execute._record import Eqn
 
 EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
@@ -70,6 +70,23 @@ def bind_eqns(eqns, env: dict, consts, exact: bool = False) -> None:
         outs = e.prim.bind(*args, **e.params)
         outs = list(outs) if e.prim.multiple_results else [outs]
         env.update(zip(e.outs, _barrier(outs) if exact else outs))
+
+
+MAX_BAKED_ELEMENTS = 64  # constants up to this size may be baked into a one-program replay
+
+
+def bakeable(c) -> bool:
+    """Whether a recorded constant can be baked into a program (``baked``) instead of passed."""
+    return (isinstance(c, jax.Array) and c.size <= MAX_BAKED_ELEMENTS
+            and not jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended))
+
+
+def baked(c):
+    """``c`` as a constant of the program being traced, behind an optimization barrier: the
+    simplifier and constant folding see an opaque value, as they see an argument (``x + 0.0``
+    stays an add), and the call passes no argument for it."""
+    out = jax.lax.optimization_barrier(np.asarray(c))
+    return weak_as(out, c.weak_type)
 
 
 def as_param(c):

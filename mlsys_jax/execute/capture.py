@@ -29,6 +29,7 @@ fuse and simplify each segment like ``jax.jit``: faster, equal to eager up to ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Callable
 
 import jax
@@ -46,6 +47,8 @@ __all__ = ["BreakReason", "Captured", "ExplainOutput", "capture", "explain"]
 MAX_SIGNATURES = 32  # input signatures (shapes, dtypes, static values) cached per function
 _ARRAYS = (jax.Array, np.ndarray)
 _MISS = object()
+_JAX_ARRAY = frozenset([ArrayImpl])  # the argument types of a warm call's hot path
+_aval = attrgetter("aval")
 
 
 def _leaf_key(x):
@@ -97,19 +100,41 @@ class Captured:
         self.fn, self.exact = fn, exact
         self.roots: dict = {}  # input key -> Root (its guard tree)
         self.cache: dict = {}  # program signature -> jitted program (shared across the tree)
-        self.stats = {"cold": 0, "warm": 0, "fused": 0, "eager": 0}
+        self.counts = {"cold": 0, "warm": 0, "fused": 0, "eager": 0}  # all but the hot path's
+        # input key -> the settled tree's one program as a function of the arguments: a warm
+        # call with array arguments runs it with no generic key, lookup or env (cleared by every
+        # cold run, the only place a tree grows)
+        self.hot: dict = {}
+        self.hot_calls = 0  # the hot path's count: one integer, not two dict updates
         self.__wrapped__ = fn
 
+    @property
+    def stats(self) -> dict:
+        """Calls by kind: ``cold`` (ran the Python), ``warm`` (replayed), ``fused`` (warm, as one
+        program), ``eager`` (past a bound)."""
+        hot = self.hot_calls
+        return {**self.counts, "warm": self.counts["warm"] + hot,
+                "fused": self.counts["fused"] + hot}
+
     def __call__(self, *args, **kwargs):
+        if not kwargs and _JAX_ARRAY.issuperset(map(type, args)):
+            direct = self.hot.get(tuple(map(_aval, args)))  # input_key's key for these args
+            if direct is not None:
+                self.hot_calls += 1
+                return direct(*args)
         leaves, key = input_key(args, kwargs)
         root = self.roots.get(key)
         if root is not None:
-            prog = root.fast  # the hot path: the whole tree as one program
+            prog = root.fast  # the whole tree as one program
             if prog is not None:
                 out = prog.call(leaves if root.all_arrays else _arrays(leaves))
                 if out is not _fuse.MISS:
-                    self.stats["fused"] += 1
-                    self.stats["warm"] += 1
+                    self.counts["fused"] += 1
+                    self.counts["warm"] += 1
+                    if not kwargs and leaves is args:  # every argument a jax array
+                        direct = prog.direct(len(args))
+                        if direct is not None:
+                            self.hot[key] = direct
                     return out
                 if root.eager_reason is not None:
                     return self._eager(args, kwargs)
@@ -126,7 +151,7 @@ class Captured:
         return self.run_cold(root, leaves, _tree(args, kwargs))[0]
 
     def _eager(self, args, kwargs):
-        self.stats["eager"] += 1
+        self.counts["eager"] += 1
         with set_current_trace(eval_trace):
             return self.fn(*args, **kwargs)
 
@@ -168,7 +193,7 @@ class Captured:
                     out = prog.call(env)
                     if out is _fuse.MISS:
                         return _MISS
-                    self.stats["fused"] += 1
+                    self.counts["fused"] += 1
                     return self._warm(root, out)
             seg = node.seg
             if seg is not None:
@@ -185,13 +210,14 @@ class Captured:
                 return _MISS
 
     def _warm(self, root, out):
-        self.stats["warm"] += 1
+        self.counts["warm"] += 1
         root.warm_streak += 1
         return out
 
     def run_cold(self, root, leaves, tree):
         """Run the Python on deferred values, filling the guard tree; returns (result, run)."""
-        self.stats["cold"] += 1
+        self.counts["cold"] += 1
+        self.hot.clear()  # the run may grow a tree: its one program is rebuilt
         run = ColdRun(self.cache, root, self.exact)
         vals = [run.input(x) if isinstance(x, _ARRAYS) else x for x in leaves]
         args, kwargs = jax.tree_util.tree_unflatten(tree, vals)
