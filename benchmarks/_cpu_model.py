@@ -19,14 +19,12 @@ FLAX_RESNET = Path(__file__).resolve().parents[1] / "examples" / "flax_resnet.py
 
 
 def bandwidth() -> tuple[dict, list]:
-    stream = cost.hardware.stream_bandwidths()
-    figures = {"cpu_calibrated_bandwidth_over_numpy_copy_ratio": stream["ratio"]}
-    notes = [f"'cpu' bandwidth calibration (x + 1 on a donated 64 MiB buffer, in place) "
-             f"{stream['xla_in_place'] / 1e9:.3g} GB/s vs NumPy's copy into a preallocated "
-             f"buffer {stream['numpy_copy'] / 1e9:.3g} GB/s, interleaved rounds: ratio "
-             f"{stream['ratio']:.3g} (target 0.5–3; a fresh 64 MiB output would time the "
-             "allocation instead)"]
-    return figures, notes
+    s = cost.hardware.stream_bandwidths()
+    note = ("'cpu' bandwidth calibration (x + 1 on a donated 64 MiB buffer, in place) {:.3g} GB/s "
+            "vs NumPy's copy into a preallocated buffer {:.3g} GB/s, interleaved rounds: ratio "
+            "{:.3g} (target 0.5–3; a fresh 64 MiB output would time the allocation instead)")
+    return ({"cpu_calibrated_bandwidth_over_numpy_copy_ratio": s["ratio"]},
+            [note.format(s["xla_in_place"] / 1e9, s["numpy_copy"] / 1e9, s["ratio"])])
 
 
 def block_order(quick: bool) -> tuple[dict, list]:

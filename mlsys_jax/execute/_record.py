@@ -42,6 +42,14 @@ class Eqn:
     traits: Traits = PLAIN
 
 
+def _breaks(kind: str):
+    """A DeferredTracer method that breaks the graph with ``kind`` (its arguments passed on)."""
+    def method(self, *extra):
+        return self._concrete(kind, *extra)
+    method.__name__ = kind
+    return method
+
+
 class DeferredTracer(Tracer):
     """A value that exists only as a slot in a segment until Python asks for it (a graph break)."""
 
@@ -60,39 +68,15 @@ class DeferredTracer(Tracer):
     def _concrete(self, kind, *extra):
         return self._trace.run.graph_break(self, kind, *extra)
 
-    def __bool__(self):
-        return self._concrete("bool")
-
-    def __int__(self):
-        return self._concrete("int")
-
-    def __float__(self):
-        return self._concrete("float")
-
-    def __complex__(self):
-        return self._concrete("complex")
-
-    def __index__(self):
-        return self._concrete("index")
+    # Every way Python asks a value for its contents is a graph break of that kind.
+    __bool__, __int__, __float__, __complex__, __index__ = (
+        _breaks(k) for k in ("bool", "int", "float", "complex", "index"))
+    item, tolist, __str__, __repr__, __format__ = (
+        _breaks(k) for k in ("item", "tolist", "str", "repr", "format"))
 
     def __array__(self, dtype=None, copy=None):
         out = self._concrete("array")
         return out if dtype is None else out.astype(dtype)
-
-    def item(self, *args):
-        return self._concrete("item", *args)
-
-    def tolist(self):
-        return self._concrete("tolist")
-
-    def __str__(self):
-        return self._concrete("str")
-
-    def __repr__(self):
-        return self._concrete("repr")
-
-    def __format__(self, spec):
-        return self._concrete("format", spec)
 
 
 class RecordTrace(Trace):

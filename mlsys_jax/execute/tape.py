@@ -62,6 +62,14 @@ class _Entry:
     out_id: int  # id() of the output Tensor (alive: later entries or the caller hold it)
 
 
+def _binary(fn: Callable, name: str, reflected: bool = False):
+    """A Tensor operator method recording ``fn`` under ``name`` (``reflected``: ``other op self``)."""
+    def method(self, other):
+        return apply(fn, other, self, name=name) if reflected else apply(fn, self, other, name=name)
+    method.__name__ = name
+    return method
+
+
 class Tensor:
     """An eager array that remembers (on the tape) how it was computed, if gradients are needed."""
 
@@ -81,27 +89,12 @@ class Tensor:
         flag = ", requires_grad=True" if self.requires_grad else ""
         return f"Tensor({self.value}{flag})"
 
-    def __matmul__(self, other):
-        return apply(jnp.matmul, self, other, name="matmul")
-
-    def __add__(self, other):
-        return apply(jnp.add, self, other, name="add")
-
-    __radd__ = __add__
-
-    def __sub__(self, other):
-        return apply(jnp.subtract, self, other, name="sub")
-
-    def __rsub__(self, other):
-        return apply(jnp.subtract, other, self, name="sub")
-
-    def __mul__(self, other):
-        return apply(jnp.multiply, self, other, name="mul")
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other):
-        return apply(jnp.divide, self, other, name="div")
+    __matmul__ = _binary(jnp.matmul, "matmul")
+    __add__ = __radd__ = _binary(jnp.add, "add")
+    __sub__ = _binary(jnp.subtract, "sub")
+    __rsub__ = _binary(jnp.subtract, "sub", reflected=True)
+    __mul__ = __rmul__ = _binary(jnp.multiply, "mul")
+    __truediv__ = _binary(jnp.divide, "div")
 
     def __neg__(self):
         return apply(jnp.negative, self, name="neg")

@@ -31,11 +31,11 @@ class Summary:
     verifier_failures: int = 0
     mismatches: int = 0
     crashes: int = 0
+    failures: list = field(default_factory=list)  # each one, in the order found
     worst_error_ratio: float = 0.0
     twin_checks: int = 0
     seconds: float = 0.0
     systems: dict = field(default_factory=dict)
-    failures: list = field(default_factory=list)
     reproducers: list = field(default_factory=list)
     stopped_by_time_budget: bool = False
 
