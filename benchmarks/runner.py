@@ -11,6 +11,7 @@ import json
 import os
 import pkgutil
 import platform
+import re
 import sys
 import time
 
@@ -54,11 +55,27 @@ def _flatten(prefix: str, value, out: dict) -> None:
         out[prefix] = value
 
 
+_BOUND = re.compile(r"(min|max|p\d+)(_us)?")  # a spread's ends: min–max, or percentiles
+
+
+def _spread(v: dict) -> str:
+    """``[low–high]`` of a figure's spread; percentiles are named (``[p10–p90: …]``)."""
+    def rank(key):  # min = p0, max = p100
+        end = key.split("_")[0]
+        return {"min": 0, "max": 100}[end] if end in ("min", "max") else int(end[1:])
+    ends = sorted((k for k in v if _BOUND.fullmatch(k)), key=rank)
+    if len(ends) < 2:
+        return ""
+    lo, hi = ends[0], ends[-1]
+    label = "" if lo.startswith("min") else f"{lo.split('_')[0]}–{hi.split('_')[0]}: "
+    return f" [{label}{fmt(v[lo])}–{fmt(v[hi])}]"
+
+
 def _cell(v) -> str:
     if isinstance(v, dict) and "ratio" in v:
-        return f"{fmt(v['ratio'])} [{fmt(v.get('min'))}–{fmt(v.get('max'))}]"
+        return fmt(v["ratio"]) + _spread(v)
     if isinstance(v, dict) and "median_us" in v:
-        return f"{fmt(v['median_us'])} µs [{fmt(v['min_us'])}–{fmt(v['max_us'])}]"
+        return f"{fmt(v['median_us'])} µs" + _spread(v)
     return fmt(v)
 
 
@@ -72,7 +89,7 @@ def markdown(report: dict, names: list[str]) -> str:
            f"{m['python']}, jax {m['jax']}, {m['platform']} ({m['device_kind']} ×{m['devices']} "
            f"simulated devices); {report['seconds']} s in all.", "",
            "Every figure is a ratio measured side by side in one run (median of repeats after "
-           "warm-up, [min–max] over paired rounds) or carries its unit. The machine is shared, so "
+           "warm-up, [min–max] or the named percentiles over paired rounds) or carries its unit. The machine is shared, so "
            "absolute times vary from run to run; the ratios are what the issues' targets speak of.",
            ""]
     for name, res in report["benchmarks"].items():
@@ -81,7 +98,7 @@ def markdown(report: dict, names: list[str]) -> str:
         rows = {}
         for key, value in flat.items():  # fold {ratio,min,max} and timing dicts into one cell
             base, _, leaf = key.rpartition(".")
-            if leaf in ("ratio", "min", "max", "median_us", "min_us", "max_us", "repeats", "number"):
+            if leaf in ("ratio", "median_us", "repeats", "number", "rounds") or _BOUND.fullmatch(leaf):
                 rows.setdefault(base, {})[leaf] = value
             else:
                 rows[key] = value
