@@ -52,16 +52,6 @@ def generated_program(n_eqns: int, width: int = 64):
     return ir.trace(f, jax.ShapeDtypeStruct((width,), jnp.float32))
 
 
-def _median_time(fn, repeats: int) -> tuple[float, float, float]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2], times[0], times[-1]
-
-
 def _compile(closed):
     structs = ir.input_structs(closed)
     return jax.jit(ir.as_function(closed)).lower(*structs).compile()  # a fresh function: no cache
@@ -90,7 +80,7 @@ def pipeline_vs_compile(quick: bool) -> tuple[dict, list]:
     rows = {}
     for n, closed in progs.items():
         res = P.run(pipeline, closed, verify=True, cost=False)
-        comp = _median_time(lambda: _compile(closed), 1)[0]  # minutes at 10k eqns: measured once
+        comp = timing.time_once(lambda: _compile(closed))  # minutes at 10k eqns: measured once
         rows[n] = {"eqns": len(closed.jaxpr.eqns), "eqns_after": len(res.jaxpr.jaxpr.eqns),
                    "pipeline": t[n], "wall": wall[n], "compile_s": comp,
                    "rewrites": len(res.rewrites)}

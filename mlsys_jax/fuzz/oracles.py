@@ -203,8 +203,9 @@ def _compare_values(what, tier, news, origs, refs, verdict: Verdict, derivative=
             verdict.failures.append(f"{what} {i}: not close, and the float64 reference is "
                                     "not finite")
             continue
-        norm = partial(_err, norm="rms" if derivative else "max")
-        ratio = error_ratio(new, orig, ref, "rms" if derivative else "max")
+        kind = "rms" if derivative else "max"
+        norm = partial(_err, norm=kind)
+        ratio = error_ratio(new, orig, ref, kind)
         verdict.error_ratio = max(verdict.error_ratio, ratio)
         if ratio > allowed and twin is not None and twin() is not None \
                 and twin_equal(np.asarray(twin()[i])[mask], ref, norm(new, ref), norm):

@@ -29,7 +29,8 @@ from mlsys_jax.passes import registry
 from mlsys_jax.passes.conv import candidates, refusals
 from mlsys_jax.passes.manager import cost_summary, run
 from mlsys_jax.passes.measure import fastest
-from mlsys_jax.passes.verify import Checker, VerificationError, verify
+from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint, unchanged_since,
+                                     verify)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     checker = Checker()  # one per search: graphs share their unchanged levels, checked once
     while queue and explored < budget:
         _, _, node = heapq.heappop(queue)
+        untouched = fingerprint(node.graph)  # the moves must leave their input alone, as in run()
         for name, factory in moves.items():
             for k in range(candidates(factory, node.graph)):
                 if explored >= budget:
@@ -141,7 +143,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
                     accepted += 1
                     heapq.heappush(queue, (cost["time_us"], tick, child))
                     tick += 1
-        if structural_hash(node.graph) != node.hash:
+        if not unchanged_since(node.graph, untouched):
             raise VerificationError(f"verifier: a search move mutated its input graph "
                                     f"(after {[s.rule for s in node.path]})")
     timings = None
