@@ -4,7 +4,8 @@ Call-like equations (jit, remat, custom_jvp/vjp) run their bodies equation by eq
 its branch on the host, scan and while loop in Python. Every primitive then runs as JAX's own
 cached single-op executable, so (1) no XLA fusion can blur a bitwise comparison, and (2) random
 programs share compiled kernels — a campaign compiles each (primitive, shape, params) once instead
-of every program's nested bodies.
+of every program's nested bodies. Data moves and correctly rounded arithmetic skip the kernel:
+NumPy gives the same bits (:mod:`mlsys_jax.ir.numpy_rules`), without a compile per new shape.
 
 Derivatives are traced first (``jax.make_jaxpr`` of the VJP or JVP, which applies custom rules),
 then evaluated the same way.
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, bind_equation, jaxpr_as_fun
+from mlsys_jax.ir import numpy_rules
 from mlsys_jax.ir.interpret import eval_jaxpr
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
@@ -47,7 +49,8 @@ def _eval_eqn(eqn, invals) -> list:
         return carry
     if name == "scan":
         return _scan(p, invals)
-    return bind_equation(eqn, invals)
+    computed = numpy_rules.evaluate(eqn, invals)  # the same bits, no kernel to compile
+    return computed if computed is not None else bind_equation(eqn, invals)
 
 
 def _scan(p, invals) -> list:
