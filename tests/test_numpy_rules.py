@@ -76,6 +76,29 @@ def test_float_division(dtype):
     same_bits(lax.div, *pairs(dtype))
 
 
+@pytest.mark.parametrize("name", sorted(BINARY) + ["div"])
+@pytest.mark.parametrize("dtype", (F32, F64, F16, BF16, I32), ids=lambda d: np.dtype(d).name)
+def test_operands_broadcast_inside_the_equation(name, dtype):
+    """lax broadcasts size-1 axes and scalars itself; XLA then simplifies a / broadcast(b) into
+    a * broadcast(1 / b), which the rule reproduces (a plain a / b is 1 ulp off)."""
+    if name == "div" and dtype == I32:
+        return  # integer division is left to XLA
+    op = lax.div if name == "div" else BINARY[name]
+    v = specials(dtype)
+    v = v[~np.isnan(v.astype(np.float64))]  # NaN pairs: covered above
+    rng = np.random.default_rng(0)
+    full = np.concatenate([v, (rng.standard_normal(64) * 3).astype(dtype)])
+    column = full[: len(v)].reshape(1, -1)
+    grid = np.broadcast_to(full.reshape(-1, 1), (full.size, len(v))).copy()
+    same_bits(op, grid, column)           # the divisor broadcast along axis 0
+    same_bits(op, column, grid)           # the dividend broadcast
+    for scalar in v[:8]:
+        same_bits(op, full, np.asarray(scalar, dtype))
+    if name == "div" and dtype == BF16:  # the case found by the fuzzer's own programs
+        a = np.array([[0.0390625, 0.667969, 1.44531, -1.09375]] * 2, BF16)
+        same_bits(op, a, np.array([[0.00415039, 0.0037384, 0.00396729, 0.00427246]], BF16))
+
+
 UNARY = [(op, dtype) for op in (lax.neg, lax.abs, lax.square, lax.sqrt)
          for dtype in (F32, F64, I8, I32) if op is not lax.sqrt or dtype in (F32, F64)]
 

@@ -9,9 +9,9 @@ here replaces the kernel only where the result is the same bits by construction:
 - IEEE-754 operations that are correctly rounded (+, −, ×, ÷, √, comparisons): one right answer,
   computed on XLA:CPU's terms — subnormal inputs read as zero and subnormal results flushed to
   zero (XLA:CPU runs with DAZ/FTZ, measured), 16-bit floats computed in float32 and rounded back;
-- sign and bit operations (negation, |x|, and/or/xor/not) and operations XLA defines by a formula
+- sign and bit operations (negation, |x|, and/or/xor/not) and what XLA computes by a formula
   we restate (max/min with -0 below +0, integer_pow's multiplication order, shifts past the bit
-  width).
+  width, and a / broadcast(b) as a · (1/b), XLA's own simplification — found by the fuzzer).
 
 Which NaN comes out where two different NaNs meet, or where max/min sees a NaN, depends on the
 instruction LLVM emits for this CPU, so those equations are left to XLA. ``agrees_with_xla``
@@ -52,17 +52,37 @@ def _flush(r):
     return _wide(r) if r.dtype.kind == "f" else r
 
 
+def _on_xla_terms(fn, xs, dtype):
+    """``fn`` of floats on XLA:CPU's terms: widened, denormals read as and flushed to zero, the
+    result rounded back to ``dtype`` (round to nearest even, as XLA converts); None where two
+    different NaNs meet."""
+    ws = [_wide(x) for x in xs]
+    return None if _nans_differ(ws) else _flush(fn(*ws)).astype(dtype)
+
+
 def _float_or_int(fn, dtypes):
-    """``fn`` on XLA:CPU's terms: floats widened, denormals read as and flushed to zero, the
-    result rounded back to the output type (round to nearest even, as XLA converts)."""
+    """``fn`` on XLA:CPU's terms for floats (:func:`_on_xla_terms`); integers as they are."""
     def rule(xs, out, **_):
         if xs[0].dtype not in dtypes:
             return None
-        if xs[0].dtype in FLOATS:
-            ws = [_wide(x) for x in xs]
-            return None if _nans_differ(ws) else _flush(fn(*ws)).astype(out.dtype)
-        return fn(*xs)
+        return _on_xla_terms(fn, xs, out.dtype) if xs[0].dtype in FLOATS else fn(*xs)
     return rule
+
+
+def _div(xs, out, **_):
+    """Float division; a divisor broadcast inside the equation (rank-equal size-1 axes, or a
+    scalar) is what XLA's algebraic simplifier rewrites, ``a / broadcast(b)`` into
+    ``a * broadcast(1 / b)`` (measured: 1 ulp apart from a / b). The reciprocal is rounded to
+    the divisor's type, except bfloat16's, which XLA:CPU has already widened to float32."""
+    a, b = xs
+    if a.dtype not in FLOATS:
+        return None
+    if b.shape == out.shape:
+        return _on_xla_terms(np.divide, xs, out.dtype)
+    if b.dtype == bfloat16:
+        return _on_xla_terms(lambda x, y: x * _flush(np.reciprocal(y)), xs, out.dtype)
+    b = _on_xla_terms(np.reciprocal, [b], b.dtype)
+    return _on_xla_terms(np.multiply, [a, b], out.dtype)
 
 
 def _nans_differ(ws) -> bool:
@@ -232,7 +252,7 @@ RULES = {
     "add_any": _float_or_int(np.add, FLOATS + INTS),
     "sub": _float_or_int(np.subtract, FLOATS + INTS),
     "mul": _float_or_int(np.multiply, FLOATS + INTS),
-    "div": _float_or_int(np.divide, FLOATS),
+    "div": _div,
     "sqrt": _float_or_int(np.sqrt, F32_64),
     "square": _float_or_int(np.square, F32_64 + INTS),
     "integer_pow": _integer_pow,
