@@ -22,6 +22,7 @@ every dtype it accepts; a rule that would see another dtype declines (returns No
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -277,12 +278,37 @@ RULES = {
 }
 
 
+class RuleMismatch(AssertionError):
+    """An audited rule gave other bits than XLA (see :func:`audited`)."""
+
+
+_AUDIT = [False]
+
+
+@contextlib.contextmanager
+def audited():
+    """Inside, every rule's result is also computed by ``bind`` and compared bit for bit
+    (RuleMismatch names the equation): how new primitives, shapes or XLA versions are checked
+    on real programs (``tests/test_numpy_rules.py`` runs fuzz programs this way)."""
+    _AUDIT[0], before = True, _AUDIT[0]
+    try:
+        yield
+    finally:
+        _AUDIT[0] = before
+
+
 def evaluate(eqn, invals) -> list | None:
     """``eqn``'s outputs computed by NumPy, or None where no rule applies (the caller binds)."""
     rule = RULES.get(eqn.primitive.name)
     if rule is None or eqn.primitive.multiple_results or not agrees_with_xla():
         return None
-    return _apply(rule, eqn, invals)
+    got = _apply(rule, eqn, invals)
+    if _AUDIT[0] and got is not None:
+        want = np.asarray(bind_equation(eqn, list(invals))[0])
+        if got[0].dtype != want.dtype or got[0].tobytes() != want.tobytes():
+            raise RuleMismatch(f"numpy rule for {eqn} on {[np.shape(x) for x in invals]}: "
+                               f"not XLA's bits")
+    return got
 
 
 def _apply(rule, eqn, invals) -> list | None:
