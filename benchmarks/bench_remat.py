@@ -114,6 +114,10 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
             k: m[k] for k in ("policy_temp_bytes", "policy_flops", "policy_step_time_ratio",
                               "plan_temp_bytes", "plan_flops", "plan_step_time_ratio",
                               "not_dominated")}
+        # target: the plan's step time within 5% of the policy's (their paired ratios, divided)
+        figures[f"{module_name}.{m['policy']}"]["plan_over_policy_step_time_ratio"] = (
+            m["plan_step_time_ratio"] / m["policy_step_time_ratio"]
+            if m["plan_step_time_ratio"] else None)
     figures[f"{module_name}.frontier"] = [
         {k: q[k] for k in ("compiled_temp_bytes", "compiled_flops", "step_time_ratio")}
         for q in versus["frontier"]]

@@ -93,7 +93,8 @@ def print_text(target: str, out: dict) -> None:
     print(f"plan: {len(p.segments)} segment(s), {len(p.saved)} saved, {len(p.recomputed)} "
           f"recomputed ({p.recompute_flops} FLOPs predicted); {p.method}, optimality gap "
           f"{p.optimality_gap:.2%}; {len(fr.measured)} plans compiled, {len(fr.points)} on the "
-          "frontier")
+          f"frontier; pinned (kept from XLA's CSE): "
+          f"{'the whole segment backward' if p.pin == 'backward' else 'the recomputation'}")
     print(f"  saved:      {_names(fr.graph, p.saved)}")
     print(f"  recomputed: {_names(fr.graph, p.recomputed)}")
     rows = [{"figure": "predicted peak bytes (backward's residuals)",

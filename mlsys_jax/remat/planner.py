@@ -58,6 +58,7 @@ class Plan:
     optimality_gap: float            # (plan − lower bound) / plan, in the MILP's objective
     compiled_temp_bytes: int | None = None   # measured by ``frontier`` (XLA's temp buffers)
     compiled_flops: float | None = None
+    pin: str = "recomputation"       # what runs inside the pin: "recomputation" or "backward"
 
 
 @dataclass(frozen=True)
