@@ -128,7 +128,7 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
 
 def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 2,
             number: int | Mapping[str, int] | None = None, min_time_s: float = 5e-3,
-            max_number: int = 10_000, shuffle: bool = False,
+            max_number: int = 10_000, shuffle: bool = False, best_of: int = 1,
             clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time zero-argument callables side by side; returns seconds per call for each.
 
@@ -141,11 +141,13 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
     (seeded, so runs repeat): each one follows every other equally often on average.
     ``clock`` is wall time by default; ``time.process_time`` counts only this process's CPU time
     (every thread's), for host-side work that other jobs on a shared machine would otherwise
-    stretch by descheduling it.
+    stretch by descheduling it. ``best_of``: each round runs every callable's batch that many
+    times, interleaved, and keeps each one's fastest batch — another job only ever makes a batch
+    slower, so the round's ratios measure the code, not the moment (as ``timeit`` advises).
     """
-    if repeats < 1 or warmup < 0:
-        raise MlsysError(f"timing.compare: repeats must be ≥ 1 and warmup ≥ 0, got "
-                         f"repeats={repeats}, warmup={warmup}")
+    if repeats < 1 or warmup < 0 or best_of < 1:
+        raise MlsysError(f"timing.compare: repeats and best_of must be ≥ 1 and warmup ≥ 0, got "
+                         f"repeats={repeats}, best_of={best_of}, warmup={warmup}")
     if not fns:
         raise MlsysError("timing.compare: no callables given; pass a mapping name -> callable")
     numbers = {}
@@ -158,10 +160,14 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
     samples: dict[str, list[float]] = {name: [] for name in fns}
     order, rng = list(fns.items()), random.Random(0)
     for _ in range(repeats):
-        if shuffle:
-            rng.shuffle(order)
-        for name, fn in order:
-            samples[name].append(_run(fn, numbers[name], clock) / numbers[name])
+        best = {name: math.inf for name in fns}
+        for _ in range(best_of):
+            if shuffle:
+                rng.shuffle(order)
+            for name, fn in order:
+                best[name] = min(best[name], _run(fn, numbers[name], clock) / numbers[name])
+        for name in fns:
+            samples[name].append(best[name])
     return {name: Timing(statistics.median(s), min(s), max(s), repeats, numbers[name], tuple(s))
             for name, s in samples.items()}
 

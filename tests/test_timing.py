@@ -30,7 +30,19 @@ def test_ratio_is_paired_when_samples_line_up():
     assert (unpaired.median, unpaired.low, unpaired.high) == (2.0, 2.0 / 3.0, 9.0)
 
 
-@pytest.mark.parametrize("kwargs", [dict(repeats=0), dict(warmup=-1)])
+def test_best_of_keeps_each_callables_fastest_batch_per_round():
+    seen = []
+    fns = {name: (lambda name=name: seen.append(name)) for name in "ab"}
+    t = timing.compare(fns, repeats=2, warmup=0, number=1, best_of=3)
+    assert seen == ["a", "b"] * 6                  # batches interleaved, 3 per round
+    assert all(len(x.samples) == 2 for x in t.values())
+    # a clock that reads 0 before and d after each batch: batches of a take 5, 1, 3; of b 2, 2, 2
+    ticks = iter([0.0, 5.0, 0.0, 2.0, 0.0, 1.0, 0.0, 2.0, 0.0, 3.0, 0.0, 2.0])
+    t = timing.compare(fns, repeats=1, warmup=0, number=1, best_of=3, clock=lambda: next(ticks))
+    assert t["a"].samples == (1.0,) and t["b"].samples == (2.0,)
+
+
+@pytest.mark.parametrize("kwargs", [dict(repeats=0), dict(warmup=-1), dict(best_of=0)])
 def test_bad_arguments_are_clear_errors(kwargs):
     with pytest.raises(MlsysError, match="timing.compare"):
         timing.compare({"f": lambda: 0}, **kwargs)

@@ -26,17 +26,18 @@ class Speedup:
                 "speedup_max": self.ratio.high, "rounds": self.original.repeats}
 
 
-def time_graphs(graphs: dict, inputs, repeats: int = 11, min_time_s: float = 0.05) -> dict:
+def time_graphs(graphs: dict, inputs, repeats: int = 11, min_time_s: float = 0.05,
+                best_of: int = 1) -> dict:
     """Seconds per call of each ClosedJaxpr in ``graphs`` (name -> jaxpr) on ``inputs`` (one
     value per input of the jaxprs), each compiled with ``jax.jit``, timed in ``repeats``
     interleaved rounds of at least ``min_time_s`` each (enough calls that a round's ratio is
-    stable on a shared machine)."""
+    stable on a shared machine), each round the fastest of ``best_of`` batches."""
     import jax
 
     from mlsys_jax.ir import as_function
 
     calls = {name: partial(jax.jit(as_function(g)), *inputs) for name, g in graphs.items()}
-    return timing.compare(calls, repeats=repeats, min_time_s=min_time_s)
+    return timing.compare(calls, repeats=repeats, min_time_s=min_time_s, best_of=best_of)
 
 
 def measure_speedup(original, optimized, inputs, repeats: int = 11) -> Speedup:
