@@ -303,12 +303,16 @@ def evaluate(eqn, invals) -> list | None:
     if rule is None or eqn.primitive.multiple_results or not agrees_with_xla():
         return None
     got = _apply(rule, eqn, invals)
-    if _AUDIT[0] and got is not None:
-        want = np.asarray(bind_equation(eqn, list(invals))[0])
-        if got[0].dtype != want.dtype or got[0].tobytes() != want.tobytes():
-            raise RuleMismatch(f"numpy rule for {eqn} on {[np.shape(x) for x in invals]}: "
-                               f"not XLA's bits")
+    if _AUDIT[0] and got is not None and not _xlas_bits(got, eqn, invals):
+        raise RuleMismatch(f"numpy rule for {eqn} on {[np.shape(x) for x in invals]}: "
+                           f"not XLA's bits")
     return got
+
+
+def _xlas_bits(got, eqn, invals) -> bool:
+    """Whether a rule's result ``got`` is what ``bind`` gives, bit for bit (dtype included)."""
+    want = np.asarray(bind_equation(eqn, list(invals))[0])
+    return got[0].dtype == want.dtype and got[0].tobytes() == want.tobytes()
 
 
 def _apply(rule, eqn, invals) -> list | None:
@@ -345,7 +349,6 @@ def agrees_with_xla() -> bool:
     for fn, *args in probes:
         eqn = jax.make_jaxpr(fn)(*args).jaxpr.eqns[0]
         got = _apply(RULES[eqn.primitive.name], eqn, list(args))
-        want = np.asarray(bind_equation(eqn, list(args))[0])
-        if got is None or got[0].dtype != want.dtype or got[0].tobytes() != want.tobytes():
+        if got is None or not _xlas_bits(got, eqn, args):
             return False
     return True
