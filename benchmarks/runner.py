@@ -17,7 +17,7 @@ import time
 
 import benchmarks
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import to_jsonable
+from mlsys_jax.results import to_jsonable
 from mlsys_jax.tables import fmt, markdown_table, wrap
 
 

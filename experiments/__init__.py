@@ -63,7 +63,7 @@ def run_and_print(eid: str = "all", overrides: dict | None = None, *, as_json: b
         outputs.append((module, result, checks))
         failed += [f"{result.id}: {c.claim}" for c in checks if not c.ok]
         if not as_json:
-            from mlsys_jax.report import format_result
+            from mlsys_jax.results import format_result
 
             print(format_result(result, checks), flush=True)
             print(f"({result.id} took {seconds[result.id]:.1f} s)\n", flush=True)

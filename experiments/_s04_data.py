@@ -11,7 +11,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import comm, data, zero
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.report import Check
+from mlsys_jax.results import Check
 
 LECTURE = {"dp_diff": 5.6e-17, "uneven_naive": 0.17}
 DP_TABLE, ZERO_TABLE = "demo 1: data parallel (§5.1)", "ZeRO per-device bytes (§7.3)"

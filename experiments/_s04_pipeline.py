@@ -18,7 +18,7 @@ from mlsys_jax.parallel.pipeline import bubble_formula, make_schedule, min_micro
 from mlsys_jax.parallel.pipeline_run import (mse_loss, pipeline_value_and_grad,
                                              sequential_value_and_grad, tanh_chain_init,
                                              tanh_chain_stage)
-from mlsys_jax.report import Check
+from mlsys_jax.results import Check
 
 # §5.3's picture and figures (the lecture's, typed in to compare with; ours are computed).
 LECTURE_TIMELINE = ("GPU1 | F1 F2 F3 F4  .  . B4 B3 B2 B1",

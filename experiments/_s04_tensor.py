@@ -9,7 +9,7 @@ import optax
 from experiments._s04_compare import TOL, comm_row, compile_run, fmt_counts, step_row
 from mlsys_jax.parallel import comm, data, tensor
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.report import Check
+from mlsys_jax.results import Check
 
 LECTURE = {"megatron_diff": 2.2e-15, "wrong_split": 1.20}
 SPLITS_TABLE, STEP_TABLE = "demo 2: tensor parallel (§5.2)", "TP training step"

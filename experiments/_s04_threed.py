@@ -6,7 +6,7 @@ from experiments._s04_compare import TOL
 from experiments._s04_pipeline import devices_of
 from mlsys_jax import runtime
 from mlsys_jax.parallel.threed import compare_3d
-from mlsys_jax.report import Check
+from mlsys_jax.results import Check
 
 TABLE = "3D step vs single device"
 LAYOUT = "data 2 × tensor 2 × pipe 2"

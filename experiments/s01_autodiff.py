@@ -21,7 +21,7 @@ from mlsys_jax.execute import tape as T
 from mlsys_jax.ir import op_view, primitive_counts, trace
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.models.mlp import softmax_xent
-from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
+from mlsys_jax.results import Check, Result, check_settings, resolve_overrides
 
 ID = "01"
 TITLE = "Autodiff and execution models: graph vs tape, partial execution, tracers, graph breaks"

@@ -22,7 +22,7 @@ from experiments._s02_xla_cpu import measure_cpu
 from mlsys_jax import cost, ir, models, passes as P, runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes.search import search
-from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
+from mlsys_jax.results import Check, Result, check_settings, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "02"

@@ -16,7 +16,7 @@ from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,
                              solve_chain, store_all)
-from mlsys_jax.report import Check, Result, check_settings, resolve_overrides
+from mlsys_jax.results import Check, Result, check_settings, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "03"

@@ -21,7 +21,7 @@ from experiments._s04_tensor import tensor_checks, tensor_section
 from experiments._s04_threed import threed_checks, threed_section
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import (Check, Result, check_settings, format_result,
+from mlsys_jax.results import (Check, Result, check_settings, format_result,
                               resolve_overrides)
 from mlsys_jax.viz import plots as viz
 

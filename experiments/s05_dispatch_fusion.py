@@ -20,7 +20,7 @@ from experiments._s05_dispatch import chain_sweep, dispatch_vs_size
 from experiments._s05_fusion import FUSION_NOTES, LECTURE_FUSION_RATIO, fusion_rows
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.results import Check, Result, resolve_overrides
 from mlsys_jax.viz import plots as viz
 
 ID = "05"

@@ -17,7 +17,7 @@ from experiments._s06_jit import MISCONCEPTION_NOTES, compile_once
 from experiments._s06_vmap import per_example
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import Check, Result, resolve_overrides
+from mlsys_jax.results import Check, Result, resolve_overrides
 
 ID = "06"
 TITLE = "Frameworks: forward vs reverse AD, static vs dynamic graphs, JIT (seed 001)"

@@ -29,7 +29,7 @@ ROOMY = 20         # before columns are split into blocks, prose may wrap down t
 
 def fmt(x: Any) -> str:
     """Render a cell: floats with 4 significant digits (scientific when tiny/huge)."""
-    if isinstance(x, bool) or x is None:  # ✓/✗ are kept for checked claims (report.format_result)
+    if isinstance(x, bool) or x is None:  # ✓/✗ are kept for checked claims (results.format_result)
         return "" if x is None else ("yes" if x else "no")
     if isinstance(x, (np.generic,)):
         x = x.item()

@@ -97,6 +97,7 @@ def test_bn_with_nonpositive_var_plus_eps_is_left_untouched(var, eps):
     assert ir.primitive_counts(r.jaxpr)["rsqrt"] == ir.primitive_counts(closed)["rsqrt"]
 
 
+@pytest.mark.slow
 def test_integer_division_is_not_folded_into_an_int32_conv():
     # truncating division is not linear: folding W / 3 made 1,102 of 1,296 outputs wrong
     w = (np.arange(288).reshape(8, 4, 3, 3) % 5 - 2).astype(np.int32)
@@ -236,6 +237,7 @@ def test_fuzz_api_errors():
     assert tuple(registry.instantiate()) == registry.NAMES
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_in_a_real_process(tmp_path):
     """The contract end to end: a subprocess, stderr one line, exit 2, no traceback."""
     p = subprocess.run([sys.executable, "-m", "mlsys_jax.cli", "--devices", "1", "optimize",

@@ -131,6 +131,7 @@ def test_hostile_input_gets_one_line_and_exit_2(capsys, paths, name, template, n
     assert seconds < LIMIT_S and rise < LIMIT_BYTES, (seconds, rise)
 
 
+@pytest.mark.slow
 def test_the_worst_cases_as_real_processes(paths):
     """End to end: exit 2, one line on stderr, in under 30 s, peak RSS under 2 GB — each case
     its own process, all started at once."""

@@ -49,6 +49,7 @@ def test_top_level_exports():
     assert mlsys_jax.capture is capture and mlsys_jax.explain is explain
 
 
+@pytest.mark.slow
 def test_straight_line_function_is_one_graph():
     x, w1, w2 = _data()
     e = explain(mlp, x, w1, w2)
@@ -56,6 +57,7 @@ def test_straight_line_function_is_one_graph():
     assert e.ops_per_graph == [["matmul", "relu", "matmul"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("negate, second", [(False, ["mul"]), (True, ["exp"])])
 def test_branchy_breaks_once(negate, second):
     x, w1, _ = _data()
@@ -104,6 +106,7 @@ def test_where_and_cond_are_one_graph():
     assert (ec.graph_count, ec.graph_break_count) == (1, 0) and "cond" in ec.ops_per_graph[0]
 
 
+@pytest.mark.slow
 def test_two_ifs_three_graphs_and_bitwise_equal():
     x, _, _ = _data()
     e = explain(two_ifs, x)
@@ -115,6 +118,7 @@ def test_two_ifs_three_graphs_and_bitwise_equal():
     assert f.stats["warm"] >= 4
 
 
+@pytest.mark.slow
 def test_value_dependent_loop_replays_per_trip_count():
     x, _, _ = _data(jnp.float64)
     e = explain(halve_until_small, x)
@@ -179,6 +183,7 @@ def test_print_of_deferred_value_breaks_and_prints_every_call(capsys):
     assert same_bits(f(x), show(x))
 
 
+@pytest.mark.slow
 def test_float64_and_python_scalars_bitwise():
     x, w1, _ = _data(jnp.float64)
 
@@ -245,6 +250,7 @@ def test_foreign_tracer_and_bad_arguments():
         capture(3)
 
 
+@pytest.mark.slow
 def test_exact_mode_keeps_eager_rounding_where_fusion_would_not():
     # XLA fuses x * 3 + 1 into one FMA under jit (one rounding); eager rounds twice.
     x, w1, _ = _data()

@@ -59,6 +59,7 @@ def test_bool_guard_of_negative_zero_and_nan():
 
 # --- compiled graphs are not rewritten where that changes results -------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", [
     lambda x: 1.0 / (x + 0.0),  # x + 0.0 -> x would keep -0.0
     lambda x: jnp.log(jnp.exp(x)),  # the simplifier's log(exp(x)) -> x
@@ -163,6 +164,7 @@ def test_too_many_input_signatures_fall_back_to_eager():
     assert "input signatures" in explain(c, jnp.ones(2, F32), 999).fallback
 
 
+@pytest.mark.slow
 def test_long_chain_compiles_in_bounded_programs():
     rng = np.random.default_rng(0)
     ops = rng.integers(0, 3, 1100)

@@ -7,6 +7,8 @@ import pytest
 from mlsys_jax.fuzz.capture_oracle import CALLS, CI, check, run_campaign
 from mlsys_jax.fuzz.capture_programs import generate
 
+pytestmark = pytest.mark.campaign
+
 CHUNKS, PER_CHUNK = 4, 50  # 200 programs, in chunks that pytest-xdist can spread
 
 

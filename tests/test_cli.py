@@ -72,6 +72,7 @@ def test_user_errors_are_one_line(user_file, capsys, argv, message):
     assert err.startswith("mlsys-jax: error:") and message in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_a_real_process_prints_no_traceback(user_file):
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     proc = subprocess.run([sys.executable, "-m", "mlsys_jax.cli", "inspect", f"{user_file}:two",
@@ -81,6 +82,7 @@ def test_a_real_process_prints_no_traceback(user_file):
     assert "failed to trace" in proc.stderr
 
 
+@pytest.mark.slow
 def test_run_fits_120_columns_and_json_keeps_every_column(capsys):
     argv = ["run", "03", "--set", "jax=false", "--set", "milp_budgets=0"]
     assert cli.main(argv) == 0
@@ -92,6 +94,7 @@ def test_run_fits_120_columns_and_json_keeps_every_column(capsys):
     assert {"formula_forwards", "lecture_forwards", "predicted_match", "grads_bitwise"} <= set(schedules[0])
 
 
+@pytest.mark.slow
 def test_python_m_experiments_shares_the_error_handling():
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     proc = subprocess.run([sys.executable, "-m", "experiments", "99"], capture_output=True,

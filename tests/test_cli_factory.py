@@ -151,6 +151,7 @@ def test_optimize_that_changes_values_is_not_verified(user_file, capsys, monkeyp
     assert rc == 1 and not d["verified"] and d["max_abs_diff"] > d["tolerance"]
 
 
+@pytest.mark.slow
 def test_measure_reports_both_times_and_the_speedup(user_file, capsys):
     rc, out, _ = _run(["optimize", f"{user_file}:make", "--measure", "--rounds", "2", "--json"],
                       capsys)

@@ -40,6 +40,7 @@ def user_file(tmp_path):
     return str(tmp_path / "model.py")
 
 
+@pytest.mark.slow
 def test_json_has_exactly_the_documented_keys(user_file, capsys):
     assert cli.main(["remat", f"{user_file}:loss", "--budget", "100%", "--json",
                      "--repeats", "1"]) == 0
@@ -51,6 +52,7 @@ def test_json_has_exactly_the_documented_keys(user_file, capsys):
     assert out["compiled_temp_bytes"] <= out["budget_bytes"] and out["step_time_ratio"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, budget, message", [
     ("pair", "50%", r"must return \(loss_fn, params, batch\); got a tuple of 2"),
     ("int_leaf", "50%", r"parameter leaf params\['steps'\] is int32\[3\]"),

@@ -47,6 +47,7 @@ LECTURE_BLOCK = {"original": (6, 73.9, 8.23), "folded": (4, 50.5, None),
                  "enlarged": (4, 50.6, 14.81), "merged": (2, 23.4, 7.41)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(32, 64, 56, 56), (8, 32, 28, 28)])
 def test_block_costs_follow_the_formula(shape):
     graphs, want = block_graphs(*shape), block_figures(*shape)
@@ -58,6 +59,7 @@ def test_block_costs_follow_the_formula(shape):
         assert r.total_flops == pytest.approx(sum(f for f, _ in want[stage]), rel=1e-4), stage
 
 
+@pytest.mark.slow
 def test_block_costs_match_the_lecture():
     for stage, closed in block_graphs(32, 64, 56, 56).items():
         kernels, us, gflop = LECTURE_BLOCK[stage]
@@ -90,6 +92,7 @@ def classifier_figures(b, fused):
     return [mm1, (0, (2 * b * 100 + 100) * BF16), mm2, (0, (2 * b * 10 + 10 + 1) * BF16)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [8192, 1000])
 def test_classifier_fusion_follows_the_formula(batch):
     closed = classifier(batch)
@@ -100,6 +103,7 @@ def test_classifier_fusion_follows_the_formula(batch):
         assert r.time_us == pytest.approx(roofline_us(want), rel=2e-3)
 
 
+@pytest.mark.slow
 def test_classifier_matches_the_lecture_at_batch_8192():
     closed = classifier(8192)
     unfused = cost.estimate(closed, "h100", "bf16")
@@ -109,6 +113,7 @@ def test_classifier_matches_the_lecture_at_batch_8192():
     assert abs(unfused.time_us - 31.1) <= 0.1 and abs(fused.time_us - 22.0) <= 0.1
 
 
+@pytest.mark.slow
 def test_every_primitive_of_the_models_and_their_gradients_has_a_rule():
     p = models.mlp_init(jax.random.key(0))
     x, y = models.mnist_batch(jax.random.key(1), 8)
@@ -178,6 +183,7 @@ def test_liveness_by_hand():
     assert cost.liveness(closed, dtype="bf16").peak_bytes == 3 * kib // 2
 
 
+@pytest.mark.slow
 def test_hardware_names_and_cpu_calibration(tmp_path, monkeypatch):
     assert cost.get_hardware("H100").bandwidth == 3.35e12
     with pytest.raises(MlsysError, match="unknown hardware"):

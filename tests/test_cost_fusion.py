@@ -30,6 +30,7 @@ def _block(jit: bool):
     return ir.trace(jax.jit(f) if jit else f, jax.ShapeDtypeStruct((2, 8, 10, 10), jnp.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hw", ["h100", CPU_LIKE])
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_jitted_function_costs_what_its_body_costs(hw, fused):
@@ -53,6 +54,7 @@ def test_named_calls_that_are_one_kernel_stay_one():
     assert [k.name for k in cost.estimate(closed, hw=CPU_LIKE).kernels] == ["matmul", "add+mul"]
 
 
+@pytest.mark.slow
 def test_loop_fusion_mirrors_xla_cpu_on_the_block():
     # XLA:CPU emits two convolutions and one loop doing BN, BN, add and relu (experiment 02)
     r = cost.estimate(_block(False), hw=CPU_LIKE)

@@ -30,6 +30,7 @@ def _feed(g, *args):
     return dict(zip(g.input_names, jax.tree_util.tree_leaves(args)))
 
 
+@pytest.mark.slow
 def test_partial_execution_runs_only_what_fetches_need(mlp64):
     p, x, y = mlp64
     g = make_graph(with_aux, p, x, y)
@@ -45,6 +46,7 @@ def test_partial_execution_runs_only_what_fetches_need(mlp64):
     assert loss_only.stats.freed > 0
 
 
+@pytest.mark.slow
 def test_peak_bytes_equal_liveness(mlp64):
     p, x, y = mlp64
     g = grad_graph(mlp_loss, p, x, y)
@@ -59,6 +61,7 @@ def test_peak_bytes_equal_liveness(mlp64):
     assert ra.stats.equations_executed == len(pruned.jaxpr.eqns)
 
 
+@pytest.mark.slow
 def test_graph_and_tape_gradients_bitwise_equal(mlp64):
     p, x, y = mlp64
     g = grad_graph(mlp_loss, p, x, y)
@@ -72,6 +75,7 @@ def test_graph_and_tape_gradients_bitwise_equal(mlp64):
         assert np.array_equal(P[k].grad, r.by_name[f"grad/{k}"]), k
 
 
+@pytest.mark.slow
 def test_tape_requires_grad_skips_work_and_adjoints_sum():
     x = T.Tensor(jnp.arange(6.0, dtype=jnp.float64).reshape(2, 3))
     w = T.Tensor(jnp.ones((3, 2), jnp.float64), requires_grad=True)

@@ -36,6 +36,7 @@ def test_generator_covers_the_opportunity_knobs():
     assert wanted <= ops, wanted - ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS[:12])
 def test_identity_rebuild_passes_every_oracle(seed):
     spec = generate_seeded(seed)
@@ -126,6 +127,7 @@ def _first_failure(broken: dict, limit: int = 20):
 
 
 # two kinds of failure: a bitwise mismatch (param-blind CSE) and a verifier failure (lost effects)
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kind", [("cse_ignores_params", "mismatch"),
                                        ("dce_drops_effects", "verifier")])
 def test_shrink_keeps_a_broken_pass_failing_for_the_same_reason(name, kind):
@@ -146,6 +148,7 @@ def test_shrink_keeps_a_broken_pass_failing_for_the_same_reason(name, kind):
     assert "xfail(strict=True" in reproducer_source(small, xfail_reason="a known bug")
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(specs())
 def test_hypothesis_specs_trace_and_pass_dce(spec):
@@ -158,6 +161,7 @@ def _dce():
     return {"dce": dce()}
 
 
+@pytest.mark.slow
 def test_cli_json_has_the_issue_keys(capsys):
     import json
 
@@ -172,6 +176,7 @@ def test_cli_json_has_the_issue_keys(capsys):
     assert set(d["per_pass"]["cse"]) == {"fired", "rewrites"}
 
 
+@pytest.mark.slow
 def test_hypothesis_shrinks_a_broken_pass_to_a_small_program():
     """The strategy's point: a param-blind CSE is caught and shrunk to its near-duplicates."""
     from hypothesis import find

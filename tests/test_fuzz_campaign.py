@@ -9,6 +9,8 @@ import pytest
 from mlsys_jax.fuzz.campaign import run_split
 from mlsys_jax.passes.registry import NAMES
 
+pytestmark = pytest.mark.campaign
+
 PROGRAMS, SEED = 300, 0
 
 

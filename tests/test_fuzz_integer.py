@@ -63,6 +63,7 @@ def test_special_inputs_and_keys():
         np.asarray(ints).ravel().tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knobs", [Knobs(integer=1.0, boolean=0.5, keys=0.5),
                                    Knobs(integer=0.0, special_inputs=1.0, keys=1.0)],
                          ids=["integer", "special+key"])
@@ -129,6 +130,7 @@ def test_enlarge_makes_nan_of_an_inf_input_so_it_is_judged_on_finite_inputs():
     assert out.rewrites["enlarge_conv_kernel"] and not out.failures, out.failures
 
 
+@pytest.mark.slow
 def test_an_integer_division_folded_into_a_conv_is_caught():
     """The unsafe fold (a mutant, so this test holds whatever the real pass does): on the
     issue's program, and on a campaign of random integer conv programs."""

@@ -6,6 +6,7 @@ from mlsys_jax.fuzz.mutants import MUTANTS, hunt
 LIMIT = 300
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught(mutant):
     row = hunt(mutant, seed=0, limit=LIMIT)

@@ -73,6 +73,7 @@ def _inputs():
     return jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.float32), 2.0
 
 
+@pytest.mark.slow
 def test_rebuild_is_bitwise_equal_op_by_op_and_under_jit(capfd):
     x, s = _inputs()
     closed = ir.trace(everything, x, s)

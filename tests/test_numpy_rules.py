@@ -67,6 +67,7 @@ BINARY = {"add": lax.add, "sub": lax.sub, "mul": lax.mul, "max": lax.max, "min":
           "eq": lax.eq, "ne": lax.ne, "lt": lax.lt, "le": lax.le, "gt": lax.gt, "ge": lax.ge}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BINARY))
 @pytest.mark.parametrize("dtype", FLOATS + INTS, ids=lambda d: np.dtype(d).name)
 def test_binary_arithmetic_and_comparisons(name, dtype):
@@ -79,6 +80,7 @@ def test_float_division(dtype):
     same_bits(lax.div, *pairs(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BINARY) + ["div"])
 @pytest.mark.parametrize("dtype", (F32, F64, F16, BF16, I32), ids=lambda d: np.dtype(d).name)
 def test_operands_broadcast_inside_the_equation(name, dtype):
@@ -112,6 +114,7 @@ def test_unary(op, dtype):
     same_bits(op, specials(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("y", [-3, -2, -1, 0, 1, 2, 3, 4, 5, 7, 8, 13])
 @pytest.mark.parametrize("dtype", (F32, F64, I32), ids=lambda d: np.dtype(d).name)
 def test_integer_pow_follows_jax_multiplication_order(y, dtype):
@@ -187,6 +190,7 @@ def test_this_backend_passes_the_rules_self_check():
     assert numpy_rules.agrees_with_xla()  # else every equation would go to XLA (slower, exact)
 
 
+@pytest.mark.slow
 def test_the_rules_give_xlas_bits_on_the_fuzzers_own_programs():
     """Every rule application audited against bind, on CI-campaign programs with integer ops,
     16-bit floats and divisors broadcast inside the equation (by hand: 1,600 programs, gradients

@@ -30,6 +30,7 @@ def _assert_equal_step(got, ref):
     assert data.max_abs_diff(got[1], ref[1]) < TOL                # optimizer state
 
 
+@pytest.mark.slow
 def test_dp_step_equals_single_device_even_and_uneven(setup):
     mesh, params, x, y, opt, state, ref = setup
     step = data.make_dp_step(mlp_loss, opt, mesh)

@@ -49,6 +49,7 @@ def test_bad_process_counts(lonely_worker):
         multiprocess.launch(2, 0)
 
 
+@pytest.mark.slow
 def test_one_process_demo_is_deterministic_and_mesh_independent():
     cfg = {**multiprocess.SETTINGS, "batch": 8, "sizes": (4, 6, 3), "steps": 1}
     import jax
@@ -85,6 +86,7 @@ def _joined_run(steps: int = 10**6):
     return port, started
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_ends_the_run_naming_it():
     """SIGSTOP while both workers run: the other would wait in a collective for ever."""
     port, started = _joined_run()
@@ -99,6 +101,7 @@ def test_a_stopped_worker_ends_the_run_naming_it():
     assert all(w.proc.poll() is not None for w in started)  # nobody is left behind
 
 
+@pytest.mark.slow
 def test_cli_run_04_with_a_killed_worker_exits_nonzero_naming_it():
     """The contract end to end: `mlsys-jax run 04 --processes 2`, worker 1 killed."""
     cli = subprocess.Popen([sys.executable, "-m", "mlsys_jax.cli", "run", "04", "--processes",
@@ -139,6 +142,7 @@ def _find_worker(parent: int, index: int, timeout_s: float) -> int:
     pytest.fail(f"worker {index} of pid {parent} did not start in {timeout_s} s")
 
 
+@pytest.mark.slow
 def test_a_worker_whose_coordinator_never_comes_ends_within_30_s(lonely_worker):
     proc, t0, port, ended = lonely_worker
     _, err = proc.communicate(timeout=LIMIT_S)

@@ -114,6 +114,7 @@ def _chain(stages, microbatches, layers):
     return params, x, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages, microbatches", [(2, 4), (4, 3)])
 def test_executor_equals_single_device(stages, microbatches):
     params, x, y = _chain(stages, microbatches, 2 * stages)
@@ -155,6 +156,7 @@ def test_executor_bad_input():
 
 # --- 3D and the experiment sections ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_threed_step_equals_single_device():
     tables = threed_section()
     checks = threed_checks(tables)
@@ -184,6 +186,7 @@ def test_threed_section_skips_when_devices_do_not_fit():
     assert len(checks) == 1 and checks[0].ok
 
 
+@pytest.mark.slow
 def test_pipeline_section_defaults_pass_every_check():
     tables = pipeline_section()
     checks = pipeline_checks(tables, (2, 4))

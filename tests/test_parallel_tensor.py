@@ -56,6 +56,7 @@ def test_wrong_split_is_wrong(setup):
     assert np.max(np.abs(out - want)) > 0.1                        # §5.2: relu before the sum
 
 
+@pytest.mark.slow
 def test_tp_step_equals_single_device(setup):
     mesh, p, x, _ = setup
     opt = optax.adam(0.05)

@@ -37,6 +37,7 @@ def _jit_params(lecture, stage):
     return r.sharded["free"]["params"]
 
 
+@pytest.mark.slow
 def test_shard_map_dp_of_experiment_04_equals_the_jit_version(lecture):
     params, batch, opt, _ = lecture
     mesh = make_mesh({"data": 4})
@@ -47,6 +48,7 @@ def test_shard_map_dp_of_experiment_04_equals_the_jit_version(lecture):
     assert data.max_abs_diff(p, _jit_params(lecture, 0)) < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_shard_map_zero_of_experiment_04_equals_the_jit_version(lecture, stage):
     params, batch, opt, _ = lecture
@@ -60,6 +62,7 @@ def test_shard_map_zero_of_experiment_04_equals_the_jit_version(lecture, stage):
     assert data.max_abs_diff(zs.unflatten(flat), _jit_params(lecture, stage)) < TOL
 
 
+@pytest.mark.slow
 def test_global_norm_clipping_stays_global_under_zero(lecture):
     """The issue's case: per-shard clipping differed by 0.0082; on global arrays it cannot."""
     params, batch, _, _ = lecture
@@ -75,6 +78,7 @@ def _bn_loss(params, batch):  # a batch-normalised hidden layer: couples the exa
     return jnp.mean((jnp.tanh(h) @ params["W2"] - batch["y"]) ** 2)
 
 
+@pytest.mark.slow
 def test_separability_names_the_cause(lecture):
     params, batch, _, _ = lecture
     sep = lambda f: separable.check_separable(f, params, batch, 4, 1e-12)
@@ -89,6 +93,7 @@ def test_separability_names_the_cause(lecture):
     assert not got.separable and got.folded_keys == 1 and "fold_in" in got.causes[0]
 
 
+@pytest.mark.slow
 def test_per_shard_keys_draw_different_masks(lecture):
     params, batch, _, _ = lecture
     key = jax.random.key(3)
@@ -144,6 +149,7 @@ def test_bad_inputs_name_the_fix(lecture):
         plan(lecture_loss, params, batch, opt, {"data": 16})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, opt", [("sgd", optax.sgd(0.1)), ("adafactor", optax.adafactor(0.01))])
 def test_any_optax_optimizer_state_is_laid_out(lecture, name, opt):
     """Stateless SGD updates in place (no all-gather); Adafactor's factored rows mirror no

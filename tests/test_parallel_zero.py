@@ -21,6 +21,7 @@ def setup():
     return mesh, params, opt, batch, ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_step_equals_plain_dp_and_bytes_equal_formulas(setup, stage):
     mesh, params, opt, batch, ref = setup

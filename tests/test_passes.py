@@ -98,6 +98,7 @@ def _outs(closed):
     return [np.asarray(o) for o in ir.interpret(closed, X)]  # op by op (eager), docs/verification.md §3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prog", sorted(PROGRAMS))
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_pass_keeps_results_types_effects_and_is_idempotent(prog, name):
@@ -255,6 +256,7 @@ CONV_PASSES = {"fold_conv_bn": P.fold_conv_bn, "merge_parallel_convs": P.merge_p
                "enlarge_conv_kernel": P.enlarge_conv_kernel}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted({**ALL, **CONV_PASSES}))
 def test_every_pass_on_the_project_models(name):
     for label, (fn, args) in _model_programs().items():

@@ -23,6 +23,7 @@ CONV_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("variant", sorted(CONV_VARIANTS))
 @pytest.mark.parametrize("form", ["rsqrt", "div_sqrt"])
@@ -144,6 +145,7 @@ def test_merge_refuses_window_and_groups_and_nonlinear():
     assert not res.changed and "relu" in res.refusals[0].reason
 
 
+@pytest.mark.slow
 def test_merge_summed_and_concatenated():
     x = _x("NCHW")
     w1, w2 = _kernel("NCHW", 4, 4, 3, 1), _kernel("NCHW", 4, 4, 3, 2)
@@ -174,6 +176,7 @@ def test_enlarge_keeps_shape_and_value(kw):
     assert "even" in P.run(P.enlarge_conv_kernel(size=4), closed).refusals[0].reason
 
 
+@pytest.mark.slow
 def test_five_steps_reach_the_lecture_graph():
     p = _block_params(8)
     x = _rand(5, (2, 8, 10, 10))

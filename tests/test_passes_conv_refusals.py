@@ -65,6 +65,7 @@ def _two_uses(z):
     return z * 2.0 + 1.0, z
 
 
+@pytest.mark.slow
 def test_integer_scale_and_shift_fold_exactly_with_wraparound():
     w = jnp.asarray(np.arange(288).reshape(8, 4, 3, 3) % 5 - 2, jnp.int32)
     x = jnp.asarray(np.arange(648).reshape(2, 4, 9, 9) % 7, jnp.int32)

@@ -63,6 +63,7 @@ def test_run_of_a_chain_is_running_each_pass_by_hand():
     assert direct.changed and direct.rewrites == tuple(whole.rewrites)
 
 
+@pytest.mark.slow
 def test_run_of_a_fixpoint_is_repeating_the_pass_by_hand():
     g = two_conv_bn_sites()
     one_site = P.fold_conv_bn(only=0)  # folds one BN per round: two sites take three rounds

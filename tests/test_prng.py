@@ -33,6 +33,7 @@ def _rng_counts(closed):
     return {p: n for p, n in counts.items() if p in RNG_KEYS | RNG_BITS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registry.NAMES)
 def test_every_pass_leaves_random_state_alone(closed, name):
     res = P.run(registry.make(name), closed, verify=True, cost=False)

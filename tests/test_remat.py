@@ -52,6 +52,7 @@ def test_reference_rejects_a_program_that_reads_a_freed_value():
         run_reference(bad, x, ws)
 
 
+@pytest.mark.slow
 def test_jax_executor_bitwise_and_its_convention():
     n = 6
     x, ws = chain_inputs(n)

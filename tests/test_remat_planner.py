@@ -19,6 +19,7 @@ def graph():
     return ws, x, problem(gated_residual_mlp, ws, x)
 
 
+@pytest.mark.slow
 def test_plans_are_what_jax_saves_and_fit_the_budget(graph):
     ws, x, prob = graph
     free = prob.solve(2**62)
@@ -37,6 +38,7 @@ def test_plans_are_what_jax_saves_and_fit_the_budget(graph):
     assert prob.solve(prob.arg_bytes).saved == ()       # the minimum: recompute everything
 
 
+@pytest.mark.slow
 def test_apply_returns_the_same_loss(graph):
     ws, x, prob = graph
     p = prob.solve(prob.arg_bytes)

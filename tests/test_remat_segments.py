@@ -54,6 +54,7 @@ def test_out_of_time_falls_back_to_the_stated_heuristic(case):
     assert p.predicted_peak_bytes <= p.budget_bytes
 
 
+@pytest.mark.slow
 def test_plans_compile_smaller_and_keep_the_gradient(case):
     ws, batch, prob = case
     p = prob.solve(prob.min_budget_bytes)
@@ -66,6 +67,7 @@ def test_plans_compile_smaller_and_keep_the_gradient(case):
     np.testing.assert_allclose(g, jax.grad(labelled_loss)(ws, batch), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_bad_plans_and_budgets_are_named(case):
     ws, batch, prob = case
     other = problem(gated_residual_mlp, ws, batch["x"]).solve(10**9)

@@ -32,6 +32,7 @@ def stored():
     return _compiled(chain(store_all(6), fns), params, h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", [every_k(6, 2), every_k(6, 3), optimal_chain(6, 4)],
                          ids=lambda s: s.name)
 def test_a_list_of_layers_recomputes_and_saves_memory(stored, schedule):
@@ -55,6 +56,7 @@ def test_plain_checkpoints_on_a_list_are_merged_back_by_xla(stored):
     assert _compiled(run, params, h)[0] >= stored[0]
 
 
+@pytest.mark.slow
 def test_a_scanned_layer_over_stacked_pytrees():
     rng = np.random.default_rng(1)
     stacked = {"w": jnp.asarray(rng.standard_normal((16, 16, 16)) / 4), "b": jnp.zeros((16, 16))}

@@ -83,6 +83,7 @@ def test_budget_of_one_graph_is_never_worse_than_the_pipeline(block):
     assert r.best_cost["kernels"] <= piped["kernels"]
 
 
+@pytest.mark.slow
 def test_measure_times_a_shortlist_beside_the_original_and_returns_the_fastest():
     rng = np.random.default_rng(1)
     p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), {

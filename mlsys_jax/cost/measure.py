@@ -2,7 +2,10 @@
 
 The roofline model predicts; this measures the same jaxprs as XLA compiles them here, in
 interleaved rounds (:func:`mlsys_jax.timing.compare`), so a predicted speedup can sit beside a
-measured one (``optimize --measure``, experiment 02's CPU table, ``bench passes``).
+measured one (``optimize --measure``, experiment 02's CPU table, ``bench passes``), and the search
+can pick the graph that runs fastest where it runs (:func:`fastest`): TASO measures its operators
+on the device, because a cost model alone can be wrong about a machine (XLA:CPU fuses BatchNorm
+into the conv's consumer loop, so folding it saves nothing there, lecture §4.2).
 """
 from __future__ import annotations
 
@@ -38,6 +41,29 @@ def time_graphs(graphs: dict, inputs, repeats: int = 11, min_time_s: float = 0.0
 
     calls = {name: partial(jax.jit(as_function(g)), *inputs) for name, g in graphs.items()}
     return timing.compare(calls, repeats=repeats, min_time_s=min_time_s, best_of=best_of)
+
+
+SEARCH_ROUND_S = 0.02  # a search times several graphs: shorter rounds, still ≥ 20 ms each
+
+
+def fastest(graphs: list, repeats: int = 7, seed: int = 0) -> dict:
+    """Time ``graphs`` (ClosedJaxprs of one signature; the first is the reference) side by side
+    on the same seeded random inputs.
+
+    Returns ``{"candidates": [{"median_us", "min_us", "max_us", "repeats", "number"}, ...],
+    "picked": index of the lowest median, "speedup": reference / picked (paired per round),
+    "speedup_min", "speedup_max", "rounds"}``.
+    """
+    from mlsys_jax import ir
+
+    inputs = ir.random_inputs(ir.input_structs(graphs[0]), seed=seed)
+    times = time_graphs({str(i): g for i, g in enumerate(graphs)}, inputs, repeats=repeats,
+                        min_time_s=SEARCH_ROUND_S)
+    rows = [times[str(i)] for i in range(len(graphs))]
+    picked = min(range(len(rows)), key=lambda i: rows[i].median_s)
+    r = timing.ratio(rows[0], rows[picked])
+    return {"candidates": [t.to_dict() for t in rows], "picked": picked, "speedup": r.median,
+            "speedup_min": r.low, "speedup_max": r.high, "rounds": repeats}
 
 
 def measure_speedup(original, optimized, inputs, repeats: int = 11) -> Speedup:

@@ -11,7 +11,7 @@ By default the search starts from the default pipeline's result (``passes/regist
 never worse than the pipeline and spends its budget beyond it; ``pipeline=None`` starts from the
 original graph, as the lecture's search does. With ``measure=k`` the estimate only orders the
 exploration and shortlists: the k best graphs are timed on this machine beside the original and
-the measured-fastest is returned (TASO measures its operators; ``passes/measure.py``).
+the measured-fastest is returned (TASO measures its operators; ``cost/measure.py``).
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mlsys_jax.compat import ClosedJaxpr
+from mlsys_jax.cost.measure import fastest
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.ir.walk import walk
 from mlsys_jax.passes import registry
 from mlsys_jax.passes.conv import candidates, refusals
 from mlsys_jax.passes.manager import cost_summary, run
-from mlsys_jax.passes.measure import fastest
 from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint, unchanged_since,
                                      verify)
 
@@ -48,7 +48,7 @@ class Step:
 class SearchResult:
     """The best graph found, how it was reached, how much was explored, the rewrites on its path
     (``Rewrite``s, in order), what still refuses in it (``Refusal``s) and, with ``measure``, the
-    timings that chose it (``passes.measure.fastest``'s dict)."""
+    timings that chose it (``cost.measure.fastest``'s dict)."""
 
     best: ClosedJaxpr
     start: dict

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from mlsys_jax.report import Check
+from mlsys_jax.results import Check
 from mlsys_jax.tables import markdown_table
 from mlsys_jax.viz import plots
 

@@ -2,7 +2,7 @@
 lost — every column is in the text (headers may wrap) and in ``--json``."""
 import re
 
-from mlsys_jax.report import format_result
+from mlsys_jax.results import format_result
 from mlsys_jax.tables import WIDTH, columns
 
 

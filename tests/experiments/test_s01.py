@@ -3,7 +3,7 @@ import pytest
 
 import experiments.s01_autodiff as s01
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import OverrideError
+from mlsys_jax.results import OverrideError
 from tests.experiments.terminal import assert_fits_a_terminal
 
 
@@ -12,6 +12,7 @@ def result():
     return s01.run(steps=5)
 
 
+@pytest.mark.slow
 def test_every_claim_holds(result):
     checks = s01.check(result)
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]

@@ -12,6 +12,7 @@ def result():
     return s02.run(timing_shape=(2, 64, 28, 28), repeats=3)
 
 
+@pytest.mark.slow
 def test_all_checks_pass(result):
     failed = [c for c in s02.check(result) if not c.ok]
     assert not failed, failed

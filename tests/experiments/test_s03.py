@@ -29,6 +29,7 @@ def test_default_chain_counts_without_jax():
     assert_fits_a_terminal(result, checks)
 
 
+@pytest.mark.slow
 def test_short_chain_with_jax():
     result = s03.run(n_layers=16, ks=(1, 2, 4, 16), jax_input_only_layers=3, batch=64,
                      revolve_slots=(2, 4), milp_budgets=2)

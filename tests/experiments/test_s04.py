@@ -4,7 +4,7 @@ import pytest
 from experiments import s04_parallel as s04
 from mlsys_jax import cli
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.report import OverrideError, Result
+from mlsys_jax.results import OverrideError, Result
 from tests.experiments.terminal import assert_fits_a_terminal
 
 
@@ -13,6 +13,7 @@ def result():
     return s04.run()
 
 
+@pytest.mark.slow
 def test_every_check_passes(result):
     checks = s04.check(result)
     assert len(checks) >= 12
@@ -69,6 +70,7 @@ def test_pipeline_and_3d_sections_are_in_the_result(result):
     assert "pipeline bubble" in result.tables and "3D step vs single device" in result.tables
 
 
+@pytest.mark.slow
 def test_pipeline_picture_drawn_from_the_result(result, tmp_path):
     from mlsys_jax.viz import plots
 
@@ -82,6 +84,7 @@ def test_pipeline_picture_drawn_from_the_result(result, tmp_path):
     assert s04.plots(data_only, str(tmp_path / "none")) == []  # no schedules, no picture
 
 
+@pytest.mark.slow
 def test_pipeline_overrides_and_section_choice():
     res = s04.run(pp_stages=4, microbatches=8, sections=("pipeline",))
     assert "demo 1: data parallel (§5.1)" not in res.tables
@@ -111,6 +114,7 @@ def test_cli_processes_errors(capsys):
     assert "split evenly" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_processes_2_equals_one_process(capsys):
     # the path of `mlsys-jax run 04 --processes 2`: 2 workers × 4 devices vs this process's 8
     assert s04.launch_processes(2, {"batch": "16"}, None) == 0

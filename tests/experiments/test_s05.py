@@ -26,6 +26,7 @@ NOT_ASSERTED = {"small inputs: eager per op ≥ 3× jit per op (dispatch-bound)"
                 "17–20× on a quiet machine, 4.3× at load average 13 (1.4× its threshold)"}
 
 
+@pytest.mark.slow
 def test_every_claim_holds(result):
     checks = s05.check(result)
     assert set(NOT_ASSERTED) <= {c.claim for c in checks}  # left out by name, never by accident

@@ -13,6 +13,7 @@ def result():
     return s06.run(**SMALL)
 
 
+@pytest.mark.slow
 def test_every_claim_holds(result):
     # Five of these claims rest on measured times; each cleared its threshold by 3.5× or more in
     # every run we measured at these settings (11 runs on the shared 2-core machine, load average

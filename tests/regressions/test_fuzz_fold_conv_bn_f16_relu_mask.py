@@ -5,6 +5,8 @@ settled by the float64 twin (oracles.compare).
 float16 grouped dilated 1x1 conv -> BN -> relu: the VJP ratio was 99 because float16 rounding of the
 folded pre-activation flips relu's derivative mask at a few points near 0; exact in float64.
 """
+import pytest
+
 from mlsys_jax.fuzz.reproduce import replay
 
 SPEC = {'dtype': 'f16',
@@ -32,5 +34,6 @@ SPEC = {'dtype': 'f16',
 PASS = 'fold_conv_bn'
 SEED = 1244470966
 
+@pytest.mark.slow
 def test_reproducer():
     assert replay(SPEC, PASS, SEED) == []

@@ -7,6 +7,8 @@ by the primitive's derivative cos(y)+1. The oracle now judges derivatives on the
 3x slack (oracles.compare); this case must pass under it.
 """
 
+import pytest
+
 from mlsys_jax.fuzz.reproduce import replay
 
 SPEC = {'dtype': 'f32',
@@ -35,5 +37,6 @@ SPEC = {'dtype': 'f32',
 PASS = 'fold_conv_bn'
 SEED = 4260364546
 
+@pytest.mark.slow
 def test_reproducer():
     assert replay(SPEC, PASS, SEED) == []

@@ -6,6 +6,8 @@ jit(f)(y) - jit(f)(y) with f = y**2 * y**3: the original's VJP is exactly 0 (two
 cancel); inlined, add_any reorders the terms and leaves rounding noise (ratio 8.9); exact in
 float64.
 """
+import pytest
+
 from mlsys_jax.fuzz.reproduce import replay
 
 SPEC = {'dtype': 'f32',
@@ -54,5 +56,6 @@ SPEC = {'dtype': 'f32',
 PASS = 'inline'
 SEED = 71245978
 
+@pytest.mark.slow
 def test_reproducer():
     assert replay(SPEC, PASS, SEED) == []

@@ -3,7 +3,7 @@ import types
 
 import pytest
 
-from mlsys_jax.report import Check, Result, resolve_overrides, OverrideError
+from mlsys_jax.results import Check, Result, resolve_overrides, OverrideError
 from mlsys_jax.viz import plots, report
 
 
