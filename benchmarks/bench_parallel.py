@@ -83,9 +83,9 @@ def _user_transformer() -> dict | None:
 
     if importlib.util.find_spec("flax") is None:
         return None
-    from mlsys_jax.parallel import user_comm
-    from mlsys_jax.parallel.user_plan import plan
-    from mlsys_jax.parallel.user_step import compile_sharded
+    from mlsys_jax.parallel.shard import collectives as user_comm
+    from mlsys_jax.parallel.shard.setup import prepare as plan
+    from mlsys_jax.parallel.shard.simulate import compile_sharded
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     try:

@@ -13,8 +13,8 @@ from jax.sharding import PartitionSpec as P
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import apply_rules, comm, data, make_mesh, simulate, zero
-from mlsys_jax.parallel import separable
-from mlsys_jax.parallel.user_plan import plan
+from mlsys_jax.parallel.shard import separability as separable
+from mlsys_jax.parallel.shard.setup import prepare as plan
 
 STEPS, TOL = 2, 1e-12
 

@@ -1,7 +1,7 @@
 """``mlsys-jax shard FILE.py:FN --mesh data=N[,model=M] [--zero 0-3] [--steps S] [--processes P]``.
 
 FN is an example factory returning ``(loss_fn, params, batch, optimizer[, rules])``. The user's
-step runs S steps sharded (``mlsys_jax.parallel.user_step``) and on one device; the command prints
+step runs S steps sharded (``mlsys_jax.parallel.shard``) and on one device; the command prints
 whether it is exact (and why not), max |Δ| against one device, per-device bytes beside ZeRO's
 formula and the collectives beside their formulas. ``--processes P`` also runs the sharded steps
 across P local processes (``jax.distributed``, gloo) and compares them with the one-process run.
@@ -73,7 +73,7 @@ def main(args) -> int:
     import jax
 
     from mlsys_jax.parallel import comm
-    from mlsys_jax.parallel.user_step import simulate
+    from mlsys_jax.parallel.shard.simulate import simulate
 
     mesh = parse_mesh(args.mesh)
     if args.steps < 1:
@@ -156,7 +156,7 @@ def _compare_processes(args, mesh: dict, report) -> dict:
     """The same run across P processes: its teacher-forced steps (the same states as this
     process's) must equal this process's within the rounding bound; free-running drift is shown."""
     from mlsys_jax.parallel import multiprocess
-    from mlsys_jax.parallel.user_step import QUANTITIES, max_diffs
+    from mlsys_jax.parallel.shard.simulate import QUANTITIES, max_diffs
 
     size = int(np.prod(list(mesh.values())))
     settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps}
@@ -190,8 +190,8 @@ def worker_main(argv=None) -> int:
 
 def _worker_steps(a) -> dict:
     from mlsys_jax.parallel import comm
-    from mlsys_jax.parallel.user_plan import plan
-    from mlsys_jax.parallel.user_step import one_device, run_sharded, teacher_forced
+    from mlsys_jax.parallel.shard.setup import prepare as plan
+    from mlsys_jax.parallel.shard.simulate import one_device, run_sharded, teacher_forced
 
     cfg = json.loads(a.settings)
     loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])

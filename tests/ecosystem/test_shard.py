@@ -14,7 +14,7 @@ import flax_batchnorm
 import flax_mlp
 import flax_transformer
 from mlsys_jax.parallel import comm, megatron_rules, simulate
-from mlsys_jax.parallel.rules import array_paths
+from mlsys_jax.parallel.shard.rules import array_paths
 
 MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,
           "flax_transformer": flax_transformer.train, "flax_batchnorm": flax_batchnorm.train,

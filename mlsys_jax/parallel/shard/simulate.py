@@ -26,9 +26,9 @@ import numpy as np
 import optax
 
 from mlsys_jax import timing
-from mlsys_jax.parallel import user_comm
-from mlsys_jax.parallel.layout import memory_report
-from mlsys_jax.parallel.user_plan import Plan, plan
+from mlsys_jax.parallel.shard import collectives as user_comm
+from mlsys_jax.parallel.shard.layout import memory_report
+from mlsys_jax.parallel.shard.setup import ShardSetup, prepare
 
 QUANTITIES = ("loss", "grads", "params")
 
@@ -80,7 +80,7 @@ def make_step(loss: Callable, optimizer: optax.GradientTransformation, layout=No
     return step
 
 
-def compile_sharded(p: Plan, options: dict | None = None):
+def compile_sharded(p: ShardSetup, options: dict | None = None):
     """The sharded step compiled for the plan's layout."""
     lay = p.layout
     fn = jax.jit(make_step(p.step_loss, p.optimizer, lay),
@@ -121,7 +121,7 @@ def run_steps(compiled, t, s, b, steps: int) -> dict:
             "states": states}
 
 
-def run_sharded(p: Plan, steps: int, options: dict | None = None):
+def run_sharded(p: ShardSetup, steps: int, options: dict | None = None):
     """``(values, compiled, placed inputs)`` of ``steps`` free-running sharded steps."""
     compiled = compile_sharded(p, options=options)
     lay = p.layout
@@ -142,7 +142,7 @@ def max_diffs(a: dict, b: dict) -> dict:
     return out
 
 
-def one_device(p: Plan, loss: Callable, steps: int, options: dict | None) -> dict:
+def one_device(p: ShardSetup, loss: Callable, steps: int, options: dict | None) -> dict:
     """The reference: ``steps`` steps of ``loss`` on one device, and its optimizer alone."""
     one = jax.jit(make_step(loss, p.optimizer)).lower(
         p.trainable, p.layout.opt_shapes, p.batch).compile(options)
@@ -155,7 +155,7 @@ def one_device(p: Plan, loss: Callable, steps: int, options: dict | None) -> dic
             "update": update}
 
 
-def teacher_forced(p: Plan, compiled, ref: dict, placed_batch) -> tuple[dict, dict]:
+def teacher_forced(p: ShardSetup, compiled, ref: dict, placed_batch) -> tuple[dict, dict]:
     """Each step from the reference's state: the sharded loss and gradients against the
     reference's, and the sharded new parameters against the one-device optimizer applied to the
     sharded gradients. Returns ``{quantity: (max |Δ|, max |reference|)}`` and the sharded
@@ -183,7 +183,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     ``(loss_fn, params, batch, optimizer)``, keeps the one-device run for the next call.
     """
     cache = {} if cache is None else cache
-    p = plan(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, cache)
+    p = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, cache)
     sharded, compiled, args = run_sharded(p, steps, options)
     key = ("one device", steps)
     if key not in cache:
@@ -230,7 +230,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     return report
 
 
-def _verdict(p: Plan, forced: dict, bound: dict, within: bool) -> tuple[bool, str]:
+def _verdict(p: ShardSetup, forced: dict, bound: dict, within: bool) -> tuple[bool, str]:
     worst = max(QUANTITIES, key=lambda q: forced[q][0] / max(bound[q], 1e-300))
     off = (f"max |Δ{worst}| {forced[worst][0]:.3g} > bound {bound[worst]:.3g} at the same "
            "state")

@@ -27,7 +27,7 @@ import numpy as np
 
 from mlsys_jax.compat import Literal, bind_equation
 from mlsys_jax.ir import eval_jaxpr, primitive_counts
-from mlsys_jax.parallel.rules import array_paths
+from mlsys_jax.parallel.shard.rules import array_paths
 
 RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 _KEY_MAKERS = ("random_wrap", "random_seed")

@@ -21,10 +21,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.parallel import separable
-from mlsys_jax.parallel.layout import Layout, make_layout
+from mlsys_jax.parallel.shard import separability as separable
+from mlsys_jax.parallel.shard.layout import Layout, make_layout
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.parallel.rules import Placement, apply_rules, megatron_rules
+from mlsys_jax.parallel.shard.rules import Placement, apply_rules, megatron_rules
 
 AXES = ("data", "model")
 # "Exact" allows this many units of float rounding (eps of the parameters' dtype), relative to
@@ -38,7 +38,7 @@ ROUNDING_EPS = 16
 
 
 @dataclass(frozen=True)
-class Plan:
+class ShardSetup:
     """Everything a sharded run needs, decided and checked before anything is compiled."""
 
     loss: Callable            # loss(trainable, batch): the user's loss on the static leaves
@@ -110,8 +110,8 @@ def check_mesh_shape(mesh_shape: dict) -> dict:
     return {a: int(mesh_shape[a]) for a in AXES if a in mesh_shape}
 
 
-def plan(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
-         rules=None, cache: dict | None = None) -> Plan:
+def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
+         rules=None, cache: dict | None = None) -> ShardSetup:
     """Validate a user's step and decide its layout and semantics on ``mesh_shape``.
 
     ``cache`` (a dict shared by calls on the same step) keeps the separability check per data
@@ -150,7 +150,7 @@ def plan(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: in
     sep = cache[("separability", n)]
     step_loss, same_loss = (loss, loss) if sep.separable else \
         _data_parallel_loss(loss, trainable, batch, layout)
-    return Plan(loss, step_loss, same_loss, trainable, rest, batch, optimizer, layout, placement,
+    return ShardSetup(loss, step_loss, same_loss, trainable, rest, batch, optimizer, layout, placement,
                 tuple(rules or ()), derived, sep, rtol)
 
 

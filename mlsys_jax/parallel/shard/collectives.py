@@ -27,8 +27,8 @@ from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.ir import bodies
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel import comm
-from mlsys_jax.parallel.layout import Layout, shard_bytes
-from mlsys_jax.parallel.rules import array_paths
+from mlsys_jax.parallel.shard.layout import Layout, shard_bytes
+from mlsys_jax.parallel.shard.rules import array_paths
 
 _PASS_THROUGH = ("convert_element_type", "copy", "copy_p", "pvary")
 
