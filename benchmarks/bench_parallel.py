@@ -9,7 +9,8 @@ rather than a median. What the analysis says and the figures check:
 * PP sends one microbatch activation (and its cotangent) per step: bytes grow with the width,
   not with the number of layers.
 * A user's flax transformer under ``mlsys-jax shard`` (``jax.jit`` + ``NamedSharding``): DP,
-  ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``user_comm``), kind by kind.
+  ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``parallel/shard/collectives.py``),
+  kind by kind.
 """
 from __future__ import annotations
 
@@ -83,9 +84,8 @@ def _user_transformer() -> dict | None:
 
     if importlib.util.find_spec("flax") is None:
         return None
-    from mlsys_jax.parallel.shard import collectives as user_comm
-    from mlsys_jax.parallel.shard.setup import prepare as plan
-    from mlsys_jax.parallel.shard.simulate import compile_sharded
+    from mlsys_jax.parallel.shard import collectives, step
+    from mlsys_jax.parallel.shard.setup import prepare
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     try:
@@ -99,13 +99,13 @@ def _user_transformer() -> dict | None:
     with jax.enable_x64(False):  # users' float32 world
         loss_fn, params, batch, opt = flax_transformer.train()
         for name, (mesh, stage) in layouts.items():
-            p = plan(loss_fn, params, batch, opt, mesh, stage)
-            hlo = compile_sharded(p, comm.QUICK_COMPILE).as_text()
-            rows = user_comm.table(p.layout, hlo, user_comm.formulas(
-                p.step_loss, p.trainable, p.batch, p.layout))
+            p = prepare(loss_fn, params, batch, opt, mesh, stage)   # separable: the mesh runs p.loss
+            hlo = step.compile_sharded(p, p.loss, comm.QUICK_COMPILE).as_text()
+            rows = collectives.table(p.layout, hlo, collectives.formulas(
+                p.loss, p.trainable, p.batch, p.layout))
             out[name] = {"measured": sum(r["bytes"] for r in rows),
                          "formula": sum(r["formula_bytes"] for r in rows),
-                         "psi": user_comm.shard_bytes(p.trainable, p.layout.compute)}
+                         "psi": collectives.shard_bytes(p.trainable, p.layout.compute)}
     return out
 
 
@@ -152,7 +152,7 @@ def run(quick: bool = False) -> dict:
     figures["shard_transformer_zero2_over_textbook_ratio"] = user["zero2"]["measured"] / textbook_zero2
     notes += [f"flax transformer (examples/flax_transformer.py:train, 2 layers, float32) under "
               f"jax.jit + NamedSharding on {N} devices; ring bytes one device sends per step, array "
-              "payload (scalars such as the loss and norms apart), against user_comm's formulas: "
+              "payload (scalars such as the loss and norms apart), against the shard command's formulas: "
               "gradients all-reduced over data (their TP share), ZeRO-split parameters "
               "all-gathered once (stages 1-2 after the update, 3 for the forward), and for TP one "
               "all-reduce of activations per matmul contracting a split dimension (forward) and "

@@ -14,6 +14,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import apply_rules, comm, data, make_mesh, simulate, zero
 from mlsys_jax.parallel.shard import separability as separable
+from mlsys_jax.parallel.shard import separability_of
 from mlsys_jax.parallel.shard.setup import prepare as plan
 
 STEPS, TOL = 2, 1e-12
@@ -32,7 +33,7 @@ def lecture():
 def _jit_params(lecture, stage):
     params, batch, opt, cache = lecture
     r = simulate(lecture_loss, params, batch, opt, {"data": 4}, stage, STEPS,
-                 options=comm.QUICK_COMPILE, time_repeats=0, cache=cache)
+                 options=comm.QUICK_COMPILE, time_repeats=0, cache=cache, keep_params=True)
     assert r.exact, r.reason
     return r.sharded["free"]["params"]
 
@@ -81,12 +82,12 @@ def _bn_loss(params, batch):  # a batch-normalised hidden layer: couples the exa
 @pytest.mark.slow
 def test_separability_names_the_cause(lecture):
     params, batch, _, _ = lecture
-    sep = lambda f: separable.check_separable(f, params, batch, 4, 1e-12)
+    sep = lambda f: separability_of(f, params, batch, 4, options=comm.QUICK_COMPILE)
     assert sep(lecture_loss).separable
     summed = sep(lambda p, b: jnp.sum((b["x"] @ p["W1"]) ** 2))
     assert not summed.separable and "sums over the batch" in summed.causes[0]
     coupled = sep(_bn_loss)
-    assert not coupled.separable and "couples the examples" in coupled.causes[0]
+    assert not coupled.separable and "batch statistic" in coupled.causes[0]
     key = jax.random.PRNGKey(7)  # a raw uint32 key, closed over: folded where it is wrapped
     dropped = lambda p, b: jnp.mean(jax.random.bernoulli(key, 0.5, b["x"].shape) * b["x"])
     got = sep(dropped)

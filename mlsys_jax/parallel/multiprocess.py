@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -206,6 +207,10 @@ def joined(a: argparse.Namespace, x64: bool = True):
     except Exception as e:
         raise JoinError(f"worker {a.process_id} could not join the coordinator at {address}: "
                         f"{_first_line(e)}") from None
+    # JAX's preemption notifier catches SIGTERM and runs on (a worker told to stop would leave
+    # its peers waiting in a collective): restore the default, so SIGTERM ends this worker and
+    # the parent reports it as that worker's failure
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(JOINED, flush=True)
     try:
         yield

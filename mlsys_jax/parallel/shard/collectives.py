@@ -178,9 +178,17 @@ def table(layout: Layout, hlo: str, formulas: dict) -> list[dict]:
 
 
 def forward_all_reduces(loss, trainable, batch, layout: Layout, megatron: int | None,
-                        options: dict | None = None, axis: str = "model") -> dict:
-    """All-reduces over ``axis`` in the compiled forward pass alone, beside Megatron's count."""
+                        options: dict | None = None, axis: str = "model") -> tuple[dict, dict]:
+    """All-reduces over ``axis`` in the compiled forward pass alone, beside Megatron's count, and
+    where they come from (the JAX operation in the HLO metadata: ``Dense_1/dot_general`` for a
+    row-parallel matmul, a gather or reduction for a vocabulary split across the model axis)."""
     fwd = jax.jit(loss, in_shardings=(layout.compute, layout.batch)).lower(
         trainable, batch).compile(options)
-    got = by_axis(fwd.as_text(), layout.mesh).get(("all-reduce", axis), {"count": 0})
-    return {"measured": got["count"], "megatron": megatron}
+    hlo = fwd.as_text()
+    got = by_axis(hlo, layout.mesh).get(("all-reduce", axis), {"count": 0})
+    sources: dict = {}
+    for c in comm.collectives(hlo, layout.mesh.devices.size):
+        if c.kind == "all-reduce" and axis in axes_of(c, layout.mesh):
+            name = "/".join(p for p in c.op_name.split("/")[1:] if p) or "?"
+            sources[name] = sources.get(name, 0) + 1
+    return {"measured": got["count"], "megatron": megatron}, sources
