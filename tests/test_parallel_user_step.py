@@ -3,6 +3,8 @@
 The lecture's explicit shard_map DP and ZeRO (experiment 04) and the jit version agree on the
 lecture's MLP; bad inputs fail with one line naming the fix; non-separable losses are detected.
 """
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,3 +166,19 @@ def test_any_optax_optimizer_state_is_laid_out(lecture, name, opt):
                      {"all-reduce": 1.0, "all-gather": 1.0})
     b = r.per_device_bytes
     assert b["measured"]["arguments"] == b["expected"]["arguments"]
+
+
+@pytest.mark.slow
+def test_memory_is_flat_in_the_step_count(lecture):
+    """Nothing per step outlives its step: the arrays alive after 24 steps are those alive after
+    2, and the report holds as many figures."""
+    params, batch, opt, _ = lecture
+    cache, alive, sizes = {}, [], []
+    for steps in (2, 24):
+        before = {id(x) for x in jax.live_arrays()}
+        r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 3, steps,
+                     options=comm.QUICK_COMPILE, time_repeats=0, cache=cache)
+        alive.append(sum(1 for x in jax.live_arrays() if id(x) not in before))
+        sizes.append(len(jax.tree.leaves(json.loads(json.dumps(r.to_json())))))
+        del r
+    assert alive[1] <= alive[0] and sizes[1] == sizes[0]

@@ -37,6 +37,9 @@ def add_arguments(q) -> None:
                    help="logical axis rules for the model's annotations, e.g. mlp=model,embed=")
     q.add_argument("--axis-name", action="append", default=[], metavar="NAME=data",
                    help="bind an axis name the model uses (BatchNorm(axis_name=...)) to data")
+    q.add_argument("--quick-compile", action="store_true",
+                   help="compile every program of the run without XLA's backend optimisation "
+                        "(faster for small models; all programs alike)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -91,6 +94,12 @@ def _check_devices(mesh: dict, processes: int) -> None:
                          f"over >= 2 processes; use --processes P with P dividing {size}")
 
 
+def _compile_options(args) -> dict | None:
+    from mlsys_jax.parallel import comm
+
+    return comm.QUICK_COMPILE if getattr(args, "quick_compile", False) else None
+
+
 def _options(args) -> dict:
     from mlsys_jax.parallel.shard.annotations import parse_axis_rules
 
@@ -115,7 +124,8 @@ def main(args) -> int:
         with jax.enable_x64(False):
             loss_fn, params, batch, optimizer, rules = load_factory(args.target)
             report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps,
-                              rules, record=record, progress=True, **extra)
+                              rules, options=_compile_options(args), record=record,
+                              progress=True, **extra)
         out = report.to_json()
         if args.processes > 1:
             out["processes"] = _compare_processes(args, mesh, report, record)
@@ -138,7 +148,9 @@ def _compare_processes(args, mesh: dict, report, record: str) -> dict:
     theirs = tempfile.mkdtemp(prefix="mlsys-shard-workers-")
     try:
         settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps,
-                    "record": theirs, **{k: v for k, v in _options(args).items() if v}}
+                    "record": theirs, "options": _compile_options(args),
+                    "separable": report.separability.get("separable", True),
+                    **{k: v for k, v in _options(args).items() if v}}
         many = multiprocess.launch(args.processes, size // args.processes, settings,
                                    timeout=600.0, module="mlsys_jax.cli.shard")
         diff = compare_recorded(record, theirs)
@@ -168,8 +180,9 @@ def _worker_steps(a) -> dict:
     cfg = json.loads(a.settings)
     loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
     simulate(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], cfg["steps"], rules,
-             time_repeats=0, record=cfg["record"], axis_rules=cfg.get("axis_rules"),
-             axis_names=cfg.get("axis_names"))
+             options=cfg["options"], time_repeats=0, record=cfg["record"],
+             axis_rules=cfg.get("axis_rules"), axis_names=cfg.get("axis_names"),
+             separable=cfg["separable"], judge=False)
     return {"steps": cfg["steps"], "processes": jax.process_count()}
 
 

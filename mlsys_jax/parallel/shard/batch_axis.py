@@ -20,7 +20,11 @@ key), control flow decided by the batch. The per-primitive rules and the walk it
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+import jax
+import jaxlib
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.ir import bodies
@@ -98,6 +102,7 @@ class Mixing:
     origin: int | None = None   # the batch-wide sum involved (index into sums), if any
     random: bool = False        # position kind: the values are random bits
     synced: bool = False        # statistic kind: completed across devices (synchronised)
+    trace: str = ""             # every module and source file on the way (for naming causes)
 
     def describe(self) -> str:
         return f"{self.detail} ({self.primitive} at {self.path}{', ' + self.where if self.where else ''})"
@@ -123,20 +128,33 @@ class BatchWalk:
     sums: list = field(default_factory=list)
     output: object = None
     producers: dict = field(default_factory=dict)   # var -> (eqn, path) at the top level
+    calls: list = field(default_factory=list)       # the call equations being walked into
+
+    def where(self, eqn) -> str:
+        """``where_of`` the equation, or of the innermost call around it that says more (a
+        traceback recorded inside a jit body stops at the body)."""
+        for e in [eqn, *reversed(self.calls)]:
+            got = where_of(e)
+            if ":" in got:
+                return got
+        return where_of(eqn)
 
     def record(self, kind: str, eqn, path: str, detail: str, **extra) -> Mixed:
         """Record a mixing equation (once per kind and path: loop bodies are walked again)."""
         for i, m in enumerate(self.mixing):
             if (m.kind, m.path) == (kind, path):
                 return Mixed(i)
-        self.mixing.append(Mixing(kind, eqn.primitive.name, path, where_of(eqn), detail, **extra))
+        where = extra.pop("where", None) or self.where(eqn)
+        trace = extra.pop("trace", None) or " ".join(trace_of(e) for e in [eqn, *self.calls])
+        self.mixing.append(Mixing(kind, eqn.primitive.name, path, where, detail, trace=trace,
+                                  **extra))
         return Mixed(len(self.mixing) - 1)
 
     def new_sum(self, eqn, path: str) -> Summed:
         for i, s in enumerate(self.sums):
             if s.path == path:
                 return Summed(i)
-        self.sums.append(BatchSum(eqn.primitive.name, path, where_of(eqn), eqn))
+        self.sums.append(BatchSum(eqn.primitive.name, path, self.where(eqn), eqn))
         return Summed(len(self.sums) - 1)
 
     @property
@@ -148,19 +166,31 @@ class BatchWalk:
         return sorted({m.kind for m in self.mixing if not m.synced})
 
 
+_JAX_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib))
+_OURS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
 def where_of(eqn) -> str:
-    """The module that made an equation (flax's name stack) and the innermost source line outside
-    JAX, e.g. ``BNMLP/BatchNorm_0, normalization.py:123``."""
+    """The module that made an equation (flax's name stack) and the innermost source line
+    outside JAX and mlsys_jax, e.g. ``BNMLP/BatchNorm_0, normalization.py:123``."""
     stack = str(getattr(eqn.source_info, "name_stack", "") or "")
     line = ""
     tb = getattr(eqn.source_info, "traceback", None)
     for frame in getattr(tb, "frames", ()) or ():
-        name = frame.file_name.replace("\\", "/")
-        if "/jax/" in name or "/jaxlib/" in name or "/mlsys_jax/" in name:
+        name = os.path.abspath(frame.file_name)
+        if name.startswith(_JAX_FILES) or name.startswith(_OURS):
             continue
-        line = f"{name.rsplit('/', 1)[-1]}:{frame.line_num}"
+        line = f"{os.path.basename(name)}:{frame.line_num}"
         break
     return ", ".join(p for p in (stack, line) if p)
+
+
+def trace_of(eqn) -> str:
+    """The name stack and every source file outside JAX that made an equation."""
+    tb = getattr(eqn.source_info, "traceback", None)
+    files = [os.path.basename(f.file_name) for f in getattr(tb, "frames", ()) or ()
+             if not os.path.abspath(f.file_name).startswith(_JAX_FILES)]
+    return " ".join([str(getattr(eqn.source_info, "name_stack", "") or "")] + files)
 
 
 def join(a, b):

@@ -131,7 +131,7 @@ def _fold_text(folded: int) -> str:
 def cause(kind: str, group: list, folded: int, stats: Statistics | None, sums: list) -> str:
     first, more = group[0], (f" ({len(group)} such equations)" if len(group) > 1 else "")
     if kind == "statistic":
-        what = ("training-mode BatchNorm" if any(_BN.search(m.where or m.detail) for m in group)
+        what = ("training-mode BatchNorm" if any(_BN.search(m.trace) for m in group)
                 else "a batch statistic used per example (e.g. inputs centred by the batch mean)")
         return (f"{what}: {first.describe()}{more}: each shard normalises by its own statistics, "
                 "as data parallelism without synchronised BatchNorm does")

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from mlsys_jax.ir import primitives as prims
 from mlsys_jax.parallel.shard.batch_axis import (BatchWalk, Free, Mixed, Rows, Stat, Summed,
-                                                 free_of, call_body, state_of)
+                                                 call_body, free_of, state_of, trace_of)
 from mlsys_jax.parallel.shard.batch_moves import Moves
 
 # Value-preserving or additive: a linear function of a batch-wide sum stays one.
@@ -87,7 +87,11 @@ class Rules(Moves):
             return out if isinstance(out, list) else [out] * n
         if name in prims.TRANSPARENT_CALLS and call_body(eqn) is not None:
             b = call_body(eqn)
-            return self.call(b.jaxpr, b.consts, ins, f"{path}/{b.label}/")
+            self.walk.calls.append(eqn)
+            try:
+                return self.call(b.jaxpr, b.consts, ins, f"{path}/{b.label}/")
+            finally:
+                self.walk.calls.pop()
         if name in _RANDOM:
             return [self.keys(eqn, ins, path)] * n
         if name in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
@@ -148,13 +152,15 @@ class Rules(Moves):
                     any(s.random for s, _ in frees))
 
     def statistic(self, eqn, path: str, s, synced: bool, rows=None):
-        """A batch-wide sum or statistic meets examples. Synchronised across devices, the mesh
+        """A batch-wide sum or statistic meets examples. The record names the equation that
+        summed the examples, and where the result is used. Synchronised across devices, the mesh
         computes the same per-example values: the rows go on (``rows``)."""
         origin = self.walk.sums[s.origin]
+        used = ", ".join(p for p in (f"{eqn.primitive.name} at {path}", self.walk.where(eqn)) if p)
         mixed = self.walk.record(
-            "statistic", eqn, path, f"a batch statistic ({origin.primitive} over the batch axis "
-            f"at {origin.path}{', ' + origin.where if origin.where else ''}) is used per example",
-            origin=s.origin, synced=synced)
+            "statistic", origin.eqn, origin.path, f"a batch statistic (a {origin.primitive} over "
+            f"the batch axis) is used per example ({used})", origin=s.origin, synced=synced,
+            where=origin.where)
         return rows if synced and rows is not None else mixed
 
     def on_sums(self, eqn, ins: list, path: str, sums: list):

@@ -8,11 +8,11 @@ states (teacher forcing) the mesh takes one step from that same state, and
 * its new parameters must equal what the one-device optimizer makes of the mesh's own gradients
   (so optax ran on global arrays: a per-shard global-norm clip would show here).
 
-Beside it the mesh also runs free from its own state; its loss and gradients per step and its
-parameters at the end are compared with the one-device trajectory (``free``): drift, not the
-verdict (Adam turns rounding noise in a gradient that is mathematically zero into a step of up to
-the learning rate). Only the current states are held — one device's, the mesh's, and the step's
-transients, each dropped as soon as it is judged.
+Then the mesh runs free from its own state; its loss and gradients per step and its parameters at
+the end are compared with the one-device trajectory (``free``): drift, not the verdict (Adam
+turns rounding noise in a gradient that is mathematically zero into a step of up to the learning
+rate). Only the current states are held — one device's, the mesh's (second pass), and each step's
+transients, dropped as soon as they are judged — so memory stays flat in the step count.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from mlsys_jax.parallel.shard.compare import Judgement, host, leaf_diffs, leaf_scales
-from mlsys_jax.parallel.shard.step import copier, on_one_device, place
+from mlsys_jax.parallel.shard.step import copier, on_one_device, place, release_memory
 
 QUANTITIES = ("loss", "grads", "params")
 
@@ -77,27 +77,36 @@ def compare_recorded(a: str, b: str) -> dict:
     return out
 
 
-def _progress(step: int, steps: int, t0: float) -> None:
+def _progress(what: str, step: int, steps: int, t0: float) -> None:
     if steps >= 5 and (step + 1) % max(1, steps // 10) == 0:
-        print(f"mlsys-jax shard: step {step + 1}/{steps} ({time.perf_counter() - t0:.0f} s)",
-              file=sys.stderr, flush=True)
+        print(f"mlsys-jax shard: {what} step {step + 1}/{steps} ({time.perf_counter() - t0:.0f} "
+              "s)", file=sys.stderr, flush=True)
 
 
 def run(setup, sem, programs, mesh, steps: int, keep_params: bool = False,
         record: Recorder | None = None) -> RunFigures:
-    """``steps`` teacher-forced and free-running steps of the compiled sharded step ``mesh``
-    (``programs``: the compiled one-device ``value_and_grad`` programs by loss name, the
-    optimizer's ``advance`` and its ``init``)."""
-    lay, eps, record = setup.layout, setup.eps, record or Recorder(None)
+    """``steps`` teacher-forced, then ``steps`` free-running steps of the compiled sharded step
+    ``mesh`` (``programs``: the compiled one-device ``value_and_grad`` programs by loss name, the
+    optimizer's ``advance`` and its ``init``). The two passes follow the one-device trajectory
+    each: the mesh's own state is never held beside the copies a teacher-forced step takes."""
+    figures = RunFigures()
+    record = record or Recorder(None)
+    _forced(setup, sem, programs, mesh, steps, figures.forced, record)
+    release_memory()
+    mt = _free(setup, programs, mesh, steps, figures.free, record)
+    if keep_params:
+        figures.final_params = jax.tree.map(host, mt)
+    return figures
+
+
+def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> None:
+    lay, eps = setup.layout, setup.eps
     whole, ref, twin = programs["whole"], programs[sem.reference], programs[sem.twin]
     advance = programs["advance"]
-    figures = RunFigures()
-    forced, free = figures.forced, figures.free
     t, b = setup.trainable, setup.batch
     s = programs["init"](t)
     mesh_b = place(b, lay.batch)
     params_to_mesh, state_to_mesh = copier(lay.params), copier(lay.opt_state)
-    mt, ms = params_to_mesh(t), state_to_mesh(s)
     t0 = time.perf_counter()
     for k in range(steps):
         # the mesh from one device's state (fresh copies, donated to the step), and the
@@ -118,8 +127,23 @@ def run(setup, sem, programs, mesh, steps: int, keep_params: bool = False,
         record("forced", k, "loss", lm)
         record("forced", k, "grads", gm)
         del gm, gr
-        # the mesh from its own state
+        t, s = advance(gw, s, t)
+        del gw
+        _progress("teacher-forced", k, steps, t0)
+
+
+def _free(setup, programs, mesh, steps: int, free: dict, record):
+    """The mesh from its own state beside the one-device trajectory; returns its parameters."""
+    lay = setup.layout
+    whole, advance = programs["whole"], programs["advance"]
+    t, b = setup.trainable, setup.batch
+    s = programs["init"](t)
+    mesh_b = place(b, lay.batch)
+    mt, ms = copier(lay.params)(t), copier(lay.opt_state)(s)
+    t0 = time.perf_counter()
+    for k in range(steps):
         mt, ms, lf, gf = mesh(mt, ms, mesh_b)
+        lw, gw = whole(t, b)
         free["loss"] = max(free["loss"], *leaf_diffs(lf, lw))
         free["grads"] = max(free["grads"], *leaf_diffs(gf, gw), 0.0)
         record("free", k, "loss", lf)
@@ -127,9 +151,7 @@ def run(setup, sem, programs, mesh, steps: int, keep_params: bool = False,
         del gf
         t, s = advance(gw, s, t)
         del gw
-        _progress(k, steps, t0)
+        _progress("free-running", k, steps, t0)
     free["params"] = max(leaf_diffs(mt, t), default=0.0)
     record("free", steps, "params", mt)
-    if keep_params:
-        figures.final_params = jax.tree.map(host, mt)
-    return figures
+    return mt

@@ -63,8 +63,9 @@ def one_device_losses(setup) -> tuple[dict, int]:
     return out, folded
 
 
-def choose(setup, sep, losses: dict, folded: int, positional: bool) -> StepSemantics:
-    """The semantics for a separability verdict ``sep`` (None: a single data shard)."""
+def choose(setup, separable: bool, losses: dict, folded: int, positional: bool) -> StepSemantics:
+    """The semantics for a separability verdict (``separable`` is ignored with a single data
+    shard; ``positional``: the loss draws masks for batch positions)."""
     layout, n = setup.layout, setup.data_size
     if n == 1:
         twin = "whole" if positional else "rows_reversed"
@@ -72,9 +73,9 @@ def choose(setup, sep, losses: dict, folded: int, positional: bool) -> StepSeman
     if setup.axis_name is not None:
         mesh = sync.on_mesh(setup.loss, setup.trainable, shard_shapes(setup.batch, n),
                             setup.axis_name, layout.mesh, layout.data_axis)
-        ref, twin = ("whole", "shards") if sep.separable else ("shards", "shards_reordered")
+        ref, twin = ("whole", "shards") if separable else ("shards", "shards_reordered")
         return StepSemantics("synchronised", losses["whole"], ref, twin, mesh, losses, folded)
-    if sep.separable:
+    if separable:
         return StepSemantics("global", losses["whole"], "whole", "shards", setup.loss, losses,
                              folded)
     per = losses["_per"]

@@ -9,6 +9,7 @@ mesh axis beside formulas (``collectives.py``) and the step-time ratio (:class:`
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Callable
@@ -25,14 +26,16 @@ from mlsys_jax.parallel.shard.separability import shards_of
 from mlsys_jax.parallel.shard.setup import prepare
 
 
-_T0 = [0.0]
+class _Progress:
+    """Phase lines on stderr (``mlsys-jax shard: [12 s] ...``) when enabled."""
 
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0 = enabled, time.perf_counter()
 
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        now = time.perf_counter()
-        _T0[0] = _T0[0] or now
-        print(f"mlsys-jax shard: [{now - _T0[0]:.0f} s] {text}", file=sys.stderr, flush=True)
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            print(f"mlsys-jax shard: [{time.perf_counter() - self.t0:.0f} s] {text}",
+                  file=sys.stderr, flush=True)
 
 
 class Programs(dict):
@@ -53,9 +56,10 @@ class Programs(dict):
         return self[name]
 
 
-def one_device(setup, options, progress: bool = False) -> dict:
-    """The one-device programs and the separability verdict, the same for every mesh of one
-    data size: ``{"programs", "separability", "losses", "folded", "positional"}``."""
+def one_device(setup, options, progress=None, check: bool = True) -> dict:
+    """The one-device programs and the separability verdict (unless not ``check``), the same for
+    every mesh of one data size: ``{"programs", "separability", "losses", "folded",
+    "positional"}``."""
     from mlsys_jax.parallel.shard.batch_rules import follow_batch
 
     losses, folded = semantics.one_device_losses(setup)
@@ -68,8 +72,9 @@ def one_device(setup, options, progress: bool = False) -> dict:
     positional = any(m.kind == "position" for m in follow_batch(
         setup.closed, setup.batch_invars, rows, synced).mixing)
     sep = None
-    if n > 1:
-        _say(progress, "checking separability: whole-batch and per-shard gradients at 4 points")
+    if n > 1 and check:
+        (progress or _Progress(False))("checking separability: whole-batch and per-shard "
+                                       "gradients at 4 points")
         sep = separability.check_separable(setup.closed, setup.batch_invars, programs, t, b, n,
                                            setup.eps, folded, synced, _statistics(setup))
     return {"programs": programs, "separability": sep, "losses": losses, "folded": folded,
@@ -106,7 +111,8 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
              steps: int = 3, rules=None, options: dict | None = None, time_repeats: int = 5,
              cache: dict | None = None, axis_rules=None, axis_names: dict | None = None,
              keep_params: bool = False, record: str | None = None,
-             progress: bool = False) -> ShardReport:
+             progress: bool = False, separable: bool | None = None,
+             judge: bool = True) -> ShardReport:
     """Run the user's step sharded and on one device; every figure of ``mlsys-jax shard``.
 
     ``options``: XLA compile options for every program of the run (default: the compiler's
@@ -114,25 +120,33 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     the same ``(loss_fn, params, batch, optimizer)``, keeps the one-device programs and the
     separability verdict per data size; ``keep_params`` keeps the mesh's final parameters
     (``report.sharded``); ``record``: a directory for each step's mesh values (multi-process
-    comparisons).
+    comparisons); ``separable``: a verdict already reached elsewhere (another process's), which
+    skips the check; ``judge=False`` only runs and records the steps (the mesh from one device's
+    states, and free), for a run judged elsewhere: no equivalent computation, bytes or
+    collectives.
     """
-    _say(progress, "tracing the loss, laying out the state")
+    say = _Progress(progress)
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, axis_rules,
                     axis_names)
+    say("traced the loss and laid out the state")
     cache = {} if cache is None else cache
-    key = ("one device", setup.data_size, str(options))
+    key = ("one device", setup.data_size, str(options), separable)
     if key not in cache:
-        cache[key] = one_device(setup, options, progress)
+        cache[key] = one_device(setup, options, say, check=separable is None)
     ref = cache[key]
     sep = ref["separability"]
-    sem = semantics.choose(setup, sep, ref["losses"], ref["folded"], ref["positional"])
-    _say(progress, "compiling the sharded step")
+    sem = semantics.choose(setup, separable if sep is None else sep.separable, ref["losses"],
+                           ref["folded"], ref["positional"])
+    if not judge:
+        sem = dataclasses.replace(sem, reference="whole", twin="whole")
+    step.release_memory()
+    say("compiling the sharded step")
     mesh_step = step.compile_sharded(setup, sem.mesh, options, donate=True)
     programs = ref["programs"]
-    _say(progress, f"running {steps} steps, sharded and on one device")
+    say(f"running {steps} steps, sharded and on one device")
     figures = run.run(setup, sem, programs, mesh_step, steps, keep_params, run.Recorder(record))
     forced = figures.forced
-    _say(progress, "reading the compiled step's bytes and collectives")
+    say("reading the compiled step's bytes and collectives")
     exact, here, reason = report.verdict(setup, sep, sem, forced)
     lay = setup.layout
     step_jaxpr = jax.make_jaxpr(step.make_step(sem.mesh, setup.optimizer, lay))(
@@ -155,9 +169,11 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         zero_unsplit=[display_path(p) for p in lay.unsplit] if lay.stage else [],
         sharded={"free": {"params": figures.final_params}} if keep_params else None)
     out.notes += report.thin_evidence(forced) + list(sep.notes if sep is not None else ())
+    if not judge:
+        return out
     _collectives(out, setup, sem, mesh_step, options)
     if time_repeats:
-        _say(progress, "timing the steps")
+        say("timing the steps")
         _time(out, setup, programs, mesh_step, time_repeats)
     return out
 

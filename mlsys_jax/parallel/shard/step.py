@@ -106,3 +106,16 @@ def on_one_device(tree):
         return jax.device_put(tree, jax.local_devices()[0])
     return jax.tree.map(lambda x: jax.device_put(host(x).astype(x.dtype), jax.local_devices()[0]),
                         tree)
+
+
+def release_memory() -> None:
+    """Hand freed host memory back to the system between the phases of a run (glibc keeps freed
+    blocks of its arenas otherwise, and the next phase's peak lands on top of them)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+        pass
