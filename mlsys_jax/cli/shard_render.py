@@ -58,9 +58,16 @@ def _tensor_parallel(out: dict) -> list:
     tp, lines = out["tensor_parallel"], []
     if tp.get("notice"):
         lines.append(wrap(f"tensor parallel: {tp['notice']}", first=""))
+    elif tp["source"] == "derived" and tp["groups"]:
+        lines.append(f"tensor parallel: {len(tp['split'])} parameters split over model, derived "
+                     f"from the dataflow ({len(tp['groups'])} Megatron groups):")
+        for g in tp["groups"]:
+            bias = f"; with their biases {', '.join(g['bias'])}" if g["bias"] else ""
+            lines.append(wrap(f"by output features {', '.join(g['column'])}; by input features "
+                              f"{', '.join(g['row'])}{bias}", rest="      "))
     elif out["rules"]:
-        how = {"derived": "derived from the dataflow (Megatron pairs)", "rules": "given",
-               "annotations": "the model's logical axis names, by these logical axis rules"}
+        how = {"rules": "given", "annotations": "the model's logical axis names, by these "
+               "logical axis rules"}
         lines.append(f"tensor parallel: {len(tp['split'])} parameters split over model, "
                      f"{how.get(tp['source'], tp['source'])}:")
         lines += [wrap(f"{rx}  ->  {spec}", rest="      ") for rx, spec in out["rules"]]

@@ -150,7 +150,7 @@ class _Walk:
             self.step(eqn, ins, outs)
         for v in self.outputs:
             if not isinstance(v, Literal) and v in self.tag:
-                self.fail(self.tag[v][0], "its split features reach the loss without a second "
+                self.fail(self.tag[v][0], "its output features reach the loss without a second "
                           "matmul (a classifier head)")
         return self.result()
 
@@ -199,8 +199,9 @@ class _Walk:
             g = self.union(g, other)
         out_dim = self.moved(eqn, ins, d)
         if out_dim is None:
-            return self.fail(g, f"its split features are {_VERB.get(name, 'used by ' + name)} "
-                             f"(at {_where(eqn)}) before any second matmul")
+            return self.fail(g, f"its output features are {_VERB.get(name, 'used by ' + name)} "
+                             f"({_where(eqn)}) before any second matmul (a classifier head, a "
+                             "norm or a loss)")
         for v in outs:
             self.tag[v] = (g, out_dim)
 
@@ -358,8 +359,11 @@ class _Walk:
         if not kinds:
             return "not used by the loss"
         if "dot_general" in kinds:
-            return (f"no dimension of its matmul's output divides by model={self.m}, or it is "
-                    "an elementwise scale")
+            if all(not _free_dims(eqn, i) for name, eqn, i in self.uses[p]
+                   if name == "dot_general"):
+                return "it scales features (a matmul without output features of its own)"
+            return (f"no output dimension of its matmul divides by model={self.m}, or its "
+                    "input is already split")
         if "conv_general_dilated" in kinds:
             return "a convolution kernel (Megatron splits matmuls)"
         return f"not a matmul weight (used by {', '.join(kinds)})"
@@ -370,6 +374,14 @@ _VERB = {"reduce_sum": "summed", "reduce_max": "reduced (max)", "reduce_min": "r
          "concatenate": "concatenated", "slice": "sliced", "reshape": "reshaped across heads",
          "conv_general_dilated": "convolved", "scan": "carried into a loop",
          "cond": "used in a branch", "while": "carried into a loop", "squeeze": "squeezed"}
+
+
+def _free_dims(eqn, side: int) -> list:
+    """The dimensions of a matmul's operand ``side`` that are neither contracted nor batched."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    contract, batch = (lc, rc)[side], (lb, rb)[side]
+    return [d for d in range(len(eqn.invars[side].aval.shape)) if d not in contract
+            and d not in batch]
 
 
 def _where(eqn) -> str:
