@@ -110,7 +110,9 @@ def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> Non
     t0 = time.perf_counter()
     for k in range(steps):
         # the mesh from one device's state (fresh copies, donated to the step), and the
-        # one-device optimizer on the mesh's gradients: the largest program runs first, alone
+        # one-device optimizer on the mesh's gradients: the largest program runs first, alone,
+        # with the last step's freed transients handed back first
+        release_memory()
         nt, _, lm, gm = mesh(params_to_mesh(t), state_to_mesh(s), mesh_b)
         want, _ = advance(on_one_device(gm), s, t)
         forced["params"].add(leaf_diffs(nt, want), [0.0] * len(jax.tree.leaves(want)),
@@ -142,6 +144,7 @@ def _free(setup, programs, mesh, steps: int, free: dict, record):
     mt, ms = copier(lay.params)(t), copier(lay.opt_state)(s)
     t0 = time.perf_counter()
     for k in range(steps):
+        release_memory()
         mt, ms, lf, gf = mesh(mt, ms, mesh_b)
         lw, gw = whole(t, b)
         free["loss"] = max(free["loss"], *leaf_diffs(lf, lw))

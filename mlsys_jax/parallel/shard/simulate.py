@@ -142,6 +142,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     step.release_memory()
     say("compiling the sharded step")
     mesh_step = step.compile_sharded(setup, sem.mesh, options, donate=True)
+    _check_memory(setup, mesh_step)
     programs = ref["programs"]
     say(f"running {steps} steps, sharded and on one device")
     figures = run.run(setup, sem, programs, mesh_step, steps, keep_params, run.Recorder(record))
@@ -178,9 +179,30 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     return out
 
 
+def _check_memory(setup, mesh_step) -> None:
+    """Refuse, before any step runs, a run whose steps cannot fit: every simulated device's
+    arguments, outputs and temporaries of the sharded step, beside one device's gradients and
+    update (the training state again)."""
+    from mlsys_jax import runtime
+    from mlsys_jax.parallel.comm import nbytes
+
+    ma, lay = mesh_step.memory_analysis(), setup.layout
+    devices = lay.mesh.devices.size
+    mesh = devices * (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes)
+    state = 2 * nbytes(setup.trainable) + nbytes(lay.opt_shapes)
+    runtime.check_memory(int(mesh + state), f"the sharded step on {devices} simulated devices "
+                         "beside one device's", "use fewer devices, a smaller batch or model, or a "
+                         "higher --zero stage")
+
+
 def _collectives(out: ShardReport, setup, sem, compiled, options) -> None:
     lay = setup.layout
-    formulas = collectives.formulas(sem.whole, setup.trainable, setup.batch, lay)
+    synced = None
+    if sem.kind == "synchronised":
+        n = setup.data_size
+        synced = (trace_loss(setup.loss, setup.trainable, shard_shapes(setup.batch, n),
+                             [(setup.axis_name, n)]), setup.axis_name)
+    formulas = collectives.formulas(sem.whole, setup.trainable, setup.batch, lay, synced)
     out.collectives = collectives.table(lay, compiled.as_text(), formulas)
     if "forward_all_reduces" in formulas:
         megatron = (setup.split.megatron if setup.split.source == "derived"
