@@ -95,8 +95,9 @@ def train(n: int = 8, layers: int = 2, dim: int = 32, hidden: int = 64, heads: i
     """A small ViT on 16-pixel images in 4-pixel patches (the example: 32 px, 512 wide, 6
     layers): ``(loss_fn, model, batch, optimizer)``."""
     patch, size, channels, classes = 4, 16, 3, 10
-    model = VisionTransformer(dim, hidden, heads, layers, 0.1, patch, (size // patch) ** 2,
-                              classes, channels, jr.key(0))
+    # initialised in one compiled program (eqx.filter_jit: the ints are static)
+    model = eqx.filter_jit(VisionTransformer)(dim, hidden, heads, layers, 0.1, patch,
+                                              (size // patch) ** 2, classes, channels, jr.key(0))
     k1, k2, k3 = jr.split(jr.key(1), 3)
     batch = {"images": jr.normal(k1, (n, channels, size, size)),
              "labels": jr.randint(k2, (n,), 0, classes), "keys": jr.split(k3, n)}

@@ -14,13 +14,15 @@ from penzai import pz
 from penzai.models.transformer.variants import llamalike_common
 
 
-def build(layers: int = 2, embedding: int = 32, heads: int = 4, hidden: int = 64,
+def build(init_base_rng, layers: int = 2, embedding: int = 32, heads: int = 4, hidden: int = 64,
           vocab: int = 64):
+    """The model; with ``init_base_rng=None`` penzai leaves parameter slots unfilled (the
+    stateless model ``pz.unbind_params`` would give)."""
     config = llamalike_common.LlamalikeTransformerConfig(
         num_kv_heads=heads, query_head_multiplier=1, embedding_dim=embedding,
         projection_dim=embedding // heads, mlp_hidden_dim=hidden, num_decoder_blocks=layers,
         vocab_size=vocab, mlp_variant="swiglu", tie_embedder_and_logits=False)
-    return llamalike_common.build_llamalike_transformer(config, init_base_rng=jax.random.key(0))
+    return llamalike_common.build_llamalike_transformer(config, init_base_rng=init_base_rng)
 
 
 def loss_of(stateless_model):
@@ -37,8 +39,9 @@ def loss_of(stateless_model):
 
 
 def train(n: int = 8, seq: int = 16):
-    """``(loss_fn, parameter values, batch, optimizer)``."""
-    model = build()
-    stateless_model, params = pz.unbind_params(model, freeze=True)
+    """``(loss_fn, parameter values, batch, optimizer)``; the parameters initialised in one
+    compiled program (penzai's initialisers are pure functions of the base key)."""
+    stateless_model = build(None)
+    params = jax.jit(lambda key: pz.unbind_params(build(key), freeze=True)[1])(jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (n, seq), 0, 64)
     return loss_of(stateless_model), params, {"tokens": tokens}, optax.adamw(1e-3)
