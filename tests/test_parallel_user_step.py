@@ -67,7 +67,8 @@ def test_shard_map_zero_of_experiment_04_equals_the_jit_version(lecture, stage):
 
 @pytest.mark.slow
 def test_global_norm_clipping_stays_global_under_zero(lecture):
-    """The issue's case: per-shard clipping differed by 0.0082; on global arrays it cannot."""
+    """A global-norm clip computed per shard (as inside shard_map) would differ; on global arrays
+    under jit it cannot."""
     params, batch, _, _ = lecture
     opt = optax.chain(optax.clip_by_global_norm(0.05), optax.adam(0.05))
     r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 2, STEPS,
