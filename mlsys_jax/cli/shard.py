@@ -123,6 +123,8 @@ def main(args) -> int:
         # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
         with jax.enable_x64(False):
             loss_fn, params, batch, optimizer, rules = load_factory(args.target)
+            if record:
+                _check_disk(params, args.steps, record)
             report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps,
                               rules, options=_compile_options(args), record=record,
                               progress=True, **extra)
@@ -135,6 +137,23 @@ def main(args) -> int:
     print(json.dumps(out, indent=1) if args.json else render(args.target, out, jax.device_count()))
     failed = args.processes > 1 and not out["processes"]["equal"]
     return 1 if failed else 0
+
+
+def _check_disk(params, steps: int, record: str) -> None:
+    """Refuse up front a multi-process run whose recorded steps cannot fit on the disk: each
+    teacher-forced step records parameters and gradients, each free-running step gradients, in
+    this process's run and in the workers' (so memory stays flat in the step count)."""
+    import jax
+
+    from mlsys_jax.runtime import format_bytes
+
+    floats = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)
+                 if hasattr(x, "dtype") and np.issubdtype(x.dtype, np.floating))
+    need, free = 2 * 3 * floats * steps, shutil.disk_usage(record).free
+    if need > free:
+        raise MlsysError(f"--steps {steps} with --processes: both runs record every step, about "
+                         f"{format_bytes(need)} on disk, more than the {format_bytes(free)} free "
+                         f"under {tempfile.gettempdir()}; use fewer --steps")
 
 
 def _compare_processes(args, mesh: dict, report, record: str) -> dict:

@@ -98,6 +98,8 @@ def test_bad_input_is_one_line_naming_the_fix(capsys, bad_file, fn, mesh, match)
     (["--axis-rules", "mlp"], r"--axis-rules: expected LOGICAL=AXIS pairs"),
     (["--axis-name", "batch=model"], r"can only be bound to the mesh's data axis"),
     (["--steps", "0"], r"--steps must be >= 1"),
+    (["--steps", str(10**15), "--processes", "2"], r"both runs record every step, about .* on "
+                                                   r"disk, more than the .* free"),
 ])
 def test_bad_shard_options_are_one_line(capsys, bad_file, flag, match):
     import re
