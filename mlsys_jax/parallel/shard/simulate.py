@@ -110,7 +110,7 @@ def separability_of(loss_fn: Callable, params, batch, data: int, options: dict |
 def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
              steps: int = 3, rules=None, options: dict | None = None, time_repeats: int = 5,
              cache: dict | None = None, axis_rules=None, axis_names: dict | None = None,
-             keep_params: bool = False, record: str | None = None,
+             keep_params: bool = False, record: str | run.Recorder | None = None,
              progress: bool = False, separable: bool | None = None,
              judge: bool = True) -> ShardReport:
     """Run the user's step sharded and on one device; every figure of ``mlsys-jax shard``.
@@ -120,8 +120,8 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     the same ``(loss_fn, params, batch, optimizer)``, keeps the one-device programs and the
     separability verdict per data size; ``keep_params`` keeps the mesh's final parameters
     (``report.sharded``); ``record``: a directory for each step's mesh values (multi-process
-    comparisons); ``separable``: a verdict already reached elsewhere (another process's), which
-    skips the check; ``judge=False`` only runs and records the steps (the mesh from one device's
+    comparisons), or a :class:`run.Recorder` called with them; ``separable``: a verdict already
+    reached elsewhere (another process's), which skips the check; ``judge=False`` only runs and records the steps (the mesh from one device's
     states, and free), for a run judged elsewhere: no equivalent computation, bytes or
     collectives.
     """
@@ -145,7 +145,8 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     _check_memory(setup, mesh_step)
     programs = ref["programs"]
     say(f"running {steps} steps, sharded and on one device")
-    figures = run.run(setup, sem, programs, mesh_step, steps, keep_params, run.Recorder(record))
+    figures = run.run(setup, sem, programs, mesh_step, steps, keep_params,
+                      record if isinstance(record, run.Recorder) else run.Recorder(record))
     forced = figures.forced
     say("reading the compiled step's bytes and collectives")
     exact, here, reason = report.verdict(setup, sep, sem, forced)
