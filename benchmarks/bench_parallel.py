@@ -11,8 +11,12 @@ rather than a median. What the analysis says and the figures check:
 * A user's flax transformer under ``mlsys-jax shard`` (``jax.jit`` + ``NamedSharding``): DP,
   ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``parallel/shard/collectives.py``),
   kind by kind.
+* The same command on a GPT-2-small-shaped flax model (``--mesh data=4,model=2 --zero 3``) keeps
+  its peak RSS within a few training states (``_shard_memory.py``; not in ``--quick``).
 """
 from __future__ import annotations
+
+import importlib.util
 
 import jax
 import numpy as np
@@ -79,7 +83,6 @@ def _pp(width: int, layers: int, microbatches: int = 4, per_mb: int = 2) -> dict
 
 def _user_transformer() -> dict | None:
     """measured / formula ring bytes of the flax transformer's compiled step, per layout."""
-    import importlib.util
     import sys
 
     if importlib.util.find_spec("flax") is None:
@@ -107,6 +110,18 @@ def _user_transformer() -> dict | None:
                          "formula": sum(r["formula_bytes"] for r in rows),
                          "psi": collectives.shard_bytes(p.trainable, p.layout.compute)}
     return out
+
+
+def _gpt2_small(figures: dict, notes: list) -> None:
+    from benchmarks import _shard_memory as sm
+
+    r = sm.gpt2_small_shard_rss()
+    figures["gpt2_small_shard_rss_over_state_ratio"] = r["peak_rss"] / r["state"]
+    notes.append(f"mlsys-jax shard {sm.TARGET} --mesh {sm.MESH} --zero {sm.ZERO} --steps "
+                 f"{sm.STEPS} ({r['params'] / 1e6:.1f} M parameters, float32, batch "
+                 f"{r['tokens']} tokens; exact: {r['exact']}): peak RSS {r['peak_rss'] / 2**30:.2f} GiB of the "
+                 f"whole process (os.wait4) over the one-device training state (params + AdamW "
+                 f"state + gradients) {r['state'] / 2**30:.2f} GiB; {r['seconds']:.0f} s")
 
 
 def run(quick: bool = False) -> dict:
@@ -141,6 +156,8 @@ def run(quick: bool = False) -> dict:
     figures["pp_executed_over_useful_ratio"] = pp[(8, 4)]["pp"] / pp[(8, 4)]["pp_useful"]
     notes.append(f"PP: 1F1B, {N} stages, 4 microbatches of 2 rows; the SPMD executor sends on "
                  "every step (idle stages send zeros), so executed/useful = steps/M")
+    if not quick and importlib.util.find_spec("flax") is not None:
+        _gpt2_small(figures, notes)
     user = _user_transformer()
     if user is None:
         notes.append("flax transformer (mlsys-jax shard) skipped: flax is not installed "
