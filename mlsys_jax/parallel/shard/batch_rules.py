@@ -15,6 +15,7 @@ from mlsys_jax.ir import primitives as prims
 from mlsys_jax.parallel.shard.batch_axis import (BatchWalk, Free, Mixed, Rows, Stat, Summed,
                                                  call_body, free_of, state_of, trace_of)
 from mlsys_jax.parallel.shard.batch_moves import Moves
+from mlsys_jax.parallel.shard.matmul_dims import out_dim
 
 # Value-preserving or additive: a linear function of a batch-wide sum stays one.
 _LINEAR = frozenset({"add", "add_any", "sub", "neg", "convert_element_type", "copy", "copy_p",
@@ -252,16 +253,7 @@ class Rules(Moves):
             if len(sums) == 1 and isinstance(sums[0], Summed):
                 return sums[0]
             return Stat(sums[0].origin, all(s.synced for s in sums), "nonlinear", eqn, path)
-        ranks = (len(_shape(eqn.invars[0])), len(_shape(eqn.invars[1])))
         contract, batch = (lc, rc), (lb, rb)
-        free = [[d for d in range(r) if d not in contract[i] and d not in batch[i]]
-                for i, r in enumerate(ranks)]
-
-        def out_dim(side, d):
-            if d in batch[side]:
-                return batch[side].index(d)
-            return len(lb) + (0 if side == 0 else len(free[0])) + free[side].index(d)
-
         if isinstance(lhs, Rows) and isinstance(rhs, Rows):
             if lhs.dim in lc and rhs.dim == rc[lc.index(lhs.dim)] and lhs.inner == rhs.inner:
                 return self.walk.new_sum(eqn, path)
@@ -282,7 +274,7 @@ class Rules(Moves):
             if k in other.varying:
                 return self.walk.record("position", eqn, path, "each example meets a "
                                         "different slice of a batch-independent operand")
-        return Rows(out_dim(side, r.dim), r.inner)
+        return Rows(out_dim(eqn, side, r.dim), r.inner)
 
     def p_conv_general_dilated(self, eqn, ins, path):
         lhs_spec, _, out_spec = eqn.params["dimension_numbers"]

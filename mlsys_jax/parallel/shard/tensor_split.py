@@ -15,6 +15,7 @@ groups and, for every parameter left whole, the reason.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from jax.sharding import PartitionSpec as P
 from mlsys_jax.compat import Literal
 from mlsys_jax.ir import bodies
 from mlsys_jax.ir import primitives as prims
+from mlsys_jax.parallel.shard.matmul_dims import free_dims
+from mlsys_jax.parallel.shard.matmul_dims import out_dim as matmul_out_dim
 
 _VIEWS = frozenset({"convert_element_type", "copy", "copy_p", "transpose"})
 _SHAPES = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
@@ -265,14 +268,7 @@ class _Walk:
     def dot(self, eqn, ins, outs, tagged) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         contract, batch = (lc, rc), (lb, rb)
-        ranks = [len(v.aval.shape) for v in ins]
-        free = [[d for d in range(r) if d not in contract[i] and d not in batch[i]]
-                for i, r in enumerate(ranks)]
-
-        def out_dim(side, d):
-            if d in batch[side]:
-                return batch[side].index(d)
-            return len(lb) + (0 if side == 0 else len(free[0])) + free[side].index(d)
+        free, out_dim = free_dims(eqn), functools.partial(matmul_out_dim, eqn)
         if not tagged:
             return self.column(eqn, ins, outs, free, out_dim)
         if len(tagged) == 2:
@@ -359,7 +355,7 @@ class _Walk:
         if not kinds:
             return "not used by the loss"
         if "dot_general" in kinds:
-            if all(not _free_dims(eqn, i) for name, eqn, i in self.uses[p]
+            if all(not free_dims(eqn)[i] for name, eqn, i in self.uses[p]
                    if name == "dot_general"):
                 return "it scales features (a matmul without output features of its own)"
             return (f"no output dimension of its matmul divides by model={self.m}, or its "
@@ -374,14 +370,6 @@ _VERB = {"reduce_sum": "summed", "reduce_max": "reduced (max)", "reduce_min": "r
          "concatenate": "concatenated", "slice": "sliced", "reshape": "reshaped across heads",
          "conv_general_dilated": "convolved", "scan": "carried into a loop",
          "cond": "used in a branch", "while": "carried into a loop", "squeeze": "squeezed"}
-
-
-def _free_dims(eqn, side: int) -> list:
-    """The dimensions of a matmul's operand ``side`` that are neither contracted nor batched."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    contract, batch = (lc, rc)[side], (lb, rb)[side]
-    return [d for d in range(len(eqn.invars[side].aval.shape)) if d not in contract
-            and d not in batch]
 
 
 def _where(eqn) -> str:
