@@ -17,7 +17,8 @@ def render(target: str, out: dict, devices: int) -> str:
              wrap(f"exact: {verdict} - {out['reason']}", first=""), ""]
     diff = [{"": q, f"free-running, {out['steps']} steps": out["max_abs_diff"][q],
              "teacher-forced (decides)": out["teacher_forced"][q],
-             "noise (equivalent one-device run)": out["noise"][q], "bound": out["bound"][q]}
+             "noise (equivalent one-device run)": out["noise"][q],
+             "bound (leaf nearest it)": out["bound"][q]}
             for q in QUANTITIES]
     lines += [format_table(diff, f"max |Δ| against one device (what the mesh computes: "
                                  f"{out['semantics']})"), ""]

@@ -50,6 +50,7 @@ class Judgement:
     scale: float = 0.0       # max |reference|
     bound: float = 0.0       # the bound at the leaf closest to (or furthest past) its bound
     worst: int | None = None  # that leaf's index
+    at_worst: float = 0.0    # its |result - reference|
     ratio: float = 0.0       # its diff / bound
 
     @property
@@ -64,7 +65,7 @@ class Judgement:
             bound = 2.0 * n + floor
             ratio = d / bound if bound > 0 else (0.0 if d == 0 else np.inf)
             if self.worst is None or ratio > self.ratio:
-                self.worst, self.ratio, self.bound = i, float(ratio), bound
+                self.worst, self.ratio, self.bound, self.at_worst = i, float(ratio), bound, d
         self.diff = max(self.diff, max(diffs, default=0.0))
         self.noise = max(self.noise, max(noises, default=0.0))
 
