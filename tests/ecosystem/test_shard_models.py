@@ -133,3 +133,43 @@ def test_a_model_where_nothing_splits_says_so_and_names_the_fix():
                                          r"rules .* or sharding annotations", tp["notice"])
     assert set(tp["replicated"]) == {"['params']['Dense_0']['kernel']",
                                      "['params']['Dense_0']['bias']"}
+
+
+def _nnx_mlp():
+    """A flax nnx MLP annotated the nnx way (``nnx.with_partitioning`` with logical names),
+    created without a mesh (eager sharding off), split into graph and state."""
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    init = nnx.initializers.lecun_normal()
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(16, 64, kernel_init=nnx.with_partitioning(init, ("embed", "mlp")),
+                                 rngs=rngs)
+            self.down = nnx.Linear(64, 16, rngs=rngs,
+                                   kernel_init=nnx.with_partitioning(init, ("mlp", "embed")))
+
+        def __call__(self, x):
+            return self.down(jax.nn.relu(self.up(x)))
+
+    with nnx.use_eager_sharding(False):
+        graphdef, state = nnx.split(Mlp(nnx.Rngs(0)))
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+
+    def loss_fn(state, batch):
+        return jnp.mean((nnx.merge(graphdef, state)(batch["x"]) - batch["x"]) ** 2)
+    return loss_fn, state, {"x": x}, optax.adam(1e-3), [("mlp", "model"), ("embed", None)]
+
+
+FACTORIES["nnx"] = _nnx_mlp
+
+
+def test_nnx_sharding_metadata_is_honoured_with_logical_rules():
+    r = run("nnx", {"data": 2, "model": 2})
+    assert r.exact, r.reason
+    tp = r.tensor_parallel
+    assert tp["source"] == "annotations"
+    assert sorted(tp["split"]) == ["['down']['kernel']", "['up']['kernel']"]
+    assert r.forward_all_reduces == {"measured": 1, "megatron": 1}
