@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlsys_jax.compat import Tracer
 from mlsys_jax.ir.widen import is_float
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -110,6 +111,8 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
     fn = OPS.get(eqn.primitive.name)
     if fn is None or eqn.primitive.multiple_results:
         return None
+    if any(isinstance(x, Tracer) for x in invals):
+        return None  # under a trace (a jitted float64 twin): JAX binds it
     xs = [np.asarray(x) for x in invals]
     if not all(is_float(x.dtype) or np.issubdtype(x.dtype, np.integer) for x in xs):
         return None

@@ -204,9 +204,8 @@ def _finite(k, i, a, b) -> str | None:
     new = np.isfinite(a.astype(np.float64)) & ~np.isfinite(b.astype(np.float64))
     if not new.any():
         return None
-    peak = float(jnp.finfo(a.dtype).max)
     return (f"output {k} in {a.dtype} on input {i}: {int(new.sum())} of {a.size} values Inf/NaN "
-            f"where the original is finite ({a.dtype} holds at most {peak:.6g})")
+            "where the original is finite")
 
 
 def _close64(k, i, a, b, a_prog) -> str | None:

@@ -20,7 +20,7 @@ from mlsys_jax.compat import Tracer
 from mlsys_jax.passes.core import Pass
 from mlsys_jax.passes.rules.affine import Chain, affine_chain
 from mlsys_jax.passes.rules.linear import CONV, LinearSite, conv_bias_body, convs, emit_conv, \
-    scale_weights
+    scale_weights, weights_overflow
 from mlsys_jax.passes.rules.rule import Check, Match, Refused, Rule
 
 
@@ -52,6 +52,10 @@ def finite_map(m: ConvFold, level):
     return None
 
 
+def weights_fit(m: ConvFold, level):
+    return weights_overflow(level, m.site, m.chain.aff.a)
+
+
 def integer_weights_hold(m: ConvFold, level):
     wdt, zdt = np.dtype(m.site.w.aval.dtype), np.dtype(m.site.out.aval.dtype)
     if "scale" in m.chain.aff.ops and zdt.kind in "iu" and wdt != zdt:
@@ -67,9 +71,11 @@ def emit(m: ConvFold, em):
     dtype = em.dtype(site.out)
     b0 = None if site.b is None else em.value(site.b)
     if b0 is None:
-        new_b = aff.b.astype(dtype)
+        with np.errstate(over="ignore"):  # an Inf is judged by translation validation
+            new_b = aff.b.astype(dtype)
     elif not isinstance(b0, Tracer):
-        new_b = (np.asarray(b0).astype(aff.b.dtype) * aff.a + aff.b).astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            new_b = (np.asarray(b0).astype(aff.b.dtype) * aff.a + aff.b).astype(dtype)
     else:
         new_b = b0 * jnp.asarray(aff.a.astype(dtype)) + jnp.asarray(aff.b.astype(dtype))
     out = emit_conv(em, site, em.value(site.x), new_w, new_b)
@@ -82,7 +88,8 @@ RULE = Rule(
     name=__name__.rpartition(".")[2],  # a rule is named by its module
     what="fold inference BatchNorm into the conv's weights and a bias (§4.1)",
     match=match, emit=emit,
-    checks=(Check("finite_map", finite_map), Check("integer_weights_hold", integer_weights_hold)),
+    checks=(Check("finite_map", finite_map), Check("integer_weights_hold", integer_weights_hold),
+            Check("weights_fit_dtype", weights_fit)),
     primitives=frozenset({CONV}))
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer
 from mlsys_jax.ir.primitives import JIT
+from mlsys_jax.ir.widen import is_float
 from mlsys_jax.passes.rules.axes import provenance
 
 CONV, DOT = "conv_general_dilated", "dot_general"
@@ -169,8 +171,24 @@ def scale_weights(w, vec, site: LinearSite, dtype):
     v = np.transpose(vec, order).reshape(shape)
     if not isinstance(w, Tracer):
         wide = np.asarray(w).astype(vec.dtype)
-        return (wide * v).astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
+            return (wide * v).astype(dtype)
     return w * jax.numpy.asarray(v.astype(dtype))
+
+
+def weights_overflow(level, site: LinearSite, vec) -> str | None:
+    """Why W ⊙ vec does not fit the weights' dtype (an Inf where W is finite), or None; None too
+    for traced weights (their product is computed in the program)."""
+    w = level.value(site.w)
+    if w is None or not is_float(np.asarray(w).dtype):
+        return None
+    dtype = np.asarray(w).dtype
+    folded = scale_weights(w, vec, site, dtype)
+    new = np.isfinite(np.asarray(w, np.float64)) & ~np.isfinite(np.asarray(folded, np.float64))
+    if not new.any():
+        return None
+    return (f"the folded weights overflow {dtype} (at most {float(jnp.finfo(dtype).max):.6g}): "
+            f"{int(new.sum())} of {new.size} are Inf; left as it was")
 
 
 def along(vec, ndim: int, axes: tuple):
