@@ -75,13 +75,13 @@ def folding_clearing_weak_type():
 
 def conv_bn_wrong_channel_axis():
     """fold_conv_bn scaling W along its *input*-feature axis instead of the output one."""
-    from mlsys_jax.passes.rules import fold_conv_bn as rule
+    from mlsys_jax.passes.rules import fold, fold_conv_bn as rule
 
     def wrong(w, vec, site, dtype):
         shape = [1] * w.ndim
         shape[site.dims.rhs_spec[1]] = -1
         return (np.asarray(w, np.float64) * vec.reshape(shape)).astype(dtype)
-    return _during(rule.fold_conv_bn(), (rule, "scale_weights", wrong))
+    return _during(rule.fold_conv_bn(), (fold, "scale_weights", wrong))
 
 
 def conv_bn_without_eps():
@@ -110,16 +110,16 @@ def conv_bn_bf16_in_f32():
     mixed-precision shortcut keyed on the dtype). Its float64 twin is exact, so the float64-twin
     escape of the numeric oracle must not vouch for it: only :func:`oracles.mirrors` catches it."""
     import ml_dtypes
-    from mlsys_jax.passes.rules import fold_conv_bn as rule
+    from mlsys_jax.passes.rules import fold, fold_conv_bn as rule
 
-    real = rule.scale_weights
+    real = fold.scale_weights
 
     def lossy(w, vec, site, dtype):
         out = real(w, vec, site, dtype)
         if isinstance(out, np.ndarray) and out.dtype == np.float32:
             out = out.astype(ml_dtypes.bfloat16).astype(np.float32)
         return out
-    return _during(rule.fold_conv_bn(), (rule, "scale_weights", lossy))
+    return _during(rule.fold_conv_bn(), (fold, "scale_weights", lossy))
 
 
 def conv_bn_folding_int_div():
@@ -183,6 +183,26 @@ def _int_div_folds(closed) -> dict:
             np.asarray(w).dtype)
         plan[id(e)] = None
     return plan
+
+
+def conv_bias_ignoring_the_axis():
+    """The conv rules taking a jitted ``conv(x, w) + b`` for a conv with a per-channel bias
+    whenever the bias has as many elements as there are channels, whatever axis it is broadcast
+    along (the bug users' helpers with ``b[None, None, :, None]`` and H == C met)."""
+    from mlsys_jax.passes.rules import linear
+
+    def shape_only(body):
+        j = getattr(body, "jaxpr", body)
+        if len(j.invars) != 3 or len(j.outvars) != 1 or getattr(body, "consts", ()):
+            return None
+        convs = [e for e in j.eqns if e.primitive.name == linear.CONV]
+        if len(convs) != 1 or list(convs[0].invars) != list(j.invars[:2]) \
+                or j.eqns[-1].primitive.name != "add":
+            return None
+        fd = convs[0].params["dimension_numbers"].out_spec[1]
+        ok = j.invars[2].aval.shape == (convs[0].outvars[0].aval.shape[fd],)
+        return convs[0] if ok else None
+    return _during(fold_conv_bn.fold_conv_bn(), (linear, "conv_bias_body", shape_only))
 
 
 def _proxy(module, **overrides):
@@ -250,6 +270,8 @@ MUTANTS = (
     Mutant("conv_bn_folds_int_div", fold_conv_bn.fold_conv_bn, conv_bn_folding_int_div,
            "truncating integer division folded into conv weights as if real",
            Knobs(integer=1.0)),  # hunted among integer programs: floats never reach its rule
+    Mutant("conv_bias_ignores_the_axis", fold_conv_bn.fold_conv_bn, conv_bias_ignoring_the_axis,
+           "a jitted conv + bias taken as per-channel by the bias's length alone"),
     Mutant("merge_concat_wrong_axis", merge_parallel_convs.merge_parallel_convs, merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
     Mutant("enlarge_off_centre", enlarge_conv_kernel.enlarge_conv_kernel, enlarge_off_centre,

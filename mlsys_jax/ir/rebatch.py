@@ -7,9 +7,9 @@ equation whose inputs have fewer rows along some axes than it was traced with, a
 params that follow the rows (``broadcast_in_dim``'s shape, ``reshape``'s new sizes) and slicing a
 full-size constant operand of an elementwise op alike. It raises :class:`Unshrinkable` unless
 the equation provably treats those rows independently: elementwise ops, movement views that keep
-the axis whole, a conv's batch axis, a ``dot_general``'s free axes (and batch axes, both operands
-sliced), named calls (body by body). Reductions, contractions over the axis, gathers and
-everything else keep their full batch.
+the axis whole, reductions along other axes, a conv's batch axis, a ``dot_general``'s free axes
+(and batch axes, both operands sliced), named calls (body by body). Reductions and contractions
+over the axis, gathers and everything else keep their full batch.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from mlsys_jax.compat import Literal
-from mlsys_jax.ir.primitives import ELEMENTWISE, TRANSPARENT_CALLS
+from mlsys_jax.ir.primitives import ELEMENTWISE, REDUCTIONS, TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
 
 SHAPE_FREE = frozenset({"squeeze", "transpose", "expand_dims"}) | ELEMENTWISE
@@ -91,6 +91,8 @@ def _params(eqn, args) -> dict:
         return p
     if prim in SHAPE_FREE:
         return p
+    if prim in REDUCTIONS and "axes" in p and not set(_changed(old[0], new[0])) & set(p["axes"]):
+        return p  # reduced along other axes: each row on its own
     raise Unshrinkable(prim)
 
 

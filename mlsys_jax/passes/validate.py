@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import Literal, bind_equation
-from mlsys_jax.ir import numpy_eval
+from mlsys_jax.compat import Literal, bind_equation, eval_context
+from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.consts import is_pure
 from mlsys_jax.ir.evaluate import eval_equation
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
@@ -68,16 +68,15 @@ def enabled() -> bool:
 
 @dataclass(frozen=True)
 class Region:
-    """The equations a rewrite replaces, in program order; the non-constant values they read
-    (``inputs``); the known values they read (``consts``: var -> value); the values the rewrite
-    replaces (``outputs``); and the values inside its calls' bodies computed from constants
-    alone (``inner``: var -> value, as ``ir.consts`` computed them)."""
+    """The equations a rewrite replaces and the constant subgraphs they read, in program order;
+    the non-constant values they read (``inputs``); the constants those subgraphs start from
+    (``consts``: var -> value: the program's constants, literals aside); the values the rewrite
+    replaces (``outputs``)."""
 
     eqns: tuple
     inputs: tuple
     consts: dict
     outputs: tuple
-    inner: dict = field(default_factory=dict)  # values known inside the region's calls
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -117,40 +116,55 @@ def draw(shape: tuple, dtype, k: int):
 
 # ---- evaluation --------------------------------------------------------------------------------
 
-def _run(eqns, env: dict, known: dict, widen: bool, given: dict) -> None:
-    """Evaluate ``eqns`` into ``env``. What is computed from constants alone is a constant of the
-    program, as the rule saw it (``given``: ``Region.inner``, computed in the program's dtypes by
-    ``ir.consts``), even when widening; everything computed from an input is widened. Calls run
-    their bodies so."""
+def _constants(eqns, env: dict) -> None:
+    """Into ``env``: every value of ``eqns`` (and of their calls' bodies) computed from constants
+    alone, by the equations themselves, as XLA:CPU's kernels compute them — independently of the
+    rule's own constant analysis, which a broken rule may have got wrong. ``env`` holds the
+    constants to start from."""
     def read(v):
-        return (literal_value(v, False), True) if type(v) is Literal else (env[v], known[v])
+        return literal_value(v, False) if type(v) is Literal else env.get(v, _UNKNOWN)
+    for eqn in eqns:
+        vals = [read(v) for v in eqn.invars]
+        inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
+        if all(x is not _UNKNOWN for x in vals) and is_pure(eqn):
+            outs = numpy_rules.evaluate(eqn, vals)  # XLA's bits, no kernel to compile
+            env.update(zip(eqn.outvars, outs if outs is not None else bind_equation(eqn, vals)))
+        elif len(inner) == 1:
+            b = inner[0]
+            sub = dict(zip(b.jaxpr.constvars, b.consts))
+            sub.update((v, x) for v, x in zip(b.jaxpr.invars, vals) if x is not _UNKNOWN)
+            _constants(b.jaxpr.eqns, sub)
+            env.update((v, x) for v, x in sub.items() if v not in b.jaxpr.invars)
+            outs = [literal_value(v, False) if type(v) is Literal else sub.get(v, _UNKNOWN)
+                    for v in b.jaxpr.outvars]
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if x is not _UNKNOWN)
+
+
+_UNKNOWN = object()
+
+
+def _run(eqns, env: dict, widen: bool, given: dict) -> None:
+    """Evaluate ``eqns`` into ``env``; values in ``given`` (the region's constants,
+    :func:`_constants`) are taken as they are — constants of the program, in its dtypes, even
+    when widening — and everything computed from an input is widened. Calls run their bodies."""
+    def read(v):
+        return literal_value(v, widen) if type(v) is Literal else env[v]
     for eqn in eqns:
         if eqn.outvars and all(v in given for v in eqn.outvars):
             env.update((v, given[v]) for v in eqn.outvars)
-            known.update((v, True) for v in eqn.outvars)
             continue
-        vals, ks = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
         inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
-        if ks and all(ks) and is_pure(eqn):
-            outs, k = bind_equation(eqn, list(vals)), True
-        elif len(inner) == 1:
+        vals = [widen_value(x) if widen else x for x in map(read, eqn.invars)]
+        if len(inner) == 1:
             b = inner[0]
-            sub_env = dict(zip(b.jaxpr.constvars, b.consts))
-            sub_known = {v: True for v in b.jaxpr.constvars}
-            sub_env.update(zip(b.jaxpr.invars, vals))
-            sub_known.update(zip(b.jaxpr.invars, ks))
-            _run(b.jaxpr.eqns, sub_env, sub_known, widen, given)
-            outs = [literal_value(v, False) if type(v) is Literal else sub_env[v]
+            sub = {v: given.get(v, c) for v, c in zip(b.jaxpr.constvars, b.consts)}
+            sub.update(zip(b.jaxpr.invars, vals))
+            _run(b.jaxpr.eqns, sub, widen, given)
+            outs = [literal_value(v, widen) if type(v) is Literal else sub[v]
                     for v in b.jaxpr.outvars]
-            ks_out = [type(v) is Literal or sub_known[v] for v in b.jaxpr.outvars]
-            env.update(zip(eqn.outvars, outs))
-            known.update(zip(eqn.outvars, ks_out))
-            continue
         else:
-            args = [widen_value(x) if widen else x for x in vals]
-            outs, k = rebind(eqn, args, partial(_bind, widen=widen)), False
+            outs = rebind(eqn, vals, partial(_bind, widen=widen))
         env.update(zip(eqn.outvars, outs))
-        known.update((v, k) for v in eqn.outvars)
 
 
 def _bind(eqn, args, widen):
@@ -167,12 +181,10 @@ def approximate(eqn, args, widen: bool) -> list:
     return eval_equation(eqn, args, widen)
 
 
-def _evaluate(region: Region, inputs: list, widen: bool) -> list:
+def _evaluate(region: Region, inputs: list, widen: bool, given: dict) -> list:
     env = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
-    known = {v: False for v in region.inputs}
-    env.update((v, np.asarray(c)) for v, c in region.consts.items())  # as the emit reads them
-    known.update((v, True) for v in region.consts)
-    _run(region.eqns, env, known, widen, region.inner)
+    env.update(given)
+    _run(region.eqns, env, widen, given)
     return [np.asarray(widen_value(env[v]) if widen else env[v]) for v in region.outputs]
 
 
@@ -252,12 +264,15 @@ def validate(region: Region, replacement: Callable) -> str | None:
     if not region.outputs:
         return None
     cut = _one_row(region)
-    if cut is not None:
-        try:
-            return _validate(region, replacement, cut)
-        except Unshrinkable:
-            pass
-    return _validate(region, replacement, [tuple(v.aval.shape) for v in region.inputs])
+    try:
+        if cut is not None:
+            try:
+                return _validate(region, replacement, cut)
+            except Unshrinkable:
+                pass
+        return _validate(region, replacement, [tuple(v.aval.shape) for v in region.inputs])
+    except (TypeError, ValueError) as e:  # the replacement is not even well-typed here
+        return f"the replacement cannot run on its region: {type(e).__name__}: {e}"[:300]
 
 
 def _narrow(region: Region) -> bool:
@@ -271,9 +286,12 @@ def _narrow(region: Region) -> bool:
 def _validate(region: Region, replacement: Callable, shapes: list) -> str | None:
     floats = any(is_float(v.aval.dtype) for v in region.outputs)
     narrow = floats and _narrow(region)
+    given = {v: np.asarray(c) for v, c in region.consts.items()}
+    with eval_context():
+        _constants(region.eqns, given)
     for i in range(DRAWS):
         inputs = [draw(s, v.aval.dtype, i) for s, v in zip(shapes, region.inputs)]
-        before = _evaluate(region, inputs, widen=False)
+        before = _evaluate(region, inputs, False, given)
         after = _replaced(region, replacement, inputs, widen=False)
         for k, (a, b) in enumerate(zip(before, after)):
             why = _finite(k, i, a, b) if is_float(a.dtype) else _exact(k, i, a, b)
@@ -284,7 +302,7 @@ def _validate(region: Region, replacement: Callable, shapes: list) -> str | None
         before64, after64 = before, after  # a float64 program: already what it means
         if narrow:
             with jax.enable_x64(True):
-                before64 = _evaluate(region, inputs, widen=True)
+                before64 = _evaluate(region, inputs, True, given)
                 after64 = _replaced(region, replacement, inputs, widen=True)
         for k, (a, b, ap) in enumerate(zip(before64, after64, before)):
             if is_float(ap.dtype):

@@ -24,7 +24,6 @@ from typing import Callable, Iterable
 import jax
 
 from mlsys_jax.compat import Literal
-from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies, body_path, equations
 from mlsys_jax.passes.basic import dce_jaxpr
 from mlsys_jax.passes.core import Log, Pass, PassResult, transform
@@ -100,21 +99,34 @@ class Rule:
         return out
 
     def region(self, level: Level, m: Match) -> Region:
-        """The equations ``m`` replaces as a function of what they read (``passes/validate``)."""
-        eqns = [level.eqns[i] for i in sorted(m.eqns)]
-        made = {v for e in eqns for v in e.outvars}
-        inputs, consts, inner = [], {}, {}
-        for e in eqns:
-            for v in e.invars:
-                if type(v) is Literal or v in made or v in consts or v in inputs:
+        """The equations ``m`` replaces as a function of what they read (``passes/validate``),
+        with the constant subgraphs they read, back to the program's constants: validation
+        recomputes those itself rather than trust the rule's constant analysis."""
+        main = sorted(m.eqns)
+        made = {v for i in main for v in level.eqns[i].outvars}
+        inputs, consts, sub = [], {}, set()
+        stack = []
+        for i in main:
+            for v in level.eqns[i].invars:
+                if type(v) is Literal or v in made or v in inputs:
                     continue
-                val = level.value(v)
-                if val is None:
-                    inputs.append(v)
-                else:
-                    consts[v] = val
-            _known_inside(e, level, inner)
-        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), inner)
+                (stack if level.value(v) is not None else inputs).append(v)
+        seen = set()
+        while stack:  # back through the equations that compute the constants read
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            i = level.defined.get(v)
+            producer = level.eqns[i] if i is not None else None
+            if producer is None or not all(type(x) is Literal or level.value(x) is not None
+                                           for x in producer.invars):
+                consts[v] = level.value(v)  # a constant of the program (or of the call)
+                continue
+            sub.add(i)
+            stack += [x for x in producer.invars if type(x) is not Literal]
+        eqns = [level.eqns[i] for i in sorted(sub | set(main))]
+        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs))
 
     def replacement(self, level: Level, m: Match) -> Callable:
         """``m``'s emit as a function of the region's inputs (what ``validate`` runs)."""
@@ -176,24 +188,6 @@ class Rule:
             for jaxpr, consts, path in levels(closed.jaxpr, closed.consts):
                 self.checked(Level(jaxpr, consts, path), log, **options)
         return tuple(log.refusals)
-
-
-def _known_inside(eqn, level: Level, out: dict) -> None:
-    """The values a call's body computes from constants alone (its known arguments, its consts),
-    into ``out``: what validation takes as constants inside the region."""
-    inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
-    if len(inner) != 1:
-        return
-    b = inner[0]
-    args = {v: level.value(x) for v, x in zip(b.jaxpr.invars, eqn.invars)}
-    body = Level(b.jaxpr, b.consts, known={v: x for v, x in args.items() if x is not None},
-                 nested=False)
-    for e in b.jaxpr.eqns:
-        for v in e.outvars:
-            val = body.value(v)
-            if val is not None:
-                out[v] = val
-        _known_inside(e, body, out)
 
 
 def _placement(level: Level, m: Match) -> tuple:
