@@ -49,7 +49,7 @@ def structural_vs_jax_dce(generated_program, quick: bool) -> tuple[dict, list]:
 
 def fuzz_rate(quick: bool) -> tuple[dict, list]:
     """The fuzzer's CI tier: programs per second, and the share of its CPU time the passes take."""
-    from mlsys_jax.fuzz.build import build
+    from mlsys_jax.fuzz.program import build
     from mlsys_jax.fuzz.campaign import run_campaign
     from mlsys_jax.fuzz.judge import apply_pass
     from mlsys_jax.fuzz.spec import generate_seeded, program_seed

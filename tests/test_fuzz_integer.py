@@ -10,7 +10,7 @@ import pytest
 
 from mlsys_jax import passes
 from mlsys_jax.fuzz import Spec, generate_seeded, oracles, program_seed
-from mlsys_jax.fuzz.build import build, make_inputs
+from mlsys_jax.fuzz.program import build, make_inputs
 from mlsys_jax.fuzz.campaign import run_campaign
 from mlsys_jax.fuzz.judge import check_program, finite_inputs_only
 from mlsys_jax.fuzz.mutants import MUTANTS

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from mlsys_jax.fuzz import oracles
-from mlsys_jax.fuzz.build import build
+from mlsys_jax.fuzz.program import build
 from mlsys_jax.fuzz.spec import Spec
 from mlsys_jax.ir import rebuild
 from mlsys_jax.passes import VerificationError, registry, run
@@ -52,6 +52,7 @@ class Outcome:
     failures: list = field(default_factory=list)
     error_ratio: float = 0.0
     twin_checks: int = 0
+    validation: list = field(default_factory=list)  # (pass, reason): rewrites validation refused
 
 
 def apply_pass(p, closed, validate: bool = True):
@@ -60,11 +61,30 @@ def apply_pass(p, closed, validate: bool = True):
     return run(p, closed, verify=True, cost=False, validate=validate)
 
 
+def fixpoints(closed, passes: dict) -> list[str]:
+    """Every registered pass, the default pipeline and everything after ``inline``, each repeated
+    to a fixpoint on ``closed``: what fails to converge or revisits a graph (a rewrite cycle)."""
+    from mlsys_jax.passes import FixpointError, chain, fixpoint, inline
+
+    loops = [fixpoint(p) for p in passes.values()]
+    loops += [fixpoint(registry.pipeline()), fixpoint(chain(inline(), *passes.values()))]
+    failed = []
+    for p in loops:
+        try:
+            run(p, closed, verify=True, cost=False)
+        except FixpointError as e:
+            failed.append(str(e))
+        except VerificationError as e:
+            failed.append(f"{p.name}: {str(e).splitlines()[0]}")
+    return failed
+
+
 def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True,
-                  validate: bool = True) -> Outcome:
+                  validate: bool = True, fixpoint: bool = False) -> Outcome:
     """Run every pass ``{name: Pass}`` on one program and judge it (the tier of each pass comes
     from its registered kind); never raises for a pass's failure. ``validate=False`` judges the
-    rules alone, without translation validation refusing their wrong rewrites."""
+    rules alone, without translation validation refusing their wrong rewrites; ``fixpoint``
+    also repeats every pass and pipeline to a fixpoint (:func:`fixpoints`)."""
     out = Outcome()
     try:
         closed = build(spec)
@@ -104,6 +124,8 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True,
             out.failures.append(Failure(name, "crash", msg[:300], spec, seed))
             continue
         out.rewrites[name] = len(result.rewrites) if result.changed else 0
+        out.validation += [(name, r.reason) for r in result.refusals
+                           if r.check == "translation_validation"]
         judged_on = reference_for(name) if result.changed else None
         if judged_on is None:
             continue
@@ -113,4 +135,7 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True,
         out.twin_checks += v.twin_checks
         if not v.ok:
             out.failures.append(Failure(name, "mismatch", v.failures[0], spec, seed))
+    if fixpoint:
+        out.failures += [Failure("fixpoint", "fixpoint", m, spec, seed)
+                         for m in fixpoints(closed, passes)]
     return out
