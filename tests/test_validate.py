@@ -137,3 +137,17 @@ def test_large_regions_run_on_one_example_of_their_batch():
         wrong = lambda read, widen: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
         assert "differs in float64" in V._validate(region, wrong, V._one_row(region))
         assert "differs in float64" in V.validate(region, wrong)
+
+
+
+def test_a_rewrite_of_constants_alone_is_compared_as_it_computes():
+    """Campaign program 67 (seed 0): a jitted conv + bias helper whose input is a constant
+    (``sin`` of one, times 2), then a BatchNorm of tiny variance. The conv is part of the
+    rewrite, so the float64 comparison widens it, rather than taking its float32 value as a
+    constant of the program (which showed float32 rounding, ×1e4 by the BN, as a wrong value)."""
+    from mlsys_jax.fuzz import generate_seeded, program_seed
+    from mlsys_jax.fuzz.program import build
+
+    res = P.run(P.fold_conv_bn(), build(generate_seeded(program_seed(0, 67))))
+    assert res.changed
+    assert not [r for r in res.refusals if r.check == "translation_validation"], res.refusals

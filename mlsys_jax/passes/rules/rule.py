@@ -126,7 +126,8 @@ class Rule:
             sub.add(i)
             stack += [x for x in producer.invars if type(x) is not Literal]
         eqns = [level.eqns[i] for i in sorted(sub | set(main))]
-        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs))
+        removed = frozenset(id(level.eqns[i]) for i in main)
+        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), removed)
 
     def replacement(self, level: Level, m: Match) -> Callable:
         """``m``'s emit as a function of the region's inputs (what ``validate`` runs)."""
