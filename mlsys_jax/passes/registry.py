@@ -16,7 +16,8 @@ from typing import Callable, Iterable
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes import basic
 from mlsys_jax.passes.core import Pass, chain
-from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, merge_parallel_convs
+from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, fold_dense_bn, \
+    merge_parallel_convs
 from mlsys_jax.passes.rules.rule import FINITE_ONLY, NUMERIC, STRUCTURAL, Rule
 
 __all__ = ["Entry", "PASSES", "NAMES", "DEFAULT_PIPELINE", "STRUCTURAL", "NUMERIC", "FINITE_ONLY",
@@ -68,11 +69,13 @@ PASSES: dict[str, Entry] = {e.name: e for e in (
     rule_entry(fold_conv_bn),
     rule_entry(merge_parallel_convs),
     rule_entry(enlarge_conv_kernel),
+    rule_entry(fold_dense_bn),
 )}
 NAMES = tuple(PASSES)  # the built-in passes (``PASSES`` also holds any registered since)
 # The standard pipeline (``mlsys-jax optimize`` without --passes): fold constants first so the
 # rules see constant BN statistics, merge duplicates, then the §4.1 rules, then clean up.
-DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "merge_parallel_convs", "dce")
+DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "fold_dense_bn", "merge_parallel_convs",
+                    "dce")
 
 
 def search_move_names() -> tuple:
