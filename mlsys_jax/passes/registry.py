@@ -17,7 +17,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes import basic
 from mlsys_jax.passes.core import Pass, chain
 from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, fold_dense_bn, \
-    merge_parallel_convs
+    fold_matmul_scale, merge_parallel_convs
 from mlsys_jax.passes.rules.rule import FINITE_ONLY, NUMERIC, STRUCTURAL, Rule
 
 __all__ = ["Entry", "PASSES", "NAMES", "DEFAULT_PIPELINE", "STRUCTURAL", "NUMERIC", "FINITE_ONLY",
@@ -70,12 +70,13 @@ PASSES: dict[str, Entry] = {e.name: e for e in (
     rule_entry(merge_parallel_convs),
     rule_entry(enlarge_conv_kernel),
     rule_entry(fold_dense_bn),
+    rule_entry(fold_matmul_scale),
 )}
 NAMES = tuple(PASSES)  # the built-in passes (``PASSES`` also holds any registered since)
 # The standard pipeline (``mlsys-jax optimize`` without --passes): fold constants first so the
 # rules see constant BN statistics, merge duplicates, then the §4.1 rules, then clean up.
-DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "fold_dense_bn", "merge_parallel_convs",
-                    "dce")
+DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "fold_dense_bn", "fold_matmul_scale",
+                    "merge_parallel_convs", "dce")
 
 
 def search_move_names() -> tuple:
