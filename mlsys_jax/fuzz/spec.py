@@ -122,7 +122,7 @@ class Knobs:
     debug: float = 0.15
     opaque: float = 0.15
     conv_motifs: float = 0.7    # image programs: chance of a parallel-conv and a conv→BN motif
-    dense_motifs: float = 0.5   # dense programs: chance of a Dense→BN and an attention motif
+    dense_motifs: float = 0.8   # dense programs: chance of a Dense→BN and an attention motif
     user: float = 0.6           # more user-style motifs (fuzz/motifs_user.py)
     square: float = 0.35        # image programs with C == H == W (a bias on any axis fits)
     dead: float = 0.5           # leave some values unused (DCE)

@@ -11,6 +11,8 @@ bfloat16 with float32 accumulation. The float64 twin computes the same program e
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,11 +84,11 @@ class UserOps:
         wk = jnp.asarray(self.const(n["seed"] + 2, (d, d), scale=d ** -0.5))
         bq = jnp.asarray(self.const(n["seed"] + 3, (d,)))
         q, k = x @ wq + bq, x @ wk
-        form = n["form"]
+        form = n["form"]  # Python floats, as users write them: weak, so q keeps its dtype
         if form == "q_scaled":
-            s = (q / np.sqrt(d)) @ k.T
+            s = (q / math.sqrt(d)) @ k.T
         elif form == "scores_scaled":
-            s = (q @ k.T) * (1.0 / np.sqrt(d))
+            s = (q @ k.T) * (1.0 / math.sqrt(d))
         else:
             s = (q @ k.T) / jnp.sqrt(float(d))
         return jax.nn.softmax(s, axis=-1) @ x
