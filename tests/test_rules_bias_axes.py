@@ -1,7 +1,7 @@
 """A bias (or scale) broadcast along the wrong axis, where that axis has the features' length:
 every rule refuses it with a reason or rewrites it correctly (judged per element on several
-inputs). The bug: a jitted ``conv(x, w) + b[None, None, :, None]`` with H == C was folded as a
-per-channel bias (max |diff| 60), by fold_conv_bn, enlarge_conv_kernel and merge_parallel_convs."""
+inputs): a jitted ``conv(x, w) + b[None, None, :, None]`` with H == C has a bias of the channels'
+length that is not per-channel, and a check of its shape alone would fold it along the channels."""
 from __future__ import annotations
 
 import jax

@@ -143,8 +143,8 @@ def test_large_regions_run_on_one_example_of_their_batch():
 
 @pytest.mark.parametrize("program", [67, 23])
 def test_constants_are_what_the_program_and_the_rewrite_make_of_them(program):
-    """Campaign programs of seed 0 that validation once refused with a float32 rounding shown as
-    a wrong value: 67, a jitted conv + bias helper on a constant input (sin of one, times 2) then
+    """Campaign programs of seed 0 where a float32 rounding of constants could pass for a wrong
+    value: 67, a jitted conv + bias helper on a constant input (sin of one, times 2) then
     a BatchNorm of tiny variance — the conv, removed by the rewrite, reads constants alone, and
     its float64 meaning is its float32 value or its float64 one; 23, a named ``batch_norm`` call
     whose constants (rsqrt(var + eps)) are the program's float32 values, as the rule reads them."""

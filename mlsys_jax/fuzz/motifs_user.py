@@ -1,8 +1,8 @@
 """Motifs that imitate what users write (docs/verification.md §2; their meaning: ``fuzz/user_ops.py``).
 
-A grammar that only draws the lecture's patterns never draws the bug a user's code hits: a jitted
-helper ``conv(x, w) + b[None, None, :, None]`` whose bias runs along H when H == C was folded as a
-per-channel bias. So image programs are sometimes square (C == H == W: a bias along any axis has
+A grammar that only draws the lecture's patterns never draws what users' code has: a jitted helper
+``conv(x, w) + b[None, None, :, None]`` whose bias runs along H when H == C, which a shape-only
+check takes for a per-channel bias. So image programs are sometimes square (C == H == W: a bias along any axis has
 the channels' length), Dense outputs sometimes have as many features as the batch has rows, and
 every motif below draws its axes, scales and dtypes from what frameworks and users do.
 """

@@ -188,7 +188,7 @@ def _int_div_folds(closed) -> dict:
 def conv_bias_ignoring_the_axis():
     """The conv rules taking a jitted ``conv(x, w) + b`` for a conv with a per-channel bias
     whenever the bias has as many elements as there are channels, whatever axis it is broadcast
-    along (the bug users' helpers with ``b[None, None, :, None]`` and H == C met)."""
+    along (a users' helper's ``b[None, None, :, None]`` with H == C)."""
     from mlsys_jax.passes.rules import linear
 
     def shape_only(body):
