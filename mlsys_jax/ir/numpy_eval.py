@@ -7,6 +7,9 @@ kernel for every new (primitive, shape, dtype), which at the size of a test or a
 most of the cost; NumPy computes these primitives directly, in the precision XLA:CPU computes them
 (16-bit floats in float32, rounded back; integers in int64, wrapped back to their width).
 ``ir/numpy_rules.py`` is the other NumPy table: exact XLA bits, for the bitwise oracle.
+A large contraction is the exception: NumPy's tap-by-tap conv costs more than XLA's kernel, whose
+compile JAX caches per shape (a search validates the same conv many times), so convs and
+dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from mlsys_jax.compat import Tracer
 from mlsys_jax.ir.widen import is_float
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+NUMPY_MACS = 2_000_000  # above: XLA's kernel (one compile per shape) beats NumPy's contraction
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -105,11 +109,26 @@ IGNORED = ("sharding", "out_sharding", "accuracy", "out_dtype", "weak_type", "pr
            "preferred_element_type")
 
 
+def _macs(eqn) -> int:
+    """Multiply-adds of a conv or dot_general (0 for anything else): the output's size times
+    what each output element contracts."""
+    name = eqn.primitive.name
+    if name not in ("conv_general_dilated", "dot_general"):
+        return 0
+    out = int(np.prod(eqn.outvars[0].aval.shape))
+    rhs = eqn.invars[1].aval.shape
+    if name == "dot_general":
+        (_, rc), _ = eqn.params["dimension_numbers"]
+        return out * int(np.prod([rhs[a] for a in rc]))
+    spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, spatial...)
+    return out * int(np.prod([rhs[a] for a in spec[1:]]))
+
+
 def evaluate(eqn, invals, out_dtype) -> list | None:
     """``eqn`` on ``invals`` as NumPy computes it, the result in ``out_dtype``; None where this
     table has no rule (the caller binds it through XLA)."""
     fn = OPS.get(eqn.primitive.name)
-    if fn is None or eqn.primitive.multiple_results:
+    if fn is None or eqn.primitive.multiple_results or _macs(eqn) > NUMPY_MACS:
         return None
     if any(isinstance(x, Tracer) for x in invals):
         return None  # under a trace (a jitted float64 twin): JAX binds it
