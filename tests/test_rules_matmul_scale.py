@@ -39,6 +39,7 @@ def _within_rounding(closed, res, f, shape):
         assert np.all(np.abs(got - want) <= 1e-5 * (1 + np.abs(want)))
 
 
+@pytest.mark.slow  # the first of them compiles softmax's kernels: ~1.5 s
 @pytest.mark.parametrize("form", FORMS)
 def test_the_scale_goes_into_the_query_projection(form):
     def attend(x):
