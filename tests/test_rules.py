@@ -18,7 +18,7 @@ from mlsys_jax.passes import registry
 from mlsys_jax.passes.rules import linear
 from mlsys_jax.passes.rules.axes import moved_axes, provenance
 from mlsys_jax.passes.rules.level import Level
-from mlsys_jax.passes.rules.rule import STRUCTURAL, Check, Match, Refused, Rule
+from mlsys_jax.passes.rules.rule import STRUCTURAL, Match, Precondition, Refused, Rule
 from mlsys_jax.passes.search import search
 
 
@@ -47,7 +47,7 @@ def _not_an_output(m, level):
 
 def _times_one_module():
     rule = Rule(name="drop_times_one", what="x · 1 is x", match=_times_one,
-                emit=_the_other_operand, checks=(Check("not_an_output", _not_an_output),),
+                emit=_the_other_operand, checks=(Precondition("not_an_output", _not_an_output),),
                 kind=STRUCTURAL, primitives=frozenset({"mul"}))
 
     def drop_times_one(only=None):

@@ -19,7 +19,7 @@ from mlsys_jax.compat import Tracer
 from mlsys_jax.passes.rules.affine import Chain
 from mlsys_jax.passes.rules.linear import LinearSite, emit_conv, emit_dot, scale_weights, \
     weights_overflow
-from mlsys_jax.passes.rules.rule import Check, Match
+from mlsys_jax.passes.rules.rule import Match, Precondition
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +55,9 @@ def weights_fit(m: Fold, level):
     return weights_overflow(level, m.site, m.chain.aff.a)
 
 
-CHECKS = (Check("finite_map", finite_map), Check("integer_weights_hold", integer_weights_hold),
-          Check("weights_fit_dtype", weights_fit))
+CHECKS = (Precondition("finite_map", finite_map),
+          Precondition("integer_weights_hold", integer_weights_hold),
+          Precondition("weights_fit_dtype", weights_fit))
 
 
 def folded(em, site: LinearSite, aff):

@@ -39,7 +39,7 @@ FINITE_ONLY = "exact for finite inputs"
 
 
 @dataclass(frozen=True)
-class Check:
+class Precondition:
     """A named precondition: ``test(match, level)`` returns None when it holds, else the reason."""
 
     name: str
