@@ -61,9 +61,11 @@ def compare_outputs(before, after, inputs) -> OutputCheck:
     import jax.numpy as jnp
     import numpy as np
 
-    from mlsys_jax.ir import interpret
+    from mlsys_jax.ir.interpret import lifted
 
-    old, new = jax.jit(lambda *a: (interpret(before, *a), interpret(after, *a)))(*inputs)
+    # a factory's parameters, folded in as constants, enter the program as arguments
+    (f_old, c_old), (f_new, c_new) = lifted(before), lifted(after)
+    old, new = jax.jit(lambda co, cn, *a: (f_old(co, *a), f_new(cn, *a)))(c_old, c_new, *inputs)
     computes_in = least_precise_float(before)
     check = OutputCheck()
     for k, (a, b) in enumerate(zip(old, new)):

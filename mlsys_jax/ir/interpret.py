@@ -58,3 +58,27 @@ def rebuild(closed: ClosedJaxpr, handler: Handler | None = None) -> ClosedJaxpr:
 def as_function(closed: ClosedJaxpr) -> Callable:
     """A Python function ``f(*flat_args) -> list`` evaluating ``closed`` (jit-able)."""
     return lambda *args: interpret(closed, *args)
+
+
+LIFT_BYTES = 1 << 20  # constants at least this large enter compiled programs as arguments
+
+
+def lifted(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> tuple[Callable, list]:
+    """``(fn, big)`` such that ``fn(big, *flat_args)`` evaluates ``closed`` like
+    :func:`as_function`, with its constants of at least ``min_bytes`` bytes passed in as ``big``
+    instead of closed over. Under ``jax.jit`` a closed-over constant is copied into the program
+    (MLIR, the compilation cache key's hash, XLA's constant folding: seconds and several copies
+    per 100 MB); an argument is read where it lies. Smaller constants stay in the program, where
+    XLA folds them as it would in the user's own jitted code."""
+    from mlsys_jax.ir.trace import aval_bytes
+
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    big = [i for i, v in enumerate(jaxpr.constvars)
+           if hasattr(consts[i], "shape") and aval_bytes(v.aval) >= min_bytes]
+
+    def fn(values, *args):
+        full = list(consts)
+        for i, x in zip(big, values):
+            full[i] = x
+        return eval_jaxpr(jaxpr, full, *args)
+    return fn, [consts[i] for i in big]

@@ -23,15 +23,27 @@ from mlsys_jax.passes.convsites import (Consts, Site, attribute_difference, conv
 from mlsys_jax.passes.core import Log, Pass, is_concrete
 
 
+_SCALE_BLOCK_BYTES = 1 << 26  # a known W is scaled this many of its bytes at a time
+
+
 def _channel_scale(w, vec, site: Site):
     """W · s along the kernel's output-feature axis (known W: exact in float64 or int64, rounded
-    once)."""
+    once, a block of output channels at a time: a whole float64 copy of a large kernel would
+    take twice its size again)."""
+    axis = site.dims.rhs_spec[0]
     shape = [1] * w.ndim
-    shape[site.dims.rhs_spec[0]] = -1
-    if is_concrete(w):
-        w = np.asarray(w)
-        return (w.astype(vec.dtype) * vec.reshape(shape)).astype(w.dtype)
-    return w * jnp.asarray(vec.reshape(shape).astype(w.dtype))
+    shape[axis] = -1
+    if not is_concrete(w):
+        return w * jnp.asarray(vec.reshape(shape).astype(w.dtype))
+    w = np.asarray(w)
+    out = np.empty(w.shape, w.dtype)
+    step = max(1, w.shape[axis] * _SCALE_BLOCK_BYTES // max(w.nbytes, 1))
+    for start in range(0, w.shape[axis], step):
+        block = [slice(None)] * w.ndim
+        block[axis] = slice(start, start + step)
+        part = vec.reshape(-1)[start:start + step].reshape(shape)
+        out[tuple(block)] = w[tuple(block)].astype(vec.dtype) * part
+    return out
 
 
 # ---- fold_conv_bn ----------------------------------------------------------------------------
