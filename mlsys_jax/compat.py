@@ -4,6 +4,8 @@ Everything else in mlsys_jax imports these names from here, so a JAX upgrade is 
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.extend.core as jcore
 from jax._src import core as _core
@@ -243,3 +245,17 @@ def source_frames(source_info):
         if _source_info.is_user_filename(code.co_filename):
             frame = _source_info.raw_frame_to_frame(code, offset)
             yield frame.file_name, frame.start_line, frame.function_name
+
+
+@contextlib.contextmanager
+def traced_as(eqn):
+    """Equations traced inside carry ``eqn``'s name stack and traceback: a rewrite's
+    replacement stays in the module (and on the line) of the equation it replaces."""
+    context = _source_info._source_info_context
+    before = context.context
+    context.context = before.replace(traceback=eqn.source_info.traceback,
+                                     name_stack=eqn.source_info.name_stack)
+    try:
+        yield
+    finally:
+        context.context = before

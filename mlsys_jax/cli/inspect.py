@@ -105,15 +105,16 @@ def _print_tables(args, closed, both, report, summary, equations: int) -> None:
         model = LABELS[hw.fusion] if report.fused else LABELS["none"]
         print(format_table(rows, title=f"\n[kernels: {model}; {hw.name}, {dtypes}]"))
     else:
-        default = LABELS[hw.fusion] if summary.default_fused else LABELS["none"]
         name = f" of {'/'.join(summary.root)}" if summary.root else ""
         print(format_table(text_rows(summary),
-                           title=f"\n[modules{name}: share, bytes and bound of the {default} "
-                                 f"estimate; {hw.name}, {dtypes}]"))
-        print(wrap(f"{summary.depth} of {summary.levels} levels; each module's rows below it sum "
-                   f"to it. --depth N for more or fewer, --ops for one row per kernel"
+                           title=f"\n[modules{name}: share, bytes and bound of the "
+                                 f"{both.default_label} estimate; {hw.name}, {dtypes}]"))
+        levels = (f"{summary.depth} of {summary.levels} levels (--depth N); "
+                  if summary.levels > 1 else "")
+        print(wrap(f"{levels}the rows below a module sum to it, and a kernel spanning modules "
+                   "counts in the innermost one holding them all. --ops: one row per kernel"
                    + ("" if args.jaxpr or equations <= JAXPR_SHOWN else
-                      f", --jaxpr for the jaxpr ({equations:,} equations)"), first="  "))
+                      f"; --jaxpr: the jaxpr ({equations:,} equations)"), first="  "))
     t = report.totals()
     params = (f"; {summary.node.params:,} parameters, {summary.node.param_bytes / 1e6:.4g} MB"
               if summary.node.params else "")

@@ -67,7 +67,7 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def _num(x: float) -> str:
+def figure(x: float) -> str:
     """Three significant digits (two below 0.01)."""
     if x == 0:
         return "0"
@@ -99,11 +99,11 @@ def text_rows(summary: ModuleSummary) -> list[dict]:
         out.append({
             "module": "  " * (r.depth - 1) + r.name,
             "params": _count(c.params) if c.params else "",
-            f"param {param_name}": _num(c.param_bytes / param_unit) if c.params else "",
-            flop_name: _num(c.flops / flop_unit),
-            f"{byte_name} moved": _num(moved / byte_unit),
-            "µs unfused": _num(c.unfused_us),
-            "µs fused": _num(c.fused_us),
+            f"param {param_name}": figure(c.param_bytes / param_unit) if c.params else "",
+            flop_name: figure(c.flops / flop_unit),
+            f"{byte_name} moved": figure(moved / byte_unit),
+            "µs unfused": figure(c.unfused_us),
+            "µs fused": figure(c.fused_us),
             "share": f"{100 * _time(c, fused) / total:.1f}%" if total else "",
             "bound": regime if share >= 0.995 or not regime else f"{regime} {100 * share:.0f}%",
         })

@@ -165,7 +165,8 @@ def top(root: ModuleCost) -> tuple[Module, ModuleCost]:
     ``conv2_block1_1_conv`` ...) are grouped by their names' ``_``-separated prefixes."""
     node = root
     if len(root.children) == 1 and root.own is None:
-        node = next(iter(root.children.values()))
+        only = next(iter(root.children.values()))
+        node = only if only.children else root
     return node.path, node
 
 

@@ -150,8 +150,10 @@ def origins(eqns: list, weights: dict) -> list[Origin]:
 
 
 def _from_neighbours(eqns: list, found: list) -> None:
-    """Unresolved equations take the module of a resolved producer or consumer traced in the
-    same scope from the same line, when all such neighbours agree (repeated to a fixpoint)."""
+    """Unresolved equations take the module of resolved neighbours traced in the same scope
+    from the same line, when all such neighbours agree: first their consumers only (a layer's
+    weight is applied after its statistics, and a layer's producer may be the previous instance
+    of the same layer, in a loop), then producers too; each to a fixpoint."""
     producer, users = {}, {}
     for i, e in enumerate(eqns):
         for v in e.outvars:
@@ -167,24 +169,27 @@ def _from_neighbours(eqns: list, found: list) -> None:
             sites[i] = (scope, line) if scope and line else None
         return sites[i]
 
+    def consumers(i):
+        return [j for v in eqns[i].outvars for j in users.get(v, ())]
+
     def neighbours(i):
-        e = eqns[i]
-        out = [producer[v] for v in e.invars if isinstance(v, Var) and v in producer]
-        return out + [j for v in e.outvars for j in users.get(v, ())]
+        ins = [producer[v] for v in eqns[i].invars if isinstance(v, Var) and v in producer]
+        return ins + consumers(i)
 
     todo = [i for i in range(len(eqns)) if found[i] is None and site(i) is not None]
-    while todo:
-        later = []
-        for i in todo:
-            near = {found[j].module for j in neighbours(i)
-                    if found[j] is not None and site(j) == site(i)}
-            if len(near) == 1:
-                found[i] = Origin(near.pop(), "neighbour")
-            else:
-                later.append(i)
-        if len(later) == len(todo):
-            return
-        todo = later
+    for near in (consumers, neighbours):
+        while todo:
+            later = []
+            for i in todo:
+                agree = {found[j].module for j in near(i)
+                         if found[j] is not None and site(j) == site(i)}
+                if len(agree) == 1:
+                    found[i] = Origin(agree.pop(), "neighbour")
+                else:
+                    later.append(i)
+            if len(later) == len(todo):
+                break
+            todo = later
 
 
 def _from_trace_order(found: list) -> None:

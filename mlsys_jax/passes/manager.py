@@ -57,13 +57,15 @@ def cost_summary(closed, hw="h100", dtype=None) -> dict:
 
 
 def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dtype=None,
-        cost: bool = True) -> RunResult:
+        cost: bool = True, observe=None) -> RunResult:
     """Apply ``pipeline`` (a pass, ``chain`` or ``fixpoint``) to ``closed``.
 
     With ``verify``, every pass that ran is checked (docs/verification.md §1): input not mutated, honest
     about changing, and — if it changed something — well-typed, same signature (weak_type too),
     same effects, nested params consistent, static shapes. A failure raises VerificationError
-    naming the pass. Returns the new jaxpr and the log.
+    naming the pass. Returns the new jaxpr and the log. ``observe(pass_name, input, result)``,
+    if given, sees each pass's input jaxpr beside its result (the paths of its rewrites and
+    refusals are paths of that input).
     """
     if not isinstance(closed, ClosedJaxpr):
         raise MlsysError(f"passes.run: expected a ClosedJaxpr (from ir.trace), got "
@@ -72,7 +74,7 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
         raise MlsysError(f"passes.run: expected a Pass (e.g. passes.chain(passes.dce())), got "
                          f"{type(pipeline).__name__}")
     require_static_shapes(closed, "passes.run")
-    runner = _VerifyingRunner(verify, (hw, dtype) if cost else None)
+    runner = _VerifyingRunner(verify, (hw, dtype) if cost else None, observe)
     with collector_paused():
         out = pipeline.apply(closed, runner)
     return RunResult(out.jaxpr, tuple(runner.log))
@@ -104,8 +106,9 @@ class _VerifyingRunner(Runner):
     remembers what is verified, so each graph level is checked once; a graph is hashed (for
     ``fixpoint``) once per run. References are held, so ids stay unique."""
 
-    def __init__(self, verify: bool, costing):
+    def __init__(self, verify: bool, costing, observe=None):
         self.verify, self.costing, self.log, self.hashes = verify, costing, [], {}
+        self.observe = observe
         self.checker = Checker()
         self.prints: dict = {}  # id(graph) -> (graph, its fingerprint when last seen untouched)
 
@@ -127,6 +130,8 @@ class _VerifyingRunner(Runner):
                       else cost_before)
         self.log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals,
                                  cost_before, cost_after, seconds))
+        if self.observe is not None:
+            self.observe(p.name, closed, result)
         return result
 
     def _fingerprint(self, closed) -> list:

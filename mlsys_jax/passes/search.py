@@ -81,7 +81,7 @@ class _Node:
 
 def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", budget: int = 100,
            max_growth: float = 2.0, rules=None, pipeline=registry.DEFAULT_PIPELINE,
-           measure: int = 0, repeats: int = 7) -> SearchResult:
+           measure: int = 0, repeats: int = 7, observe=None) -> SearchResult:
     """Search rewrite sequences for the cheapest graph under the cost model.
 
     Args:
@@ -96,12 +96,14 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
         so α does not prune (the budget bounds the exploration): a step the model prices too high
         (§4.2 step ③ on XLA:CPU) must not hide the graph it leads to.
       repeats: timing rounds per measured graph (interleaved, median).
+      observe: ``observe(pass_name, input, result)`` for each pass or move applied (as in
+        ``passes.run``): the paths of a result's rewrites are paths of its input.
     """
     _validate(closed, alpha, budget, measure, repeats)
     moves = registry.search_moves(rules, source="search(rules=...)")
     t0 = time.perf_counter()
     original = _Node(closed, cost_summary(closed, hw, dtype), (), (), structural_hash(closed))
-    origin = _from_pipeline(original, pipeline, hw, dtype)
+    origin = _from_pipeline(original, pipeline, hw, dtype, observe)
     size_limit = max_growth * sum(1 for _ in walk(closed))
     prune = math.inf if measure else alpha
     seen = {original.hash, origin.hash}
@@ -136,6 +138,8 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
                 if not (keep or cost["time_us"] < best.cost["time_us"]):
                     continue  # discarded unseen: never returned, never expanded
                 verify(move.name, node.graph, new, True, checker)
+                if observe is not None:
+                    observe(move.name, node.graph, res)
                 reached.append(child)
                 if cost["time_us"] < best.cost["time_us"]:
                     best = child
@@ -166,12 +170,12 @@ def _validate(closed, alpha, budget, measure, repeats) -> None:
                          f"repeats ≥ 1; got measure={measure!r}, repeats={repeats!r}")
 
 
-def _from_pipeline(original: _Node, pipeline, hw, dtype) -> _Node:
+def _from_pipeline(original: _Node, pipeline, hw, dtype, observe=None) -> _Node:
     """The node the search starts from: the pipeline's result, when it is cheaper."""
     if pipeline is None:
         return original
     res = run(registry.pipeline(pipeline, source="search(pipeline=...)"), original.graph,
-              verify=True, hw=hw, dtype=dtype, cost=False)
+              verify=True, hw=hw, dtype=dtype, cost=False, observe=observe)
     if not res.changed:
         return original
     cost = cost_summary(res.jaxpr, hw, dtype)
