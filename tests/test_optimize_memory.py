@@ -40,3 +40,18 @@ def test_folding_a_kernel_in_blocks_of_channels_gives_the_same_weights(monkeypat
     assert whole is not closed and len(whole.consts) == len(blocks.consts) >= 1
     for a, b in zip(whole.consts, blocks.consts):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_optimize_refuses_up_front_what_a_copy_of_its_parameters_would_not_fit(
+        tmp_path, monkeypatch, capsys):
+    from mlsys_jax import cli, runtime
+
+    model = tmp_path / "wide.py"
+    model.write_text("import jax.numpy as jnp\n"
+                     "def make():\n"
+                     "    return (lambda w, x: x @ w), (jnp.ones((512, 1024)), jnp.ones((2, 512)))\n")
+    monkeypatch.setattr(runtime, "available_memory_bytes", lambda: 1 << 20)
+    assert cli.main(["optimize", f"{model}:make"]) == 2
+    err = capsys.readouterr().err
+    assert "a rewritten copy of its 2 MB of constants" in err and "1 MB available" in err
+    assert err.count("\n") == 1
