@@ -22,7 +22,8 @@ def test_large_constants_enter_compiled_programs_as_arguments():
 
 
 def test_folding_a_kernel_in_blocks_of_channels_gives_the_same_weights(monkeypatch):
-    from mlsys_jax.passes import conv, fold_conv_bn
+    from mlsys_jax.passes import fold_conv_bn
+    from mlsys_jax.passes.rules import linear
 
     rng = np.random.default_rng(1)
     w = jnp.asarray(rng.standard_normal((3, 3, 4, 8)), jnp.float32)  # HWIO
@@ -35,7 +36,7 @@ def test_folding_a_kernel_in_blocks_of_channels_gives_the_same_weights(monkeypat
         return y * scale + shift
     closed = ir.trace(f, jax.ShapeDtypeStruct((1, 6, 6, 4), jnp.float32))
     whole = fold_conv_bn()(closed).jaxpr
-    monkeypatch.setattr(conv, "_SCALE_BLOCK_BYTES", w.nbytes // 8 * 3)  # blocks of 3, 3, 2
+    monkeypatch.setattr(linear, "_SCALE_BLOCK_BYTES", w.nbytes // 3 * 1)  # blocks of 1 row
     blocks = fold_conv_bn()(closed).jaxpr
     assert whole is not closed and len(whole.consts) == len(blocks.consts) >= 1
     for a, b in zip(whole.consts, blocks.consts):

@@ -4,7 +4,8 @@ Applies verified passes (or the TASO-style search, which starts from the default
 and so never loses to it) to a user's function — a factory's parameters
 are constants, so this is an inference graph — and prints the op tables before and after, the
 rewrites applied (and refused, with reasons), the unfused and fused estimates, the value check
-(:mod:`mlsys_jax.cli.check`) and, with ``--measure``, both graphs timed here under ``jax.jit``.
+(:mod:`mlsys_jax.passes.value_check`: per element, on the example inputs and fresh ones) and, with
+``--measure``, both graphs timed here under ``jax.jit``.
 """
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ def _summary(both) -> dict:
 
 def main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cli.check import compare_outputs
-    from mlsys_jax.cli.per_module import Inputs
     from mlsys_jax.cli.headline import (compiler_note, estimates, measured_line, search_title,
                                         speedup_line)
+    from mlsys_jax.cli.per_module import Inputs
+    from mlsys_jax.passes.value_check import check_values
     from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
     from mlsys_jax.tables import format_table, wrap
@@ -69,6 +70,9 @@ def main(args) -> int:
     searched = None
     user = target.resolve(args)
     closed = user.trace(constant_params=True)
+    if not closed.jaxpr.outvars:
+        raise MlsysError(f"optimize: {user.name} returns no outputs (None?): there is nothing to "
+                         "optimize or check; return the values the model computes")
     check_optimize_fits(closed, f"optimize of {user.name}")
     inputs_of = Inputs()  # the graph each rewrite's path refers to
     try:
@@ -86,19 +90,19 @@ def main(args) -> int:
             after = logged.jaxpr
         rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail}
                     for r in logged.rewrites]
-        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason}
+        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason, "check": r.check}
                     for r in logged.refusals]
-        verified, failure = True, ""
+        broken = ""
     except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
-        after, rewrites, refusals, verified, failure = closed, [], [], False, str(e)
+        after, rewrites, refusals, broken = closed, [], [], str(e)
         logged = None
     before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
     per_module = _per_module(user, closed, after, before_e, after_e, logged, inputs_of,
                              rewrites, refusals)
     inputs = user.inputs(constant_params=True)
-    check = compare_outputs(closed, after, inputs)
-    if verified and not check.ok:
-        verified, failure = False, "; ".join(check.problems)
+    check = check_values(closed, after, inputs)
+    verdict, failure = _verdict(broken, check, rewrites)
+    verified = verdict == "yes"
     measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
@@ -106,7 +110,7 @@ def main(args) -> int:
                           **check.to_dict(),
                           **({"measured": measured} if measured else {}),
                           **({"search": searched} if searched else {}),
-                          "verified": verified, "error": failure}, indent=1))
+                          "verified": verified, "verdict": verdict, "error": failure}, indent=1))
         return 0 if verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
@@ -127,9 +131,10 @@ def main(args) -> int:
     print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
     if measured:
         print(wrap(measured_line(measured, hw), first=""))
-    print(wrap(f"verified: {'yes' if verified else 'no — ' + failure}; max |output diff| "
-               f"on {'the example inputs' if user.examples else 'seeded random inputs'}: "
-               f"{check.max_abs_diff:.3g} (tolerance {check.tolerance:.3g})", first=""))
+    first = "the example inputs" if user.examples else "seeded random inputs"
+    print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
+               f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
+               f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'})", first=""))
     return 0 if verified else 1
 
 
@@ -162,6 +167,20 @@ def _print_modules(rows: list[dict], before_e, shown_ops: bool) -> None:
     if not shown_ops:
         print(wrap(f"per-kernel tables ({len(before_e.default.kernels)} kernels before): --ops",
                    first="  "))
+
+
+def _verdict(broken: str, check, rewrites) -> tuple[str, str]:
+    """('yes' | 'no' | 'not established', why): the verifier's failure first, then the values."""
+    if broken:
+        return "no", broken
+    if check.verdict == "no":
+        more = f" (and {len(check.problems) - 3} more)" if len(check.problems) > 3 else ""
+        return "no", "; ".join(check.problems[:3]) + more
+    if check.verdict == "not established":
+        validated = (f"; each of the {len(rewrites)} rewrite(s) passed translation validation on "
+                     "its region") if rewrites else ""
+        return "not established", check.why_not_established() + validated
+    return "yes", ""
 
 
 def _measure(before, after, inputs, rounds: int) -> dict:

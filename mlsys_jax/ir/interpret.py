@@ -70,11 +70,8 @@ def lifted(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> tuple[Callable, 
     (MLIR, the compilation cache key's hash, XLA's constant folding: seconds and several copies
     per 100 MB); an argument is read where it lies. Smaller constants stay in the program, where
     XLA folds them as it would in the user's own jitted code."""
-    from mlsys_jax.ir.trace import aval_bytes
-
     jaxpr, consts = closed.jaxpr, list(closed.consts)
-    big = [i for i, v in enumerate(jaxpr.constvars)
-           if hasattr(consts[i], "shape") and aval_bytes(v.aval) >= min_bytes]
+    big = lifted_indices(closed, min_bytes)
 
     def fn(values, *args):
         full = list(consts)
@@ -82,3 +79,11 @@ def lifted(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> tuple[Callable, 
             full[i] = x
         return eval_jaxpr(jaxpr, full, *args)
     return fn, [consts[i] for i in big]
+
+
+def lifted_indices(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> list[int]:
+    """Indices of the constants of ``closed`` that :func:`lifted` passes in as arguments."""
+    from mlsys_jax.ir.trace import aval_bytes
+
+    return [i for i, (v, c) in enumerate(zip(closed.jaxpr.constvars, closed.consts))
+            if hasattr(c, "shape") and aval_bytes(v.aval) >= min_bytes]
