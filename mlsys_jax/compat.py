@@ -4,6 +4,8 @@ Everything else in mlsys_jax imports these names from here, so a JAX upgrade is 
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.extend.core as jcore
 from jax._src import core as _core
@@ -200,3 +202,60 @@ def weak_as(x, weak_type: bool):
 def zeros_of(aval):
     """Traced zeros with ``aval``'s shape, dtype and weak type."""
     return weak_as(jax.lax.full(aval.shape, 0, aval.dtype), aval.weak_type)
+
+
+# ---- Where an equation came from (ir/provenance.py) -------------------------------------------
+# ``eqn.source_info`` holds a NameStack (JAX 0.10: a tuple of Scope(name) and Transform(name)
+# elements; ``str()`` folds transforms in as ``jvp(M)/block0``) and the Traceback of the line that
+# traced the equation (``raw_frames()``: code objects and instruction offsets, innermost first).
+_Scope = _source_info.Scope
+
+
+def name_scopes(source_info) -> tuple[str, ...]:
+    """The scope names of an equation's name stack (``jax.named_scope``, flax and haiku module
+    names), without transforms (``jvp``, ``vmap``, ``transpose``)."""
+    stack = getattr(getattr(source_info, "name_stack", None), "stack", ())
+    return tuple(e.name for e in stack if isinstance(e, _Scope) and e.name)
+
+
+def name_stack_text(source_info) -> str:
+    """The name stack as JAX prints it (``vmap(eqx.nn.Conv)``)."""
+    return str(getattr(source_info, "name_stack", ""))
+
+
+def nested_source_info(outer, inner):
+    """``inner`` (an equation's source info inside a body) with ``outer``'s name stack before its
+    own, as JAX names an equation when it inlines a body (``jax.core.eval_jaxpr``); and with
+    ``outer``'s traceback where only JAX's own code traced it (``jax.nn.relu``'s body)."""
+    tb = inner.traceback
+    if tb is not None and not any(_source_info.is_user_filename(c.co_filename)
+                                  for c in tb.raw_frames()[0]):
+        tb = outer.traceback
+    return _source_info.SourceInfo(tb, outer.name_stack + inner.name_stack)
+
+
+def source_frames(source_info):
+    """``(file, line, function)`` of the frames that traced an equation, innermost first, JAX's
+    own frames left out (``source_info_util.is_user_filename``)."""
+    tb = getattr(source_info, "traceback", None)
+    if tb is None:
+        return
+    codes, offsets = tb.raw_frames()
+    for code, offset in zip(codes, offsets):
+        if _source_info.is_user_filename(code.co_filename):
+            frame = _source_info.raw_frame_to_frame(code, offset)
+            yield frame.file_name, frame.start_line, frame.function_name
+
+
+@contextlib.contextmanager
+def traced_as(eqn):
+    """Equations traced inside carry ``eqn``'s name stack and traceback: a rewrite's
+    replacement stays in the module (and on the line) of the equation it replaces."""
+    context = _source_info._source_info_context
+    before = context.context
+    context.context = before.replace(traceback=eqn.source_info.traceback,
+                                     name_stack=eqn.source_info.name_stack)
+    try:
+        yield
+    finally:
+        context.context = before

@@ -18,6 +18,13 @@ class Estimates:
         """The report a table shows by default: the hardware's (fused on ``cpu``)."""
         return self.fused if self.unfused.hardware.fused_default else self.unfused
 
+    @property
+    def default_label(self) -> str:
+        """The name of the default estimate: ``one kernel per op``, or the fused model's."""
+        from mlsys_jax.cost.fusion import LABELS
+
+        return LABELS[self.unfused.hardware.fusion] if self.default is self.fused else LABELS["none"]
+
     def totals(self) -> dict:
         """The unfused totals (``kernels``, ``time_us``, ...) with ``fused_kernels`` and
         ``fused_time_us`` beside them (the ``--json`` form)."""
@@ -51,3 +58,30 @@ def speedup_line(before: Estimates, after: Estimates) -> str:
     ratio = lambda a, b: a.time_us / b.time_us if b.time_us else float("inf")  # noqa: E731
     return (f"predicted speedup: one kernel per op ×{ratio(before.unfused, after.unfused):.3g}, "
             f"fused ×{ratio(before.fused, after.fused):.3g}")
+
+
+def search_title(searched: dict) -> str:
+    """The search table's title: how much was explored, and why it stopped."""
+    explored, budget, alpha = searched["explored"], searched["budget"], searched["alpha"]
+    tail = f"α={alpha}, {searched['seconds']:.2f} s"
+    if explored == 0:
+        after = ("the default pipeline's result" if any(r["rule"] == "pipeline"
+                                                        for r in searched["path"])
+                 else "the original graph")
+        return f"[search: no move applies to {after}, nothing to explore; {tail}]"
+    if explored >= budget:
+        return f"[search path: {explored} graphs explored, the budget (--budget {budget}); {tail}]"
+    return (f"[search path: {explored} graphs explored, every one within α of the best "
+            f"(budget {budget} not reached); {tail}]")
+
+
+def measured_line(measured: dict, hardware) -> str:
+    """``optimize --measure``'s line: both medians, and the speedup as the median of the
+    per-round ratios (not the ratio of the medians), with their spread."""
+    rounds = measured["rounds"]
+    return (f"measured here (jax.jit, {rounds} interleaved rounds): original "
+            f"{measured['original_us']:.4g} µs, optimized {measured['optimized_us']:.4g} µs "
+            f"(medians); speedup ×{measured['speedup']:.3g}, the median of the {rounds} rounds' "
+            f"ratios original/optimized [{measured['speedup_min']:.3g}–"
+            f"{measured['speedup_max']:.3g}]"
+            + ("" if hardware.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 
 from mlsys_jax.cli import target
-from mlsys_jax.cli.limits import check_evaluation_fits
+from mlsys_jax.cli.limits import check_optimize_fits
 from mlsys_jax.errors import MlsysError
 
 HELP = "apply verified rewrite passes to a function"
 SEARCH_BUDGET = 100  # graphs; after the pipeline's result the moves are few, so it rarely binds
 SEARCH_MEASURED = 4  # with --search --measure: graphs timed beside the original
+OPS_SHOWN = 40  # kernels: longer per-kernel tables are left to --ops (the module table stays)
 
 
 def add_arguments(p) -> None:
@@ -34,6 +35,9 @@ def add_arguments(p) -> None:
                    help="compile original and optimized with jax.jit and time them here")
     p.add_argument("--rounds", type=int, default=11,
                    help="interleaved timing rounds for --measure (default 11)")
+    p.add_argument("--ops", action="store_true",
+                   help=f"print the per-kernel tables before and after even beyond "
+                        f"{OPS_SHOWN} rows")
 
 
 def _summary(both) -> dict:
@@ -42,8 +46,10 @@ def _summary(both) -> dict:
 
 def main(args) -> int:
     from mlsys_jax import passes as P
+    from mlsys_jax.cli.headline import (compiler_note, estimates, measured_line, search_title,
+                                        speedup_line)
+    from mlsys_jax.cli.per_module import Inputs
     from mlsys_jax.passes.value_check import check_values
-    from mlsys_jax.cli.headline import compiler_note, estimates, speedup_line
     from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
     from mlsys_jax.tables import format_table, wrap
@@ -67,18 +73,20 @@ def main(args) -> int:
     if not closed.jaxpr.outvars:
         raise MlsysError(f"optimize: {user.name} returns no outputs (None?): there is nothing to "
                          "optimize or check; return the values the model computes")
-    check_evaluation_fits(closed, f"optimize's check of {user.name} on random inputs")
+    check_optimize_fits(closed, f"optimize of {user.name}")
+    inputs_of = Inputs()  # the graph each rewrite's path refers to
     try:
         if args.search:
             measure = SEARCH_MEASURED if args.measure else 0
             found = search(closed, alpha=alpha, hw=args.hw, dtype=args.dtype, budget=budget,
-                           measure=measure)
+                           measure=measure, observe=inputs_of)
             after, logged = found.best, found
             searched = {"path": found.path_rows(), "explored": found.explored,
                         "budget": budget, "alpha": alpha, "seconds": found.seconds,
                         "measured": found.measured}
         else:
-            logged = P.run(pipeline, closed, verify=True, hw=args.hw, dtype=args.dtype)
+            logged = P.run(pipeline, closed, verify=True, hw=args.hw, dtype=args.dtype,
+                           observe=inputs_of)
             after = logged.jaxpr
         rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail}
                     for r in logged.rewrites]
@@ -87,7 +95,10 @@ def main(args) -> int:
         broken = ""
     except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
         after, rewrites, refusals, broken = closed, [], [], str(e)
+        logged = None
     before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
+    per_module = _per_module(user, closed, after, before_e, after_e, logged, inputs_of,
+                             rewrites, refusals)
     inputs = user.inputs(constant_params=True)
     check = check_values(closed, after, inputs)
     verdict, failure = _verdict(broken, check, rewrites)
@@ -95,37 +106,67 @@ def main(args) -> int:
     measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
-                          "rewrites": rewrites, "refusals": refusals, **check.to_dict(),
+                          "rewrites": rewrites, "refusals": refusals, "modules": per_module,
+                          **check.to_dict(),
                           **({"measured": measured} if measured else {}),
                           **({"search": searched} if searched else {}),
                           "verified": verified, "verdict": verdict, "error": failure}, indent=1))
         return 0 if verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
+        title = f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: {both.line()}]"
+        if not (args.ops or len(before_e.default.kernels) <= OPS_SHOWN):
+            print(title.strip("\n"))
+            continue
         rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "time_us")}
                 for r in both.default.rows()]
-        print(format_table(rows, title=f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: "
-                                       f"{both.line()}]"))
+        print(format_table(rows, title=title))
+    _print_modules(per_module, before_e, args.ops or len(before_e.default.kernels) <= OPS_SHOWN)
     if searched:
-        print(format_table(searched["path"], title=f"\n[search path: {searched['explored']} of "
-                                                    f"at most {budget} graphs explored, "
-                                                    f"α={alpha}, {searched['seconds']:.2f} s]"))
-    print(format_table(rewrites, title="\n[rewrites applied]"))
+        print(format_table(searched["path"], title="\n" + search_title(searched)))
+    text = lambda rows: [{k: v for k, v in r.items() if k != "module"} for r in rows]  # noqa: E731
+    print(format_table(text(rewrites), title="\n[rewrites applied]"))
     if refusals:
-        print(format_table(refusals, title="\n[refused]"))
+        print(format_table(text(refusals), title="\n[refused]"))
     print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
     if measured:
-        print(wrap(f"measured here (jax.jit, median of {measured['rounds']} interleaved rounds): "
-                   f"original {measured['original_us']:.4g} µs, optimized "
-                   f"{measured['optimized_us']:.4g} µs, speedup ×{measured['speedup']:.3g} "
-                   f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]"
-                   + ("" if hw.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"),
-                   first=""))
+        print(wrap(measured_line(measured, hw), first=""))
     first = "the example inputs" if user.examples else "seeded random inputs"
     print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
                f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
                f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'})", first=""))
     return 0 if verified else 1
+
+
+def _per_module(user, closed, after, before_e, after_e, logged, inputs_of, rewrites,
+                refusals) -> list[dict]:
+    """The module table before and after (``cli.per_module``), each rewrite and refusal given
+    its ``module``."""
+    from mlsys_jax.cli.per_module import compare, modules_of
+    from mlsys_jax.cli.summary import summarize, weights_of
+
+    weights = lambda g: weights_of(user, g, constant_params=True)  # noqa: E731
+    before = summarize(before_e, weights(closed))
+    located = {"rewrites": [], "refusals": []}
+    if logged is not None:
+        for key, entries, rows, default in (("rewrites", logged.rewrites, rewrites, closed),
+                                            ("refusals", logged.refusals, refusals, after)):
+            for row, m in zip(rows, modules_of(entries, inputs_of, default, weights)):
+                row["module"] = "/".join(m)
+                located[key].append((row["rule"], m))
+    later = summarize(after_e, weights(after), before.depth)
+    return compare(before, later, located["rewrites"], located["refusals"])
+
+
+def _print_modules(rows: list[dict], before_e, shown_ops: bool) -> None:
+    from mlsys_jax.cli.per_module import text_rows
+    from mlsys_jax.tables import format_table, wrap
+
+    print(format_table(text_rows(rows), title=f"\n[per module: {before_e.default_label} "
+                                              "estimate before and after, rewrites, refusals]"))
+    if not shown_ops:
+        print(wrap(f"per-kernel tables ({len(before_e.default.kernels)} kernels before): --ops",
+                   first="  "))
 
 
 def _verdict(broken: str, check, rewrites) -> tuple[str, str]:

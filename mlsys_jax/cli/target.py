@@ -69,6 +69,20 @@ class Target:
         return random_inputs(leaves, seed=0)
 
 
+    def parameters(self) -> list:
+        """``(key path, array)`` of each array of a factory's parameters (``args[0]``), in the
+        order they enter :meth:`trace`'s jaxpr: its first inputs, or (``constant_params``) its
+        constants, the same arrays; empty for ``--arg`` specs."""
+        import jax
+
+        from mlsys_jax.ir import is_traced_leaf
+
+        if not (self.examples and self.args):
+            return []
+        flat = jax.tree_util.tree_flatten_with_path(self.args[0])[0]
+        return [(path, leaf) for path, leaf in flat if is_traced_leaf(leaf, scalars=False)]
+
+
 def add_arguments(p, cost: bool = True) -> None:
     """``FILE.py:FN [--arg SPEC ...] [--x64]`` (and ``--hw``/``--dtype`` for commands that cost)."""
     p.add_argument("target", metavar="FILE.py:FN",

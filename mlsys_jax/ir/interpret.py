@@ -58,3 +58,32 @@ def rebuild(closed: ClosedJaxpr, handler: Handler | None = None) -> ClosedJaxpr:
 def as_function(closed: ClosedJaxpr) -> Callable:
     """A Python function ``f(*flat_args) -> list`` evaluating ``closed`` (jit-able)."""
     return lambda *args: interpret(closed, *args)
+
+
+LIFT_BYTES = 1 << 20  # constants at least this large enter compiled programs as arguments
+
+
+def lifted(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> tuple[Callable, list]:
+    """``(fn, big)`` such that ``fn(big, *flat_args)`` evaluates ``closed`` like
+    :func:`as_function`, with its constants of at least ``min_bytes`` bytes passed in as ``big``
+    instead of closed over. Under ``jax.jit`` a closed-over constant is copied into the program
+    (MLIR, the compilation cache key's hash, XLA's constant folding: seconds and several copies
+    per 100 MB); an argument is read where it lies. Smaller constants stay in the program, where
+    XLA folds them as it would in the user's own jitted code."""
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    big = lifted_indices(closed, min_bytes)
+
+    def fn(values, *args):
+        full = list(consts)
+        for i, x in zip(big, values):
+            full[i] = x
+        return eval_jaxpr(jaxpr, full, *args)
+    return fn, [consts[i] for i in big]
+
+
+def lifted_indices(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> list[int]:
+    """Indices of the constants of ``closed`` that :func:`lifted` passes in as arguments."""
+    from mlsys_jax.ir.trace import aval_bytes
+
+    return [i for i, (v, c) in enumerate(zip(closed.jaxpr.constvars, closed.consts))
+            if hasattr(c, "shape") and aval_bytes(v.aval) >= min_bytes]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, Var, call_name
+from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, Var, call_name, nested_source_info
 from mlsys_jax.ir.primitives import ELEMENTWISE, NAMED_CALLS, SHAPE_ONLY
-from mlsys_jax.ir.walk import bodies, walk_eqn
+from mlsys_jax.ir.walk import bodies, body_path, walk_eqn
 
 LECTURE_NAMES = {"dot_general": "matmul", "conv_general_dilated": "conv"}
 
@@ -120,10 +120,13 @@ def _make_op(jaxpr, op_eqns, users, idx_set) -> Op:
 class EqnView:
     """Equations and outputs of a jaxpr's top level, seen with some calls opened: what
     :func:`op_view` and the cost model read (``eqns``, ``outvars``). A view, never a program to
-    run: its equations are the original ones with variables renamed."""
+    run: its equations are the original ones with variables renamed, and those of an opened body
+    carry the call's name stack before their own, as when JAX inlines a body. ``paths`` gives each
+    equation's path in the original (``ir.walk``'s format)."""
 
     eqns: tuple
     outvars: tuple
+    paths: tuple = ()
 
 
 def open_calls(closed, should_open: Callable) -> EqnView:
@@ -134,24 +137,27 @@ def open_calls(closed, should_open: Callable) -> EqnView:
     the call's arguments and its outputs the call's results."""
     jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
     rename: dict = {}
-    eqns = _open_eqns(jaxpr.eqns, rename, should_open)
-    return EqnView(tuple(eqns), tuple(_sub(rename, v) for v in jaxpr.outvars))
+    eqns, paths = [], []
+    _open_eqns(jaxpr.eqns, rename, should_open, eqns, paths)
+    return EqnView(tuple(eqns), tuple(_sub(rename, v) for v in jaxpr.outvars), tuple(paths))
 
 
 def _sub(rename, v):
     return rename.get(v, v) if isinstance(v, Var) else v
 
 
-def _open_eqns(eqns, rename: dict, should_open) -> list:
-    out = []
-    for eqn in eqns:
+def _open_eqns(eqns, rename: dict, should_open, out: list, paths: list, path: str = "",
+               outer=None) -> None:
+    for i, eqn in enumerate(eqns):
         invars = [_sub(rename, v) for v in eqn.invars]
         outvars = [rename.get(v, v) for v in eqn.outvars]
         found = bodies(eqn) if eqn.primitive.name in NAMED_CALLS else []
+        source = eqn.source_info if outer is None else nested_source_info(outer, eqn.source_info)
         if len(found) != 1 or not should_open(eqn):
-            if invars != list(eqn.invars) or outvars != list(eqn.outvars):
-                eqn = eqn.replace(invars=invars, outvars=outvars)
+            if invars != list(eqn.invars) or outvars != list(eqn.outvars) or outer is not None:
+                eqn = eqn.replace(invars=invars, outvars=outvars, source_info=source)
             out.append(eqn)
+            paths.append(f"{path}{i}")
             continue
         body = found[0].jaxpr
         inner = dict(zip(body.invars, invars))
@@ -167,5 +173,5 @@ def _open_eqns(eqns, rename: dict, should_open) -> list:
             for v in e.outvars:
                 if v not in inner and not isinstance(v, DropVar):
                     inner[v] = Var(v.aval)
-        out += _open_eqns(body.eqns, inner, should_open)
-    return out
+        _open_eqns(body.eqns, inner, should_open, out, paths, body_path(f"{path}{i}", found[0]),
+                   source)

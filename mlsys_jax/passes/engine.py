@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from mlsys_jax.compat import (ClosedJaxpr, Fragment, Literal, Tracer, Var, bind_equation,
-                              check_equation, eval_context)
+                              check_equation, eval_context, traced_as)
 from mlsys_jax.ir.edit import Const, Editor, known
 from mlsys_jax.ir.keys import signature
 from mlsys_jax.ir.primitives import ARRAY_OPS
@@ -185,7 +185,7 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
         if rule is not None or retyped:
             f = fragment()
             start = f.mark()
-            with f.active():
+            with f.active(), traced_as(eqn):  # replacements keep the replaced one's module
                 if rule is not None:
                     outs = rule(i, eqn, _Inputs(eqn.invars, lookup), lookup, here)
                 if outs is None and retyped:

@@ -58,7 +58,7 @@ def cost_summary(closed, hw="h100", dtype=None) -> dict:
 
 
 def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dtype=None,
-        cost: bool = True, validate: bool = True) -> RunResult:
+        cost: bool = True, validate: bool = True, observe=None) -> RunResult:
     """Apply ``pipeline`` (a pass, ``chain`` or ``fixpoint``) to ``closed``.
 
     With ``verify``, every pass that ran is checked (docs/verification.md §1): input not mutated,
@@ -67,6 +67,8 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
     VerificationError naming the pass. With ``validate``, every rewrite a rule makes is first
     checked on its region (translation validation, ``passes/validate.py``) and refused, with the
     measured reason, where it changes a value. Returns the new jaxpr and the log.
+    ``observe(pass_name, input, result)``, if given, sees each pass's input jaxpr beside its
+    result (the paths of its rewrites and refusals are paths of that input).
     """
     if not isinstance(closed, ClosedJaxpr):
         raise MlsysError(f"passes.run: expected a ClosedJaxpr (from ir.trace), got "
@@ -75,7 +77,7 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
         raise MlsysError(f"passes.run: expected a Pass (e.g. passes.chain(passes.dce())), got "
                          f"{type(pipeline).__name__}")
     require_static_shapes(closed, "passes.run")
-    runner = _VerifyingRunner(verify, (hw, dtype) if cost else None)
+    runner = _VerifyingRunner(verify, (hw, dtype) if cost else None, observe)
     with collector_paused(), validating(validate):
         out = pipeline.apply(closed, runner)
     return RunResult(out.jaxpr, tuple(runner.log))
@@ -107,8 +109,9 @@ class _VerifyingRunner(Runner):
     remembers what is verified, so each graph level is checked once; a graph is hashed (for
     ``fixpoint``) once per run. References are held, so ids stay unique."""
 
-    def __init__(self, verify: bool, costing):
+    def __init__(self, verify: bool, costing, observe=None):
         self.verify, self.costing, self.log, self.hashes = verify, costing, [], {}
+        self.observe = observe
         self.checker = Checker()
         self.prints: dict = {}  # id(graph) -> (graph, its fingerprint when last seen untouched)
 
@@ -130,6 +133,8 @@ class _VerifyingRunner(Runner):
                       else cost_before)
         self.log.append(LogEntry(p.name, result.changed, result.rewrites, result.refusals,
                                  cost_before, cost_after, seconds))
+        if self.observe is not None:
+            self.observe(p.name, closed, result)
         return result
 
     def _fingerprint(self, closed) -> list:

@@ -81,7 +81,8 @@ class _Node:
 
 def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", budget: int = 100,
            max_growth: float = 2.0, rules=None, pipeline=registry.DEFAULT_PIPELINE,
-           measure: int = 0, repeats: int = 7, validate: bool = True) -> SearchResult:
+           measure: int = 0, repeats: int = 7, validate: bool = True,
+           observe=None) -> SearchResult:
     """Search rewrite sequences for the cheapest graph under the cost model.
 
     Args:
@@ -96,13 +97,15 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
         so α does not prune (the budget bounds the exploration): a step the model prices too high
         (§4.2 step ③ on XLA:CPU) must not hide the graph it leads to.
       repeats: timing rounds per measured graph (interleaved, median).
+      observe: ``observe(pass_name, input, result)`` for each pass or move applied (as in
+        ``passes.run``): the paths of a result's rewrites are paths of its input.
       validate: every move's rewrite is validated on its region first, as in ``passes.run``.
     """
     _validate(closed, alpha, budget, measure, repeats)
     moves = registry.search_moves(rules, source="search(rules=...)")
     t0 = time.perf_counter()
     original = _Node(closed, cost_summary(closed, hw, dtype), (), (), structural_hash(closed))
-    origin = _from_pipeline(original, pipeline, hw, dtype, validate)
+    origin = _from_pipeline(original, pipeline, hw, dtype, validate, observe)
     size_limit = max_growth * sum(1 for _ in walk(closed))
     prune = math.inf if measure else alpha
     seen = {original.hash, origin.hash}
@@ -138,6 +141,8 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
                 if not (keep or cost["time_us"] < best.cost["time_us"]):
                     continue  # discarded unseen: never returned, never expanded
                 verify(move.name, node.graph, new, True, checker)
+                if observe is not None:
+                    observe(move.name, node.graph, res)
                 reached.append(child)
                 if cost["time_us"] < best.cost["time_us"]:
                     best = child
@@ -168,12 +173,13 @@ def _validate(closed, alpha, budget, measure, repeats) -> None:
                          f"repeats ≥ 1; got measure={measure!r}, repeats={repeats!r}")
 
 
-def _from_pipeline(original: _Node, pipeline, hw, dtype, validate: bool) -> _Node:
+def _from_pipeline(original: _Node, pipeline, hw, dtype, validate: bool,
+                   observe=None) -> _Node:
     """The node the search starts from: the pipeline's result, when it is cheaper."""
     if pipeline is None:
         return original
     res = run(registry.pipeline(pipeline, source="search(pipeline=...)"), original.graph,
-              verify=True, hw=hw, dtype=dtype, cost=False, validate=validate)
+              verify=True, hw=hw, dtype=dtype, cost=False, validate=validate, observe=observe)
     if not res.changed:
         return original
     cost = cost_summary(res.jaxpr, hw, dtype)

@@ -141,8 +141,10 @@ def _stateful_sites(closed) -> list:
     return found
 
 
-def _threaded(closed, draws: list):
-    """A function running ``closed`` with its k-th stateful RNG draw replaced by ``draws[k]``."""
+def _threaded(closed, draws: list, big: list = ()):
+    """A function running ``closed`` with its k-th stateful RNG draw replaced by ``draws[k]``;
+    ``big`` (from :func:`mlsys_jax.ir.interpret.lifted`) replaces its large constants, so that
+    under ``jax.jit`` they are arguments, not copies compiled into the program."""
     def interpret(jaxpr, consts, args, counter):
         env = dict(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
@@ -162,7 +164,19 @@ def _threaded(closed, draws: list):
                 outs = bind_equation(eqn, vals)
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
-    return lambda *args: interpret(closed.jaxpr, closed.consts, list(args), [0])
+    def consts():
+        full = list(closed.consts)
+        for i, x in zip(_large_consts(closed), big):
+            full[i] = x
+        return full
+    return lambda *args: interpret(closed.jaxpr, consts(), list(args), [0])
+
+
+def _large_consts(closed) -> list[int]:
+    """Indices of the constants :func:`mlsys_jax.ir.interpret.lifted` passes as arguments."""
+    from mlsys_jax.ir.interpret import lifted_indices
+
+    return lifted_indices(closed)
 
 
 def _draws(sites, seed: int) -> list:
@@ -258,8 +272,11 @@ def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = F
                          "return the values the model computes")
     sites, uncompared = _rng_plan(before, after)
     sets = input_sets(inputs, fresh, seed)
-    both = jax.jit(lambda draws, *a: (_threaded(before, draws)(*a), _threaded(after, draws)(*a)))
-    runs = [both(_draws(sites, seed + i), *xs) for i, xs in enumerate(sets)]
+    # a factory's parameters, folded in as constants, enter the program as arguments
+    big = [[g.consts[i] for i in _large_consts(g)] for g in (before, after)]
+    both = jax.jit(lambda draws, bb, ba, *a: (_threaded(before, draws, bb)(*a),
+                                              _threaded(after, draws, ba)(*a)))
+    runs = [both(_draws(sites, seed + i), *big, *xs) for i, xs in enumerate(sets)]
     computes_in = least_precise_float(before)
     check = ValueCheck(inputs=len(sets), uncompared=uncompared)
     twin_cache: dict = {}

@@ -106,3 +106,92 @@ def test_ir_trace_takes_an_equinox_module_with_static_string_leaves():
     arrays = [leaf for leaf in jax.tree_util.tree_leaves(args) if hasattr(leaf, "dtype")]
     assert len(closed.jaxpr.invars) == len(arrays)
     assert closed.out_avals[0].shape == (4, 10)
+
+
+# ---- the table per module, from each library's own names ---------------------------------------
+
+HAIKU_FILE = '''
+import haiku as hk, jax, jax.numpy as jnp
+
+def forward(x):
+    net = hk.Sequential([hk.Conv2D(8, 3), jax.nn.relu, hk.Flatten(), hk.nets.MLP([32, 10])])
+    return net(x)
+
+def make():
+    f = hk.without_apply_rng(hk.transform(forward))
+    x = jnp.ones((2, 8, 8, 3))
+    return f.apply, (jax.jit(f.init)(jax.random.key(0), x), x)
+'''
+
+
+def _depth(d: dict, n: int) -> dict:
+    """The module rows of depth ``n`` of an ``inspect --json``, by path below the model."""
+    return {"/".join(m["path"][len(d["model"].split("/")) if d["model"] else 0:]): m
+            for m in d["modules"] if m["depth"] == n}
+
+
+def _sums_to_totals(d: dict) -> None:
+    top = _depth(d, 1).values()
+    assert sum(m["flops"] for m in top) == d["total"]["flops"]
+    assert sum(m["unfused_bytes"] for m in top) == d["total"]["bytes"]
+    assert sum(m["unfused_us"] for m in top) == pytest.approx(d["total"]["time_us"], rel=1e-9)
+    assert sum(m["fused_us"] for m in top) == pytest.approx(d["total"]["fused_time_us"], rel=1e-9)
+    assert sum(m["params"] for m in top) == d["params"]
+
+
+def test_flax_resnet50_has_a_row_per_block():
+    d = run_json("inspect", target("flax_resnet50.py:inspect_tiny"))
+    rows = _depth(d, 1)
+    assert d["model"] == "ResNet"
+    assert [k for k in rows if k != "(self)"] == [
+        "conv_init", "bn_init", *[f"BottleneckBlock_{i}" for i in range(4)], "Dense_0"]
+    block = [m for m in d["modules"] if m["path"][:2] == ["ResNet", "BottleneckBlock_1"]]
+    assert {m["name"] for m in block} >= {"Conv_0", "BatchNorm_2", "conv_proj", "norm_proj"}
+    _sums_to_totals(d)
+
+
+def test_optimize_reports_the_batchnorms_folded_in_each_block(resnet_measured):
+    blocks = {r["name"]: r for r in resnet_measured["modules"] if r["depth"] == 1}
+    for i in range(8):  # two BatchNorms a block, and the projection's where the shape changes
+        block = blocks[f"BasicBlock_{i}"]
+        assert block["rewrites"]["fold_conv_bn"] == (3 if i in (2, 4, 6) else 2), i
+        assert block["kernels_after"] <= block["kernels_before"]
+    folds = [r for r in resnet_measured["rewrites"] if r["rule"] == "fold_conv_bn"]
+    assert all(r["module"].startswith("ResNet18/") for r in folds) and len(folds) == 20
+
+
+def test_flax_gpt2_rows_per_block_with_attention_and_mlp_and_the_tied_vocabulary():
+    import flax_gpt2
+
+    c = flax_gpt2.TINY
+    d = run_json("inspect", target("flax_gpt2.py:inspect_tiny"), "--depth", "2")
+    assert d["model"] == "GPT2" and d["module_depth"] == 2
+    _sums_to_totals(d)
+    top, blocks = _depth(d, 1), _depth(d, 2)
+    for i in range(c.layers):
+        assert {f"h_{i}/{m}" for m in ("ln_1", "attn", "ln_2", "mlp")} <= set(blocks)
+        assert blocks[f"h_{i}/mlp"]["flops"] >= 2 * 2 * c.batch * c.seq * c.d_model * c.hidden
+    assert top["wte"]["params"] == c.vocab * c.d_model  # the embedding, read twice: tied
+    assert top["wte.attend"]["flops"] == 2 * c.batch * c.seq * c.d_model * c.vocab
+    assert top["wte.attend"]["params"] == 0
+
+
+def test_equinox_modules_are_named_by_their_attribute_paths():
+    d = run_json("inspect", target("equinox_cnn.py:inspect"))
+    rows = _depth(d, 1)
+    assert {"convs[0]", "convs[1]", "convs[2]", "norms[0]", "norms[2]", "head"} <= set(rows)
+    assert rows["convs[1]"]["params"] == 16 * 8 * 3 * 3 + 16
+    assert rows["convs[1]"]["flops"] >= 2 * 4 * 16 * 16 * 16 * 8 * 9  # the conv is there
+    assert rows["norms[1]"]["params"] == 2 * 16
+    _sums_to_totals(d)
+
+
+def test_haiku_modules_are_named_by_haiku(tmp_path):
+    path = tmp_path / "hk_model.py"
+    path.write_text(HAIKU_FILE)
+    d = run_json("inspect", f"{path}:make", "--depth", "2")
+    assert d["model"] == "sequential"
+    rows = {**_depth(d, 1), **_depth(d, 2)}
+    assert {"conv2_d", "mlp", "mlp/linear_0", "mlp/linear_1"} <= set(rows)
+    assert rows["mlp/linear_0"]["params"] == 8 * 8 * 8 * 32 + 32
+    _sums_to_totals(d)

@@ -170,10 +170,27 @@ def scale_weights(w, vec, site: LinearSite, dtype):
     order = np.argsort(site.weight_axes)
     v = np.transpose(vec, order).reshape(shape)
     if not isinstance(w, Tracer):
-        wide = np.asarray(w).astype(vec.dtype)
-        with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
-            return (wide * v).astype(dtype)
+        return _scale_known(np.asarray(w), v, dtype)
     return w * jax.numpy.asarray(v.astype(dtype))
+
+
+_SCALE_BLOCK_BYTES = 1 << 26  # a known W is scaled this many of its bytes at a time
+
+
+def _scale_known(w: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
+    """``(w ⊙ v).astype(dtype)`` computed in ``v``'s wide dtype a block of ``w``'s first axis at
+    a time: a whole wide copy of a large kernel (a factory's parameters) would take twice its
+    size again."""
+    with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
+        if w.ndim == 0:
+            return (w.astype(v.dtype) * v).astype(dtype)
+        out = np.empty(w.shape, dtype)
+        rows = w.shape[0]
+        step = max(1, rows * _SCALE_BLOCK_BYTES // max(w.nbytes, 1))
+        for start in range(0, rows, step):
+            part = v if v.shape[0] == 1 else v[start:start + step]
+            out[start:start + step] = w[start:start + step].astype(v.dtype) * part
+    return out
 
 
 def weights_overflow(level, site: LinearSite, vec) -> str | None:
@@ -184,7 +201,7 @@ def weights_overflow(level, site: LinearSite, vec) -> str | None:
         return None
     dtype = np.asarray(w).dtype
     folded = scale_weights(w, vec, site, dtype)
-    new = np.isfinite(np.asarray(w, np.float64)) & ~np.isfinite(np.asarray(folded, np.float64))
+    new = np.isfinite(np.asarray(w)) & ~np.isfinite(folded)  # no float64 copies of a large W
     if not new.any():
         return None
     return (f"the folded weights overflow {dtype} (at most {float(jnp.finfo(dtype).max):.6g}): "
