@@ -6,7 +6,7 @@ exp(h)``) on each outcome, and ``two_breaks`` (a second layer and a second ``if`
 eager JAX, the same Python under ``mlsys_jax.capture`` (exact mode: results bitwise equal to
 eager), and the function rewritten with ``lax.cond`` under ``jax.jit``. Warm-up calls the captured
 function on every outcome, so warm calls run the whole guard tree as one program
-(``mlsys_jax/execute/_fuse.py``): one dispatch, no guard read on the host.
+(``mlsys_jax/execute/capture/one_program.py``): one dispatch, no guard read on the host.
 
 Two modes: back-to-back calls (the harness waits only for the last result, so jitted calls
 pipeline on JAX's async dispatch) and *waited* calls (each result waited for: the latency a
@@ -37,10 +37,10 @@ NAME = "capture"
 
 # Microsecond calls, so many short rounds: each round runs every variant in a fresh order
 # (timing.compare's shuffle) — back to back: BATCH calls, only the last result waited for (eager,
-# ~20× slower, as many calls as take ~1 ms); waited: one call, its result waited for — and a
+# much slower, as many calls as fill min_time_s); waited: one call, its result waited for — and a
 # figure is the median of the per-round ratios with their 10th–90th percentiles. Waited times
-# are bimodal (~25 µs when XLA:CPU's worker thread is still awake, ~80 µs when it must be woken),
-# so 15 rounds could not decide a 15% target. Every compiled variant gets the same BATCH: a
+# are bimodal (XLA:CPU's worker thread still awake, or woken: docs/capture.md), so a few long
+# rounds could not decide a 15% target. Every compiled variant gets the same BATCH: a
 # round's fixed cost (waking the worker, the final wait) is then the same share of each.
 BATCH = 64
 SPREAD = (10, 90)
@@ -102,7 +102,7 @@ def _torch_two_breaks():
     except ImportError as e:
         return None, f"torch.compile comparison skipped: PyTorch is not installed ({e})"
     # One intra-op thread, like XLA:CPU on these small matmuls: with two, torch's OpenMP workers
-    # spin against the other processes of this shared 2-core machine (measured: 64 ms a call).
+    # spin against the other processes of this shared 2-core machine.
     torch.set_num_threads(1)
 
     def fn(x, w1, w2):

@@ -184,7 +184,7 @@ class Fragment:
         self.trace.invalidate()
 
 
-# Graph-break capture's warm calls and one-program replay (execute/capture.py, _fuse.py): the
+# Graph-break capture's warm calls and one-program replay (execute/capture/): the
 # concrete array type (a warm call's fast path keys arguments by their cached ``aval``), and zeros
 # of an exact abstract type, weak type included (the "outcome not seen yet" branch must return the
 # same types as the others; jnp.zeros is always strongly typed).

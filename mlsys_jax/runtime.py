@@ -17,8 +17,8 @@ import tempfile
 from mlsys_jax.errors import MlsysError
 
 DEFAULT_DEVICES = 8
-# Each simulated device costs start-up time and memory (measured: 1,024 devices 3.6 s and 0.34 GB
-# to start; 8,192 devices 26 s and 1.1 GB), and the lecture's layouts need at most 8.
+# Each simulated device costs start-up time and memory (docs/jax-notes.md), and the lecture's
+# layouts need at most 8.
 MAX_DEVICES = 1024
 _FLAG = "--xla_force_host_platform_device_count"
 

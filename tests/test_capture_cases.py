@@ -1,4 +1,5 @@
-"""Capture cases that used to differ from eager JAX, crash, or grow without bound (lecture §8.4).
+"""Capture cases where compiled replay could differ from eager JAX, crash, or grow without bound
+(lecture §8.4).
 
 Each case is called through one ``capture`` wrapper several times — cold (the Python runs), warm
 (segment by segment) and replayed as one program — and every result must equal eager bitwise:
@@ -12,8 +13,8 @@ import pytest
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import capture, explain
-from mlsys_jax.execute._compile import MAX_PROGRAM_OPS
-from mlsys_jax.execute._segments import MAX_GUARD_VALUES
+from mlsys_jax.execute.capture.exact_programs import MAX_PROGRAM_OPS
+from mlsys_jax.execute.capture.guard_tree import MAX_GUARD_VALUES
 from mlsys_jax.execute.capture import MAX_SIGNATURES
 from mlsys_jax.fuzz.capture_oracle import compare
 from mlsys_jax.models.branchy import two_breaks

@@ -5,7 +5,7 @@ A dispatch holding a multiply-like op (multiply, dot, a transcendental function,
 and an add or subtract can round inside itself in ways that depend on how XLA fuses it (LLVM
 contracts a multiply feeding an add into one FMA). Such a dispatch is a *unit*: exact replay runs
 it as its own program — the same executable eager runs — rather than inside a segment's program
-(``_compile.py``). Measured on XLA:CPU with segments compiled without fusion, all of these
+(``exact_programs.py``). Measured on XLA:CPU with segments compiled without fusion, all of these
 differed from eager inside a segment: ``jnp.var`` (squares summed), ``polyval``, ``lax.erfc``
 (one primitive, 55 HLO ops), ``gelu`` without the tanh approximation (through erfc).
 

@@ -1,10 +1,10 @@
 """The guard tree of graph-break capture: segments, breaks, and one cold run that fills them.
 
-A cold call (``ColdRun``) records dispatches (``_record.py``); at each break it runs the pending
+A cold call (``ColdRun``) records dispatches (``recording.py``); at each break it runs the pending
 segment dispatch by dispatch (as eager does), stores it in the current :class:`Node` with its
-programs (``_compile.py``, compiled only when a warm call needs them), and moves to the child
-keyed by the concrete value Python asked for (``_guards.py``). Warm calls (``capture.py``) walk
-the same tree without Python, or run it as one program (``_fuse.py``).
+programs (``exact_programs.py``, compiled only when a warm call needs them), and moves to the child
+keyed by the concrete value Python asked for (``break_guards.py``). Warm calls (``captured.py``) walk
+the same tree without Python, or run it as one program (``one_program.py``).
 
 The tree is bounded: a non-``bool`` guard keeps at most ``MAX_GUARD_VALUES`` outcomes and a tree
 at most ``MAX_PATHS`` paths. A guard past its bound never stabilises (a ``float()`` of a value that
@@ -24,10 +24,10 @@ import jax
 
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._compile import (as_param, bind_eqns, compile_pieces, const_key,
+from mlsys_jax.execute.capture.exact_programs import (as_param, bind_eqns, compile_pieces, const_key,
                                        run_pieces)
-from mlsys_jax.execute._guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
-from mlsys_jax.execute._record import DeferredTracer, Eqn, RecordTrace, user_frame
+from mlsys_jax.execute.capture.break_guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
+from mlsys_jax.execute.capture.recording import DeferredTracer, Eqn, RecordTrace, user_frame
 
 MAX_GUARD_VALUES = 8  # outcomes kept per non-bool guard
 MAX_PATHS = 64  # paths (returns) kept per input signature
@@ -39,8 +39,8 @@ class Segment:
     """One recorded graph: reads ``in_slots``, writes ``out_slots``.
 
     A cold call runs it dispatch by dispatch, exactly as eager runs the same code (no compile).
-    Warm calls that walk the tree compile it from their second run on (``_compile.py``); a
-    settled tree runs as one program instead (``_fuse.py``), so most segments never compile alone.
+    Warm calls that walk the tree compile it from their second run on (``exact_programs.py``); a
+    settled tree runs as one program instead (``one_program.py``), so most segments never compile alone.
     """
 
     compiled: Callable  # runs the pieces (compiling each on its first call)

@@ -6,12 +6,12 @@ machinery: user code runs with :class:`RecordTrace` as the current trace, so eve
 ``Primitive.bind`` lands in :meth:`RecordTrace.process_primitive`, which appends an equation to
 the pending segment and returns a :class:`DeferredTracer`. A tracer's ``__bool__``, ``__int__``,
 ``__float__``, ``__index__``, ``__array__``, ``item``, ``tolist`` and printing call back into the
-run (``_segments.py``), which compiles and executes the pending segment and returns the concrete
+run (``guard_tree.py``), which compiles and executes the pending segment and returns the concrete
 value — a graph break.
 
 One recorded equation is one *eager dispatch*: a primitive, or a whole ``jit`` call (``jnp``
 helpers are ``jit(inline=True)``, a user's ``@jax.jit`` function is not), exactly the unit eager
-JAX compiles and runs on its own; ``_units.py`` says which of them exact replay runs alone.
+JAX compiles and runs on its own; ``dispatch_units.py`` says which of them exact replay runs alone.
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import jax
 from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_trace,
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._units import PLAIN, Traits, classify
+from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify
 
 
 @dataclass(frozen=True)
 class Eqn:
     """One recorded dispatch: ``ins`` are slots (>= 0) or constants (-1 - index).
 
-    ``traits`` (``_units.py``): whether exact mode runs it as its own XLA program, how many
+    ``traits`` (``dispatch_units.py``): whether exact mode runs it as its own XLA program, how many
     primitives it holds, and what XLA's fusion could do to it.
     """
 

@@ -1,6 +1,6 @@
 """Graph-break capture: ``capture(fn)`` and ``explain(fn, *args)`` (lecture §8.4, exercise 8).
 
-``capture(fn)`` runs ``fn``'s Python on deferred values (``_record.py``) and collects JAX
+``capture(fn)`` runs ``fn``'s Python on deferred values (``recording.py``) and collects JAX
 dispatches into a graph *segment*. Where Python needs a concrete value — ``bool`` (an ``if`` or
 ``while``), ``int``/``__index__``, ``float``, ``item``/``tolist``/``np.asarray``, or printing — the
 graph breaks: the segment so far is compiled and run, Python gets the value, and recording
@@ -9,9 +9,9 @@ the breaks (what needed a value, and the source line) and each graph's ops.
 
 Guarded replay. Compiled segments are kept in a tree keyed by the inputs' shapes, dtypes and
 weak types (plus the values of non-array arguments) and, after each break, by the concrete value
-Python branched on, floats by bit pattern (``_guards.py``). A warm call replays that tree without
+Python branched on, floats by bit pattern (``break_guards.py``). A warm call replays that tree without
 running ``fn``'s Python or retracing; from the second warm call on a settled tree, the tree below
-a break runs as one program (``_fuse.py``): one dispatch, no guard read on the host. This is
+a break runs as one program (``one_program.py``): one dispatch, no guard read on the host. This is
 sound for *pure* functions (the output depends only on the arguments), the same assumption
 ``jax.jit`` makes. What capture can detect it refuses with :class:`~mlsys_jax.errors.MlsysError`:
 a deferred value stored outside the function, JAX primitives with effects other than debug
@@ -21,9 +21,9 @@ never replayed: such calls re-run the Python (reusing the compiled segments), as
 
 Exact mode (default): results equal eager JAX bitwise — values, dtypes and weak types. How the
 compiled programs keep eager's rounding (fusion off, barriers between dispatches, constants as
-parameters, fused ``jit`` calls run on their own) is measured in ``_compile.py``. The cache is
+parameters, fused ``jit`` calls run on their own) is measured in ``exact_programs.py``. The cache is
 bounded: past ``MAX_SIGNATURES`` input signatures, or a guard that never stabilises
-(``_segments.py``), calls run eagerly and :func:`explain` says why. ``exact=False`` lets XLA
+(``guard_tree.py``), calls run eagerly and :func:`explain` says why. ``exact=False`` lets XLA
 fuse and simplify each segment like ``jax.jit``: faster, equal to eager up to rounding.
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ import numpy as np
 
 from mlsys_jax.compat import ArrayImpl, Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute import _fuse
-from mlsys_jax.execute._compile import MAX_PROGRAM_OPS
-from mlsys_jax.execute._guards import CONVERT, TEXT_KINDS, guard_key, value_key
-from mlsys_jax.execute._segments import BreakReason, ColdRun, Root
+from mlsys_jax.execute.capture import one_program
+from mlsys_jax.execute.capture.exact_programs import MAX_PROGRAM_OPS
+from mlsys_jax.execute.capture.break_guards import CONVERT, TEXT_KINDS, guard_key, value_key
+from mlsys_jax.execute.capture.guard_tree import BreakReason, ColdRun, Root
 
 __all__ = ["BreakReason", "Captured", "ExplainOutput", "capture", "explain"]
 
@@ -128,7 +128,7 @@ class Captured:
             prog = root.fast  # the whole tree as one program
             if prog is not None:
                 out = prog.call(leaves if root.all_arrays else _arrays(leaves))
-                if out is not _fuse.MISS:
+                if out is not one_program.MISS:
                     self.counts["fused"] += 1
                     self.counts["warm"] += 1
                     if not kwargs and leaves is args:  # every argument a jax array
@@ -176,7 +176,7 @@ class Captured:
 
     def _program(self, root, node):
         if node.program is None or node.program[0] != root.version:
-            node.program = (root.version, _fuse.build(node, self.exact))
+            node.program = (root.version, one_program.build(node, self.exact))
         return node.program[1]
 
     def _replay(self, root, leaves):
@@ -191,7 +191,7 @@ class Captured:
                     if node is root.node:  # later calls take the hot path in __call__
                         root.fast = prog
                     out = prog.call(env)
-                    if out is _fuse.MISS:
+                    if out is one_program.MISS:
                         return _MISS
                     self.counts["fused"] += 1
                     return self._warm(root, out)
@@ -237,7 +237,7 @@ class Captured:
 def capture(fn: Callable, exact: bool = True) -> Captured:
     """Wrap ``fn`` for graph-break capture; ``capture(fn)(*args)`` equals ``fn(*args)``.
 
-    ``exact=True`` (default) keeps eager's rounding bitwise (``_compile.py`` says how);
+    ``exact=True`` (default) keeps eager's rounding bitwise (``exact_programs.py`` says how);
     ``exact=False`` lets XLA fuse and simplify each segment like ``jax.jit`` — faster for long
     elementwise chains, equal to eager only up to rounding.
 
