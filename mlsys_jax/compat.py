@@ -200,3 +200,16 @@ def weak_as(x, weak_type: bool):
 def zeros_of(aval):
     """Traced zeros with ``aval``'s shape, dtype and weak type."""
     return weak_as(jax.lax.full(aval.shape, 0, aval.dtype), aval.weak_type)
+
+
+# Graph-break capture records under one float64 setting and replays only under it (jax.jit keys
+# its cache on the setting too); the State's own getter is the cheapest read of it.
+from jax._src.config import enable_x64 as _enable_x64  # noqa: E402
+
+
+X64_STATE = _enable_x64  # ``X64_STATE.value``: the setting in this thread
+
+
+def x64_enabled() -> bool:
+    """Whether float64 is on in this thread (``jax.config.jax_enable_x64``, read cheaply)."""
+    return _enable_x64.value

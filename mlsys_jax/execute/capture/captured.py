@@ -1,36 +1,40 @@
-"""Graph-break capture: ``capture(fn)`` and ``explain(fn, *args)`` (lecture §8.4, exercise 8).
+"""Graph-break capture: :class:`Captured`, what ``capture(fn)`` returns (lecture §8.4, exercise 8).
 
 ``capture(fn)`` runs ``fn``'s Python on deferred values (``recording.py``) and collects JAX
 dispatches into a graph *segment*. Where Python needs a concrete value — ``bool`` (an ``if`` or
 ``while``), ``int``/``__index__``, ``float``, ``item``/``tolist``/``np.asarray``, or printing — the
 graph breaks: the segment so far is compiled and run, Python gets the value, and recording
-continues in a new segment. Like ``torch._dynamo.explain``, :func:`explain` reports the graphs,
-the breaks (what needed a value, and the source line) and each graph's ops.
+continues in a new segment. Like ``torch._dynamo.explain``, ``explain`` (``explanation.py``)
+reports the graphs, the breaks (what needed a value, and the source line) and each graph's ops.
 
 Guarded replay. Compiled segments are kept in a tree keyed by the inputs' shapes, dtypes and
-weak types (plus the values of non-array arguments) and, after each break, by the concrete value
-Python branched on, floats by bit pattern (``break_guards.py``). A warm call replays that tree without
-running ``fn``'s Python or retracing; from the second warm call on a settled tree, the tree below
-a break runs as one program (``one_program.py``): one dispatch, no guard read on the host. This is
-sound for *pure* functions (the output depends only on the arguments), the same assumption
-``jax.jit`` makes. What capture can detect it refuses with :class:`~mlsys_jax.errors.MlsysError`:
-a deferred value stored outside the function, JAX primitives with effects other than debug
-printing, a function that records different operations on the same inputs and guard values.
-Printing a deferred value is a break whose *text* Python consumes, so a path containing one is
-never replayed: such calls re-run the Python (reusing the compiled segments), as eager prints.
+weak types (plus the values of non-array arguments; NumPy arrays by their contents, since NumPy
+computes with them in Python) and, after each break, by the concrete value Python branched on,
+floats by bit pattern (``break_guards.py``). A warm call replays that tree without running
+``fn``'s Python or retracing; from the second warm call on a settled tree, the tree below a break
+runs as one program (``one_program.py``): one dispatch, no guard read on the host.
+
+What the Python read from outside its arguments is guarded too, as torch.compile guards a frame:
+globals, closure variables, attributes and items of outside objects (``reads.py`` watches a cold
+run, ``state_guards.py`` checks the guards). A warm call whose guards fail records again, up to
+``MAX_RECORDINGS`` times per input signature, then runs eagerly; ``explain`` names the guard. A
+call whose Python has a side effect (``print``, an append to an outside list, an attribute or
+global written) runs eagerly from then on, since a replay would skip it. What capture still
+refuses is an :class:`~mlsys_jax.errors.MlsysError`: JAX primitives with effects other than
+debug printing, a deferred value escaping where it cannot be replaced by its array.
 
 Exact mode (default): results equal eager JAX bitwise — values, dtypes and weak types. How the
 compiled programs keep eager's rounding (fusion off, barriers between dispatches, constants as
-parameters, fused ``jit`` calls run on their own) is measured in ``exact_programs.py``. The cache is
-bounded: past ``MAX_SIGNATURES`` input signatures, or a guard that never stabilises
-(``guard_tree.py``), calls run eagerly and :func:`explain` says why. ``exact=False`` lets XLA
-fuse and simplify each segment like ``jax.jit``: faster, equal to eager up to rounding.
+parameters, fused ``jit`` calls run on their own) is measured in ``exact_programs.py``. The cache
+is bounded: past ``MAX_SIGNATURES`` input signatures, or a guard that never stabilises
+(``guard_tree.py``), calls run eagerly and ``explain`` says why. ``exact=False`` lets XLA fuse
+and simplify each segment like ``jax.jit``: faster, equal to eager up to rounding.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -38,14 +42,15 @@ import numpy as np
 from mlsys_jax.compat import ArrayImpl, Tracer, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute.capture import one_program
-from mlsys_jax.execute.capture.exact_programs import MAX_PROGRAM_OPS
 from mlsys_jax.execute.capture.break_guards import CONVERT, TEXT_KINDS, guard_key, value_key
-from mlsys_jax.execute.capture.guard_tree import BreakReason, ColdRun, Root
-
-__all__ = ["BreakReason", "Captured", "ExplainOutput", "capture", "explain"]
+from mlsys_jax.execute.capture.guard_tree import ColdRun, Root, output_leaves
+from mlsys_jax.execute.capture.reads import ReadWatch
+from mlsys_jax.execute.capture.state_guards import compile_check, first_failure
 
 MAX_SIGNATURES = 32  # input signatures (shapes, dtypes, static values) cached per function
-_ARRAYS = (jax.Array, np.ndarray)
+MAX_RECORDINGS = 8  # recordings of one signature whose guards failed; then it runs eagerly
+MAX_EFFECT_RUNS = 2  # cold runs with a side effect before a signature runs eagerly (the first
+# call of a lazily built model has one: keras sets ``_called``)
 _MISS = object()
 _JAX_ARRAY = frozenset([ArrayImpl])  # the argument types of a warm call's hot path
 _aval = attrgetter("aval")
@@ -58,8 +63,10 @@ def _leaf_key(x):
             "arrays. Apply jax.grad/vmap/jit inside the captured function, not around it.")
     if isinstance(x, jax.Array):
         return x.aval  # shape, dtype, weak type (cached on the array: the cheapest key)
-    if isinstance(x, np.ndarray):
-        return ("np", x.shape, x.dtype)
+    if isinstance(x, np.ndarray):  # NumPy computes with it in Python: keyed by its contents
+        a = np.ascontiguousarray(x)
+        return ("np", a.shape, a.dtype.str,
+                hashlib.blake2b(a.reshape(-1).view(np.uint8), digest_size=16).digest())
     try:
         hash(x)
     except TypeError:
@@ -83,12 +90,20 @@ def input_key(args, kwargs):
     return leaves, (tree, tuple([x.aval for x in leaves]))
 
 
-def _tree(args, kwargs):
+def argument_tree(args, kwargs):
     return jax.tree_util.tree_structure((args, kwargs))
 
 
 def _arrays(leaves):
-    return [x for x in leaves if isinstance(x, _ARRAYS)]
+    """The leaves that are inputs of the recorded programs (JAX arrays; NumPy ones stay NumPy)."""
+    return [x for x in leaves if isinstance(x, jax.Array)]
+
+
+
+
+def _argument_state(args, kwargs):
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    return tree, [id(x) for x in leaves]
 
 
 class Captured:
@@ -101,17 +116,18 @@ class Captured:
         self.roots: dict = {}  # input key -> Root (its guard tree)
         self.cache: dict = {}  # program signature -> jitted program (shared across the tree)
         self.counts = {"cold": 0, "warm": 0, "fused": 0, "eager": 0}  # all but the hot path's
-        # input key -> the settled tree's one program as a function of the arguments: a warm
-        # call with array arguments runs it with no generic key, lookup or env (cleared by every
-        # cold run, the only place a tree grows)
+        # input key -> the settled tree's one program as a function of the arguments (behind
+        # its guards): a warm call with array arguments runs it with no generic key, lookup or
+        # env (cleared by every cold run, the only place a tree or its guards grow)
         self.hot: dict = {}
         self.hot_calls = 0  # the hot path's count: one integer, not two dict updates
+        self.failures: dict = {}  # input key -> guard failures that made it record again
         self.__wrapped__ = fn
 
     @property
     def stats(self) -> dict:
         """Calls by kind: ``cold`` (ran the Python), ``warm`` (replayed), ``fused`` (warm, as one
-        program), ``eager`` (past a bound)."""
+        program), ``eager`` (past a bound, or with side effects)."""
         hot = self.hot_calls
         return {**self.counts, "warm": self.counts["warm"] + hot,
                 "fused": self.counts["fused"] + hot}
@@ -120,35 +136,53 @@ class Captured:
         if not kwargs and _JAX_ARRAY.issuperset(map(type, args)):
             direct = self.hot.get(tuple(map(_aval, args)))  # input_key's key for these args
             if direct is not None:
-                self.hot_calls += 1
-                return direct(*args)
-        leaves, key = input_key(args, kwargs)
-        root = self.roots.get(key)
-        if root is not None:
-            prog = root.fast  # the whole tree as one program
-            if prog is not None:
-                out = prog.call(leaves if root.all_arrays else _arrays(leaves))
+                out = direct(*args)
                 if out is not one_program.MISS:
-                    self.counts["fused"] += 1
-                    self.counts["warm"] += 1
-                    if not kwargs and leaves is args:  # every argument a jax array
-                        direct = prog.direct(len(args))
-                        if direct is not None:
-                            self.hot[key] = direct
+                    self.hot_calls += 1
                     return out
-                if root.eager_reason is not None:
-                    return self._eager(args, kwargs)
-            elif root.eager_reason is not None:
-                return self._eager(args, kwargs)
-            else:
-                out = self._replay(root, leaves)
-                if out is not _MISS:
-                    return out
-        elif len(self.roots) >= MAX_SIGNATURES:
+        leaves, key = input_key(args, kwargs)
+        root = self.root_for(key, leaves)
+        if root is None or root.eager_reason is not None:
             return self._eager(args, kwargs)
+        prog = root.fast
+        if prog is not None:  # the whole tree as one program
+            out = prog.call(leaves if root.all_arrays else _arrays(leaves))
+            if out is not one_program.MISS:
+                self.counts["fused"] += 1
+                self.counts["warm"] += 1
+                if not kwargs and leaves is args:  # every argument a jax array
+                    direct = prog.direct(len(args))
+                    if direct is not None:
+                        self.hot[key] = compile_check(list(root.guards.values()), direct,
+                                                      one_program.MISS)
+                return out
         else:
-            root = self.roots[key] = Root(all_arrays=all(isinstance(x, _ARRAYS) for x in leaves))
-        return self.run_cold(root, leaves, _tree(args, kwargs))[0]
+            out = self._replay(root, leaves)
+            if out is not _MISS:
+                return out
+        return self.run_cold(root, leaves, argument_tree(args, kwargs), (args, kwargs))[0]
+
+    def root_for(self, key, leaves) -> Root | None:
+        """The guard tree for a call with these arguments, after checking its guards on what
+        the Python read: recorded again (a new tree) where one fails; None past the bound."""
+        root = self.roots.get(key)
+        if root is None:
+            if len(self.roots) >= MAX_SIGNATURES:
+                return None
+            root = self.roots[key] = Root(all_arrays=all(isinstance(x, jax.Array)
+                                                         for x in leaves))
+        elif root.check is not None and root.eager_reason is None and not root.check():
+            failed = first_failure(list(root.guards.values()))
+            why = failed.failure() if failed is not None else "a guard changed"
+            seen = self.failures.setdefault(key, [])
+            seen.append(why)
+            self.hot.pop(key, None)
+            if len(seen) > MAX_RECORDINGS:
+                root.eager_reason = (f"{why}: what the Python reads changed on {len(seen)} calls, "
+                                     "so calls with these argument types run eagerly")
+            else:
+                root = self.roots[key] = Root(all_arrays=root.all_arrays)
+        return root
 
     def _eager(self, args, kwargs):
         self.counts["eager"] += 1
@@ -201,7 +235,8 @@ class Captured:
             if node.final is not None:
                 tree, specs, _ = node.final
                 return self._warm(root, jax.tree_util.tree_unflatten(
-                    tree, [env[v] if k == "slot" else v for k, v in specs]))
+                    tree, output_leaves(specs, env, [x for x in leaves
+                                                     if not isinstance(x, jax.Array)])))
             if node.kind is None or node.kind in TEXT_KINDS:
                 return _MISS
             guard = guard_key(node.kind, CONVERT[node.kind](env[node.slot], *node.extra))
@@ -214,20 +249,52 @@ class Captured:
         root.warm_streak += 1
         return out
 
-    def run_cold(self, root, leaves, tree):
-        """Run the Python on deferred values, filling the guard tree; returns (result, run)."""
+    def run_cold(self, root, leaves, tree, call):
+        """Run the Python on deferred values, filling the guard tree and its guards on what the
+        Python reads; returns (result, run). A side effect makes such calls run eagerly.
+        ``call`` is the caller's own ``(args, kwargs)``."""
         self.counts["cold"] += 1
         self.hot.clear()  # the run may grow a tree: its one program is rebuilt
         run = ColdRun(self.cache, root, self.exact)
-        vals = [run.input(x) if isinstance(x, _ARRAYS) else x for x in leaves]
-        args, kwargs = jax.tree_util.tree_unflatten(tree, vals)
-        del vals
-        with set_current_trace(run.trace):
-            out = self.fn(*args, **kwargs)
+        static = [x for x in leaves if not isinstance(x, jax.Array)]
+        args, kwargs = jax.tree_util.tree_unflatten(
+            tree, [run.input(x) if isinstance(x, jax.Array) else x for x in leaves])
+        watch, before = ReadWatch(self.fn, static), _argument_state(args, kwargs)
+        try:
+            with set_current_trace(run.trace), watch:
+                out = self.fn(*args, **kwargs)
+        finally:
+            root.add_guards(watch.guards)
+        changed_arguments = _argument_state(args, kwargs) != before
         del args, kwargs
         with set_current_trace(eval_trace):
-            result = run.finish(out)
+            result = run.finish(out, static, watch.outside)
         del out
+        effects = watch.finish()
+        if changed_arguments:
+            # the Python changed a container it was passed: capture passed its own copy, so
+            # only eager can make that change where the caller sees it
+            root.eager_reason = ("it changes an argument (a list or dict passed in), which "
+                                 "capture passes as a copy; calls with these argument types run "
+                                 "eagerly")
+            if not effects:  # nothing else happened in this call: run it as eager would
+                del result
+                return self._eager(*call), run
+            raise MlsysError(f"capture: {root.eager_reason}; this call's change did not reach the "
+                             "caller's container")
+        run.effects = effects
+        if effects:  # not replayed: the next call runs the Python again, then eagerly
+            root.effect_runs += 1
+            if root.effect_runs < MAX_EFFECT_RUNS:
+                root.reset()
+            else:
+                root.eager_reason = root.eager_reason or (
+                    f"a Python side effect: it {effects[0]}; warm calls replay compiled programs "
+                    "without running the Python, so calls with these argument types run eagerly")
+        elif run.unreplayable is not None:
+            root.eager_reason = root.eager_reason or (
+                f"{run.unreplayable}; warm calls replay what the first call returned, so calls "
+                "with these argument types run eagerly")
         run.check_escapes()
         if run.overflow is not None:
             root.eager_reason = root.eager_reason or run.overflow
@@ -248,78 +315,3 @@ def capture(fn: Callable, exact: bool = True) -> Captured:
         f(x, w)   # warm: replays the cached segments, Python not run
     """
     return Captured(fn, exact)
-
-
-@dataclass
-class ExplainOutput:
-    """Like ``torch._dynamo.explain``: graphs, breaks (with source lines), each graph's ops.
-
-    ``fallback`` says why calls with these arguments run eagerly (None when they are captured);
-    ``notes`` say how graphs are compiled where it differs from one program per graph.
-    """
-
-    graph_count: int
-    graph_break_count: int
-    break_reasons: list
-    ops_per_graph: list
-    graphs: list
-    out: Any = None
-    fallback: str | None = None
-    notes: list = field(default_factory=list)
-
-    def __str__(self):
-        lines = [f"graphs: {self.graph_count}, breaks: {self.graph_break_count}"]
-        lines += [f"  graph {i + 1}: {ops}" for i, ops in enumerate(self.ops_per_graph)]
-        lines += [f"  break {i + 1}: {b.reason} at {b.source}" for i, b in enumerate(self.break_reasons)]
-        lines += [f"  note: {n}" for n in self.notes]
-        if self.fallback:
-            lines.append(f"  runs eagerly: {self.fallback}")
-        return "\n".join(lines)
-
-
-def _op_names(closed) -> list[str]:
-    from mlsys_jax.compat import Literal
-    from mlsys_jax.ir.opview import op_view
-
-    # Constants are parameters of a segment; an op on constants only (the convert of a Python
-    # scalar inside a jnp helper) is not the user's op.
-    consts = set(closed.jaxpr.constvars)
-    for eqn in closed.jaxpr.eqns:
-        if all(isinstance(v, Literal) or v in consts for v in eqn.invars):
-            consts.update(eqn.outvars)
-    # torch.sum is Dynamo's name for what JAX records as reduce_sum
-    return [{"reduce_sum": "sum"}.get(op.name, op.name) for op in op_view(closed)
-            if not all(isinstance(v, Literal) or v in consts for v in op.invars)]
-
-
-def _notes(segments) -> list[str]:
-    notes = []
-    for i, seg in enumerate(segments, start=1):
-        for unit in seg.units:
-            notes.append(f"graph {i}: {unit} runs as its own XLA program, as eager runs it (XLA "
-                         "fuses inside it, which exact replay keeps)")
-        size = sum(e.traits.size for e in seg.eqns if not e.traits.unit)
-        if size > MAX_PROGRAM_OPS:
-            notes.append(f"graph {i}: {size} primitives compiled as "
-                         f"{len(seg.pieces) - len(seg.units)} programs of at most "
-                         f"{MAX_PROGRAM_OPS} (compile time stays linear in the graph's length)")
-    return notes
-
-
-def explain(fn: Callable, *args, **kwargs) -> ExplainOutput:
-    """Capture ``fn`` on these arguments (a cold run) and report its graphs and breaks.
-
-    On a :class:`Captured` function the run fills its guard tree as a call would, and
-    ``fallback`` says if (and why) calls with these arguments run eagerly.
-    """
-    c = fn if isinstance(fn, Captured) else Captured(fn)
-    leaves, key = input_key(args, kwargs)
-    fallback = c.eager_reason(key)
-    all_arrays = all(isinstance(x, _ARRAYS) for x in leaves)
-    root = Root(all_arrays=all_arrays) if fallback else \
-        c.roots.setdefault(key, Root(all_arrays=all_arrays))
-    out, run = c.run_cold(root, leaves, _tree(args, kwargs))
-    graphs = [seg.jaxpr() for seg in run.segments]
-    return ExplainOutput(len(graphs), len(run.breaks), list(run.breaks),
-                         [_op_names(g) for g in graphs], graphs, out,
-                         fallback or run.overflow, _notes(run.segments))

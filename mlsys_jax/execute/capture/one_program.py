@@ -58,8 +58,8 @@ class TreeProgram:
         if len(res) == len(self.specs):
             return jax.tree_util.tree_unflatten(self.out_tree, res)
         it = iter(res)
-        return jax.tree_util.tree_unflatten(
-            self.out_tree, [next(it) if k == "slot" else v for k, v in self.specs])
+        return jax.tree_util.tree_unflatten(self.out_tree, [
+            next(it) if k == "slot" else v.copy() if k == "copy" else v for k, v in self.specs])
 
     def direct(self, n_inputs: int) -> Callable | None:
         """The program as a function of the call's ``n_inputs`` arrays, in order, returning the
@@ -157,6 +157,8 @@ def build(node, exact: bool) -> TreeProgram | None:
         return None
     (final,) = plan.finals.values()
     out_tree, specs, avals = final
+    if any(k == "leaf" for k, _ in specs):  # returns an argument as it is: the walk does that
+        return None
     slot_avals = [a for (k, _), a in zip(specs, avals) if k == "slot"]
     if plan.flagged and any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
                             for a in slot_avals):

@@ -25,6 +25,7 @@ from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify
+from mlsys_jax.execute.capture.reads import untraced
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ class RecordTrace(Trace):
         return args
 
     def process_primitive(self, prim, args, params):
+        return untraced(self._record, prim, args, params)  # capture's own work: unwatched
+
+    def _record(self, prim, args, params):
         args = self._checked(args)
         avals = [a.aval if isinstance(a, DeferredTracer) else jax.typeof(a) for a in args]
         out_avals, effects = cached_abstract_eval(prim, *avals, **params)
@@ -125,7 +129,7 @@ class RecordTrace(Trace):
         if isinstance(val, DeferredTracer) and val._trace is self:
             return val
         with set_current_trace(eval_trace):
-            return eval_trace.stage_value(self._checked([val])[0])
+            return untraced(eval_trace.stage_value, self._checked([val])[0])
 
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
         # Segments are only evaluated (never differentiated), so the custom rule is not needed;
