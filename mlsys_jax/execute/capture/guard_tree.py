@@ -30,7 +30,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute.capture.exact_programs import (as_param, bind_eqns, compile_pieces, const_key,
                                        run_pieces)
 from mlsys_jax.execute.capture.break_guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
-from mlsys_jax.execute.capture.reads import untraced
+from mlsys_jax.execute.capture.watching import untraced
 from mlsys_jax.execute.capture.recording import DeferredTracer, Eqn, RecordTrace, user_frame
 from mlsys_jax.execute.capture.state_guards import by_value, compile_check
 

@@ -25,7 +25,7 @@ from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify
-from mlsys_jax.execute.capture.reads import untraced
+from mlsys_jax.execute.capture.watching import untraced
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from mlsys_jax.compat import X64_STATE, x64_enabled
 from mlsys_jax.execute.capture.break_guards import value_key
 
 MISSING = object()  # what a place holds when it holds nothing (a deleted global, an empty cell)
+UNKNOWN = object()  # a value that cannot be read without running code
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
@@ -70,6 +71,31 @@ def attributes(obj) -> dict:
             if isinstance(d, types.MemberDescriptorType) and name not in out:
                 out[name] = read_slot(obj, d)
     return out
+
+
+def static_attr(obj, name):
+    """(value or UNKNOWN, [(kind, holder, key, held)]): ``obj.name`` found without running
+    code, and the places that decide it (an instance's own entry or slot, or its absence and the
+    class's entry). A property's value is UNKNOWN: its getter runs, and is watched."""
+    mro = obj.__mro__ if isinstance(obj, type) else type(obj).__mro__
+    owner = next((k for k in mro if name in k.__dict__), None)
+    found = owner.__dict__[name] if owner is not None else MISSING
+    if isinstance(obj, type):
+        return (UNKNOWN, []) if owner is None else (found, [("entry", owner.__dict__, name, found)])
+    places = [] if owner is None else [("entry", owner.__dict__, name, found)]
+    if isinstance(found, types.MemberDescriptorType):  # a slot: read by its C descriptor
+        held = read_slot(obj, found)
+        return (UNKNOWN if held is MISSING else held), [("slot", obj, found, held)]
+    if found is not MISSING and hasattr(type(found), "__set__"):  # a property, a C getter
+        return UNKNOWN, places
+    inst = instance_dict(obj)
+    if inst is not None and name in inst:
+        return inst[name], [("entry", inst, name, inst[name])]
+    if found is MISSING:
+        return UNKNOWN, []  # __getattr__: its Python is watched
+    return found, places + ([("entry", inst, name, MISSING)] if inst is not None else [])
+
+
 
 
 def _index(lst, i):
