@@ -52,6 +52,7 @@ MAX_RECORDINGS = 8  # recordings of one signature whose guards failed; then it r
 MAX_EFFECT_RUNS = 2  # cold runs with a side effect before a signature runs eagerly (the first
 # call of a lazily built model has one: keras sets ``_called``)
 _MISS = object()
+_PROGRAM_MISS = one_program.MISS  # what a program or the guarded hot path returns on a miss
 _JAX_ARRAY = frozenset([ArrayImpl])  # the argument types of a warm call's hot path
 _aval = attrgetter("aval")
 
@@ -137,7 +138,7 @@ class Captured:
             direct = self.hot.get(tuple(map(_aval, args)))  # input_key's key for these args
             if direct is not None:
                 out = direct(*args)
-                if out is not one_program.MISS:
+                if out is not _PROGRAM_MISS:
                     self.hot_calls += 1
                     return out
         leaves, key = input_key(args, kwargs)

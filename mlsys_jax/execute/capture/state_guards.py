@@ -201,9 +201,10 @@ def _short(v) -> str:
 def compile_check(guards: list[StateGuard], then: Callable | None = None,
                   miss=None) -> Callable | None:
     """One function checking every guard (None when there are none): ``and`` over one
-    expression per guard, generated (names bound as defaults, the fastest reads) so that a warm
-    call pays about a dictionary lookup per read. With ``then``, the function takes ``then``'s
-    arguments and returns ``then(*args)`` when every guard holds, else ``miss``."""
+    expression per guard, generated as a closure over the places (cell reads: nothing is bound
+    per call) so that a warm call pays about a dictionary lookup per read. With ``then``, the
+    function takes ``then``'s arguments and returns ``then(*args)`` when every guard holds, else
+    ``miss``."""
     if not guards:
         return then
     ns = {"_M": MISSING, "_cell": _cell, "_index": _index, "read_slot": read_slot, "_vk": value_key,
@@ -222,17 +223,18 @@ def compile_check(guards: list[StateGuard], then: Callable | None = None,
         else:
             read = _READ[g.kind].format(h=h, k=k)
             terms.append(f"_vk({read}) == {e}" if g.value else f"{read} is {e}")
-    params = ", ".join(f"{n}={n}" for n in ns)
     body = " and ".join(terms)
     if then is None:
-        source = (f"def check({params}):\n    try:\n        return {body}\n"
-                  "    except Exception:\n        return False\n")
+        inner = ("    def check():\n        try:\n            return " + body +
+                 "\n        except Exception:\n            return False\n")
     else:
-        source = (f"def check(*args, {params}):\n    try:\n        ok = {body}\n"
-                  "    except Exception:\n        ok = False\n"
-                  "    return _then(*args) if ok else _miss\n")
-    exec(compile(source, "<capture guards>", "exec"), ns)  # noqa: S102 - our own expressions
-    return ns["check"]
+        inner = ("    def check(*args):\n        try:\n            ok = " + body +
+                 "\n        except Exception:\n            ok = False\n"
+                 "        return _then(*args) if ok else _miss\n")
+    source = f"def make({', '.join(ns)}):\n{inner}    return check\n"
+    scope: dict = {}
+    exec(compile(source, "<capture guards>", "exec"), scope)  # noqa: S102 - our own expressions
+    return scope["make"](**ns)
 
 
 def first_failure(guards: list[StateGuard]) -> StateGuard | None:
