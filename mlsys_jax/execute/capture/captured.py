@@ -260,7 +260,7 @@ class Captured:
         static = [x for x in leaves if not isinstance(x, jax.Array)]
         args, kwargs = jax.tree_util.tree_unflatten(
             tree, [run.input(x) if isinstance(x, jax.Array) else x for x in leaves])
-        watch, before = ReadWatch(self.fn, static), _argument_state(args, kwargs)
+        watch, before = ReadWatch(self.fn, static, tree), _argument_state(args, kwargs)
         try:
             with set_current_trace(run.trace), watch:
                 out = self.fn(*args, **kwargs)

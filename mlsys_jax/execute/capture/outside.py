@@ -22,7 +22,6 @@ from mlsys_jax.execute.capture.state_guards import (UNKNOWN, StateGuard, attribu
                                                     contents_of, instance_dict, same_contents)
 from mlsys_jax.execute.capture.watching import immutable
 
-MAX_CONTAINER = 1024  # items a container read from outside is guarded by, one by one
 MAX_REGISTERED = 8192  # objects from outside one cold run keeps (items of containers included)
 
 
@@ -35,11 +34,15 @@ class OutsideObjects:
         self.snapshots: list = []  # (object, snapshot, what, own attributes?)
         self.by_code: dict = {}  # code -> functions from outside with that code
         self.by_attr: dict = {}  # attribute name -> outside objects that hold it
+        self.overflow: str | None = None  # set when more is reached than is kept
 
     def register(self, v, what):
         """Keep ``v`` (read as ``what``) as an object from outside, with its snapshots, its
         functions' code, its attributes' names, its items (of a container) and what it wraps."""
-        if id(v) in self.known or len(self.known) >= MAX_REGISTERED or immutable(v):
+        if id(v) in self.known or immutable(v):
+            return
+        if len(self.known) >= MAX_REGISTERED:  # unguarded from here on: not replayed
+            self.overflow = self.overflow or f"more than {MAX_REGISTERED} objects, at {what}"
             return
         self.known[id(v)] = (v, what)
         if isinstance(v, types.FunctionType):
@@ -59,14 +62,13 @@ class OutsideObjects:
         if isinstance(v, np.ndarray) or container:
             snap = contents_of(v)
             self.snapshots.append((v, snap, what, False))
-            if isinstance(v, np.ndarray) or len(v) <= MAX_CONTAINER:
-                self.guards[("contents", id(v), None)] = StateGuard(
-                    f"the contents of {what}", "the call", "contents", v, None, snap)
+            self.guards[("contents", id(v), None)] = StateGuard(
+                f"the contents of {what}", "the call", "contents", v, None, snap)
         if isinstance(v, dict):
-            for key, item in list(v.items())[:MAX_CONTAINER]:
+            for key, item in v.items():
                 self.register(item, outside_of(f"item {key!r}", what))
         elif container or type(v) is tuple:
-            for i, item in enumerate(list(v)[:MAX_CONTAINER]):
+            for i, item in enumerate(list(v)):
                 self.register(item, outside_of(f"item {i}", what))
         if not isinstance(v, (types.ModuleType, type, np.ndarray, tuple)):
             own = attributes(v)  # a container's too: a subclass may keep attributes

@@ -32,7 +32,7 @@ import types
 from mlsys_jax.compat import Tracer, x64_enabled
 from mlsys_jax.execute.capture import effects
 from mlsys_jax.execute.capture.break_guards import value_key
-from mlsys_jax.execute.capture.outside import MAX_CONTAINER, OutsideObjects, named, outside_of
+from mlsys_jax.execute.capture.outside import OutsideObjects, named, outside_of
 from mlsys_jax.execute.capture.state_guards import (MISSING, UNKNOWN, StateGuard, by_value,
                                                     static_attr)
 from mlsys_jax.execute.capture.watching import KINDS, frame_kind, table_of
@@ -44,7 +44,7 @@ class ReadWatch:
     """Watches one cold run: ``with watch: fn(...)``, then :meth:`finish` for the side effects;
     ``guards`` holds the reads (``StateGuard``), in the order they were first made."""
 
-    def __init__(self, fn, static_leaves=()):
+    def __init__(self, fn, static_leaves=(), tree=None):
         self.guards: dict = {"x64": StateGuard("JAX's float64 setting (jax_enable_x64)", "the call",
                                                "x64", None, None, x64_enabled())}
         self.objects = OutsideObjects(self.guards)
@@ -64,6 +64,8 @@ class ReadWatch:
                 self.objects.register(v, f"default argument {k!r} of {getattr(f, '__qualname__', f)}")
         for i, v in enumerate(static_leaves):
             self.objects.register(v, f"static argument {i + 1}")
+        for aux in _static_fields(tree):  # a pytree's own static data (an equinox field)
+            self.objects.register(aux, "a static field of the arguments")
 
     # ---- tracing ------------------------------------------------------------------------------
     def __enter__(self):
@@ -144,17 +146,15 @@ class ReadWatch:
     _load_method = _load_attr
 
     def _binary_subscr(self, frame, ins):
+        # an outside container is guarded by its contents: the item only carries a chain on
         key = self._operand(frame, ins.pred)
         obj = self._operand(frame, ins.pred2) if key is not UNKNOWN else UNKNOWN
         if type(obj) not in (dict, list, tuple) or id(obj) not in self.outside:
             return  # (a subclass's __getitem__ may be Python: it is watched itself)
         try:
-            v = obj[key] if type(obj) is dict else obj[key] if type(key) is int else UNKNOWN
+            v = obj[key] if type(obj) is dict or type(key) is int else UNKNOWN
         except (KeyError, IndexError, TypeError):
             return
-        if len(obj) > MAX_CONTAINER and type(obj) is not tuple:  # no contents guard: the item's
-            self._guard(frame, "entry" if type(obj) is dict else "index", obj, key, v,
-                        outside_of(f"item {key!r}", self.outside[id(obj)][1]))
         if v is not UNKNOWN:
             self._loaded(frame, ins, v)
 
@@ -270,9 +270,25 @@ class ReadWatch:
                 found.append(f"writes {what} at {where}")
                 effects.materialize_place(holder, key)
         found += self.objects.changes()
+        if self.objects.overflow:
+            found.append(f"reads what capture cannot keep ({self.objects.overflow})")
         if self.broken:
             found.append(f"reads what capture cannot watch ({self.broken})")
         return found
+
+
+def _static_fields(tree, budget: int = 256) -> list:
+    """The auxiliary data of a pytree structure's nodes (a module's static fields)."""
+    out, stack = [], [tree] if tree is not None else []
+    while stack and len(out) < budget:
+        t = stack.pop()
+        if t.num_nodes == 1 and t.num_leaves <= 1:
+            continue  # a leaf, or an empty container
+        data = t.node_data()  # (node type, aux): for dicts the keys, which the key covers
+        if data is not None and data[1] is not None and data[0] not in (dict, list, tuple):
+            out.append(data[1])
+        stack.extend(t.children())
+    return out
 
 
 def _contents(cell):

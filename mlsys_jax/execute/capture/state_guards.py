@@ -98,10 +98,6 @@ def static_attr(obj, name):
 
 
 
-def _index(lst, i):
-    return lst[i] if -len(lst) <= i < len(lst) else MISSING
-
-
 def _same_list(now, then: tuple) -> bool:
     return len(now) == len(then) and all(map(operator.is_, now, then))
 
@@ -138,17 +134,15 @@ def same_contents(obj, then) -> bool:
 
 # kind -> the expression reading the place from holder h and key k, in the generated check (a
 # missing key or an empty cell raises there: the check then fails, as it should)
-_READ = {"entry": "{h}[{k}]", "cell": "{h}.cell_contents", "index": "_index({h}, {k})",
-         "slot": "{k}.__get__({h})"}
-_SAFE_READ = {"entry": "{h}.get({k}, _M)", "cell": "_cell({h})", "index": "_index({h}, {k})",
-              "slot": "read_slot({h}, {k})"}
+_READ = {"entry": "{h}[{k}]", "cell": "{h}.cell_contents", "slot": "{k}.__get__({h})"}
+_SAFE_READ = {"entry": "{h}.get({k}, _M)", "cell": "_cell({h})", "slot": "read_slot({h}, {k})"}
 
 
 @dataclass(frozen=True, eq=False)
 class StateGuard:
     """One guarded read: ``kind`` says how ``holder`` and ``key`` name the place (``entry``: a
     mapping's key — a global, an attribute in an object's ``__dict__``; ``cell``: a closure cell;
-    ``index``: a list item; ``slot``: an object's ``__slots__`` member, ``key`` its descriptor;
+    ``slot``: an object's ``__slots__`` member, ``key`` its descriptor;
     ``contents``: a container or NumPy array as a whole; ``x64``)."""
 
     what: str  # what was read, as explain() names it: "global 'SCALE'"
@@ -166,8 +160,7 @@ class StateGuard:
         if self.kind == "x64":
             return x64_enabled()
         return {"entry": lambda: self.holder.get(self.key, MISSING), "cell": lambda: _cell(
-            self.holder), "index": lambda: _index(self.holder, self.key),
-            "slot": lambda: read_slot(self.holder, self.key)}[self.kind]()
+            self.holder), "slot": lambda: read_slot(self.holder, self.key)}[self.kind]()
 
     def holds(self) -> bool:
         try:
@@ -207,7 +200,7 @@ def compile_check(guards: list[StateGuard], then: Callable | None = None,
     ``miss``."""
     if not guards:
         return then
-    ns = {"_M": MISSING, "_cell": _cell, "_index": _index, "read_slot": read_slot, "_vk": value_key,
+    ns = {"_M": MISSING, "_cell": _cell, "read_slot": read_slot, "_vk": value_key,
           "_X": X64_STATE,
           "_same": same_contents, "_then": then, "_miss": miss}
     terms = []
