@@ -21,7 +21,8 @@ logger, the clock or a global random generator (``effects.py``) is a *side effec
 replay compiled programs without the Python, so such a path is not replayed
 (:meth:`ReadWatch.finish` also puts concrete arrays where a deferred value was stored, as eager
 would have). A library's own state — its module globals and its closures — is the library's:
-read there, it is not guarded.
+read there, it is not guarded, and a library frame is watched only when it is given an object
+from outside (an nnx module, a Keras layer, the user's params dict).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from mlsys_jax.execute.capture.break_guards import value_key
 from mlsys_jax.execute.capture.outside import OutsideObjects, named, outside_of
 from mlsys_jax.execute.capture.state_guards import (MISSING, UNKNOWN, StateGuard, by_value,
                                                     static_attr)
-from mlsys_jax.execute.capture.watching import KINDS, frame_kind, table_of
+from mlsys_jax.execute.capture.watching import KINDS, TABLES, frame_kind, table_of
 
 _LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE")
 _CHAINED = ("LOAD_ATTR", "LOAD_METHOD", "BINARY_SUBSCR")
@@ -69,39 +70,40 @@ class ReadWatch:
 
     # ---- tracing ------------------------------------------------------------------------------
     def __enter__(self):
-        self._prev = sys.gettrace()
-        sys.settrace(self._call)
+        # The tracer runs on every Python call of the cold run, JAX's included: closures over
+        # locals, no attribute lookups, on the way that returns at once.
+        self._prev = prev = sys.gettrace()
+        kinds, tables, outside, last = KINDS, TABLES, self.outside, self.last
+
+        def event(frame, what, arg):
+            if what == "opcode":
+                table = tables.get(frame.f_code)
+                ins = (table if table is not None else table_of(frame.f_code)).get(frame.f_lasti)
+                if ins is not None:
+                    try:
+                        getattr(self, ins.handler)(frame, ins)
+                    except Exception as e:  # noqa: BLE001 - never break the user's code
+                        self.broken = self.broken or f"{type(e).__name__}: {e}"
+            elif what == "return":
+                last.pop(id(frame), None)
+            return event
+
+        def call(frame, what, arg):
+            theirs = prev(frame, what, arg) if prev is not None else None
+            kind = kinds.get(frame.f_code, False)
+            if kind is False:
+                kind = frame_kind(frame)
+            if kind is None or kind == "library" and not any(
+                    id(v) in outside for v in frame.f_locals.values()):
+                return theirs  # (a library frame given nothing from outside: its own state)
+            frame.f_trace_opcodes = True
+            return event if theirs is None else _both(theirs, event)
+
+        sys.settrace(call)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(self._prev)
-
-    def _call(self, frame, event, arg):
-        theirs = self._prev(frame, event, arg) if self._prev is not None else None
-        if frame_kind(frame) is None:
-            return theirs
-        frame.f_trace_opcodes = True
-        if theirs is None:
-            return self._event
-
-        def both(frame, event, arg):
-            nonlocal theirs
-            theirs = theirs(frame, event, arg) if theirs is not None else None
-            self._event(frame, event, arg)
-            return both
-        return both
-
-    def _event(self, frame, event, arg):
-        if event == "opcode":
-            ins = table_of(frame.f_code).get(frame.f_lasti)
-            if ins is not None:
-                try:
-                    getattr(self, "_" + ins.op.lower())(frame, ins)
-                except Exception as e:  # noqa: BLE001 - never break the user's code
-                    self.broken = self.broken or f"{type(e).__name__}: {e}"
-        elif event == "return":
-            self.last.pop(id(frame), None)
-        return self._event
 
     # ---- reads --------------------------------------------------------------------------------
     def _load_global(self, frame, ins):
@@ -275,6 +277,16 @@ class ReadWatch:
         if self.broken:
             found.append(f"reads what capture cannot watch ({self.broken})")
         return found
+
+
+def _both(theirs, ours):
+    """A frame's local tracer that is a debugger's or coverage's and ours."""
+    def both(frame, what, arg):
+        nonlocal theirs
+        theirs = theirs(frame, what, arg) if theirs is not None else None
+        ours(frame, what, arg)
+        return both
+    return both
 
 
 def _static_fields(tree, budget: int = 256) -> list:

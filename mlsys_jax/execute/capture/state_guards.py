@@ -17,6 +17,7 @@ so the call records again and ``explain()`` names the guard (:func:`first_failur
 """
 from __future__ import annotations
 
+import functools
 import operator
 import types
 from dataclasses import dataclass
@@ -226,8 +227,14 @@ def compile_check(guards: list[StateGuard], then: Callable | None = None,
                  "        return _then(*args) if ok else _miss\n")
     source = f"def make({', '.join(ns)}):\n{inner}    return check\n"
     scope: dict = {}
-    exec(compile(source, "<capture guards>", "exec"), scope)  # noqa: S102 - our own expressions
+    exec(_compiled(source), scope)  # noqa: S102 - our own expressions
     return scope["make"](**ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str):
+    """A check's code, compiled once per shape of guard list (the values are arguments)."""
+    return compile(source, "<capture guards>", "exec")
 
 
 def first_failure(guards: list[StateGuard]) -> StateGuard | None:

@@ -76,19 +76,23 @@ def untraced(fn, *args):
 
 
 class Instr:
-    __slots__ = ("op", "name", "offset", "pred", "pred2")
+    """A handled instruction: its opcode, argument, offset, the handler's name, and the
+    instructions just before it (None where another path may lead in: a jump target)."""
+
+    __slots__ = ("op", "name", "offset", "handler", "pred", "pred2")
 
     def __init__(self, ins, pred, pred2):
         self.op, self.name, self.offset = ins.opname, ins.argval, ins.offset
+        self.handler = "_" + ins.opname.lower()
         self.pred, self.pred2 = pred, pred2  # (op, argval, offset) of the instructions before
 
 
-_TABLES: dict = {}
+TABLES: dict = {}
 
 
 def table_of(code) -> dict:
     """offset -> Instr for the instructions of ``code`` the watch handles (cached per code)."""
-    table = _TABLES.get(code)
+    table = TABLES.get(code)
     if table is None:
         table, seq = {}, [i for i in dis.get_instructions(code)
                           if i.opname not in ("EXTENDED_ARG", "NOP", "CACHE")]
@@ -98,9 +102,9 @@ def table_of(code) -> dict:
                           else (seq[n - k - 1].opname, seq[n - k - 1].argval, seq[n - k - 1].offset)
                           for k in (0, 1)]
                 table[ins.offset] = Instr(ins, *before)
-        if len(_TABLES) > 4096:
-            _TABLES.clear()
-        _TABLES[code] = table
+        if len(TABLES) > 4096:
+            TABLES.clear()
+        TABLES[code] = table
     return table
 
 
