@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 import time
 from collections import Counter
 
@@ -131,9 +132,10 @@ CI = {"calls": (0, 0, 0, 1), "generate": {**CI_PROGRAMS, "state_rate": STATE_RAT
 
 
 def run_campaign(programs: int, seed: int = 0, time_budget: float | None = None,
-                 first: int = 0, calls=CALLS, generate_options=None) -> dict:
+                 first: int = 0, calls=CALLS, generate_options=None,
+                 progress: bool = False) -> dict:
     """Check programs ``first .. first + programs - 1`` of a seed; a summary with every
-    mismatch's reproducer source."""
+    mismatch's reproducer source (``progress``: a line on stderr every 100 programs)."""
     t0, modes, mismatches, done, stateful = time.perf_counter(), Counter(), [], 0, 0
     for i in range(first, first + programs):
         if time_budget is not None and time.perf_counter() - t0 > time_budget:
@@ -146,6 +148,9 @@ def run_campaign(programs: int, seed: int = 0, time_budget: float | None = None,
         modes.update(res["modes"])
         if res["mismatch"]:
             mismatches.append(res)
+        if progress and done % 100 == 0:
+            print(f"capture oracle: {done}/{programs} programs, {len(mismatches)} mismatches, "
+                  f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return {"programs": done, "requested": programs, "seed": seed, "stateful": stateful,
             "calls": sum(modes.values()), "modes": dict(modes), "mismatches": mismatches,
             "seconds": round(time.perf_counter() - t0, 1)}
@@ -164,7 +169,7 @@ def main(argv=None) -> int:
     if args.programs < 1 or args.seed < 0:
         ap.error("--programs must be ≥ 1 and --seed ≥ 0")
     runtime.configure(devices=1, x64=True)
-    res = run_campaign(args.programs, args.seed, args.time_budget)
+    res = run_campaign(args.programs, args.seed, args.time_budget, progress=True)
     if args.json:
         print(json.dumps(res, indent=1))
     else:
