@@ -163,13 +163,15 @@ def main(argv=None) -> int:
                                  description="random branchy programs under capture vs eager")
     ap.add_argument("--programs", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0,
+                    help="index of the first program (to split a campaign across processes)")
     ap.add_argument("--time-budget", type=float, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.programs < 1 or args.seed < 0:
-        ap.error("--programs must be ≥ 1 and --seed ≥ 0")
+    if args.programs < 1 or args.seed < 0 or args.first < 0:
+        ap.error("--programs must be ≥ 1, --seed and --first ≥ 0")
     runtime.configure(devices=1, x64=True)
-    res = run_campaign(args.programs, args.seed, args.time_budget, progress=True)
+    res = run_campaign(args.programs, args.seed, args.time_budget, args.first, progress=True)
     if args.json:
         print(json.dumps(res, indent=1))
     else:
