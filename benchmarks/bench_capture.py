@@ -16,7 +16,9 @@ caller that uses the result sees). With PyTorch installed, ``two_breaks`` also r
 Cold capture: the first call of a captured 2,000-op random elementwise chain (it runs the
 Python and dispatches op by op, as eager) and its first compiled replay (the third call), against
 ``jax.jit``'s first call (trace and compile) of the same function, in this process's CPU time
-(wall time beside it).
+(wall time beside it); and a fresh capture's first call of ``two_breaks`` over the eager call,
+paired round by round: what recording, and watching the Python's reads and side effects
+(``mlsys_jax/execute/capture/reads.py``), cost on a cold call.
 """
 from __future__ import annotations
 
@@ -206,6 +208,21 @@ def _cold(n, figures, notes):
                  f"; jax.jit's equals eager: {np.array_equal(jitted, eager)}")
 
 
+def _cold_over_eager(rng, rounds, figures, notes):
+    x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
+    w1, w2 = (jnp.asarray(rng.standard_normal((64, 64)), jnp.float32) for _ in range(2))
+    t = timing.compare({"eager": lambda: two_breaks(x, w1, w2),
+                        "cold_capture": lambda: capture(two_breaks)(x, w1, w2)},
+                       repeats=rounds, number=1, shuffle=True, clock=time.process_time)
+    r = timing.ratio(t["cold_capture"], t["eager"], SPREAD)
+    figures["two_breaks_cold_capture_over_eager_ratio"] = r.to_dict()
+    notes.append(f"two_breaks, a fresh capture's first call over the eager call (CPU time, "
+                 f"{rounds} paired rounds): {r.median:.2f}× [{r.low:.2f}–{r.high:.2f}] (eager "
+                 f"{t['eager'].median_us:.0f} µs, cold capture {t['cold_capture'].median_us:.0f} "
+                 "µs): it runs the Python on deferred values, watches its reads and side effects "
+                 "and runs each graph dispatch by dispatch")
+
+
 def run(quick: bool = False) -> dict:
     rounds = 100 if quick else 800  # back to back; waited: 4× as many (one call each)
     rng = np.random.default_rng(0)
@@ -224,6 +241,7 @@ def run(quick: bool = False) -> dict:
         notes.append(f"{branch}: captured and lax.cond-jit results equal eager bitwise: {same}")
     notes.append(f"branchy capture cache: {captured.stats}")
     _two_breaks(rng, rounds, figures, notes)
+    _cold_over_eager(rng, 20 if quick else 100, figures, notes)
     _cold(500 if quick else 2000, figures, notes)
     notes.append("captured = mlsys_jax.capture(fn) in exact mode (results bitwise equal to eager)")
     notes.append(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
