@@ -151,6 +151,27 @@ def test_a_user_module_attribute_and_a_helper_read_through_a_call():
     del cfg
 
 
+@pytest.mark.slow
+def test_an_attribute_read_through_getattr_and_hasattr_with_a_constant_name():
+    class Layer:
+        def __init__(self):
+            self.w = jnp.ones(3)
+
+        def f(self, x):
+            y = x * getattr(self, "w") + getattr(self, "b", 1.0)
+            return y * 2 if hasattr(self, "flip") else y
+
+    layer = Layer()
+    c = capture(layer.f)
+
+    def new_w():
+        layer.w = jnp.full(3, 3.0)
+
+    check_calls(c, layer.f, [noop, new_w, lambda: setattr(layer, "b", -2.0),
+                             lambda: setattr(layer, "flip", True)], X)
+    assert len(explain(c, X).guard_failures) == 3
+
+
 def test_a_guard_that_never_settles_runs_eagerly_and_says_why():
     m = module("""
         STEP = 0

@@ -9,7 +9,8 @@ did. At each instruction that reads outside the call:
 
 - ``LOAD_GLOBAL``, ``LOAD_DEREF`` (a closure cell of a function made before the call): a guard on
   that global or cell (``state_guards.py``);
-- ``LOAD_ATTR`` / ``LOAD_METHOD`` / ``BINARY_SUBSCR`` on an object from outside — found from the
+- ``LOAD_ATTR`` / ``LOAD_METHOD`` / ``BINARY_SUBSCR``, and ``getattr``/``hasattr`` with a
+  constant name, on an object from outside — found from the
   instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or else every object from
   outside that has that attribute: a guard on the attribute where the object keeps it (its
   ``__dict__``, or its class's) — read statically, never running a property or ``__getattr__``,
@@ -146,6 +147,12 @@ class ReadWatch:
             self._loaded(frame, ins, v)
 
     _load_method = _load_attr
+
+    def _getattr_call(self, frame, ins):
+        # getattr(obj, "w") and hasattr(obj, "w") read obj.w, unless the name is rebound
+        builtin = getattr if ins.pred2 == "getattr" else hasattr
+        if frame.f_globals.get(ins.pred2, frame.f_builtins.get(ins.pred2)) is builtin:
+            self._load_attr(frame, ins)
 
     def _binary_subscr(self, frame, ins):
         # an outside container is guarded by its contents: the item only carries a chain on

@@ -93,7 +93,12 @@ def static_attr(obj, name):
     if inst is not None and name in inst:
         return inst[name], [("entry", inst, name, inst[name])]
     if found is MISSING:
-        return UNKNOWN, []  # __getattr__: its Python is watched
+        if hasattr(type(obj), "__getattr__"):
+            return UNKNOWN, []  # __getattr__: its Python is watched
+        # absent (getattr's default, hasattr, an AttributeError caught): absent from the class
+        # and from the instance
+        return UNKNOWN, [("entry", type(obj).__dict__, name, MISSING)] + (
+            [("entry", inst, name, MISSING)] if inst is not None else [])
     return found, places + ([("entry", inst, name, MISSING)] if inst is not None else [])
 
 

@@ -97,7 +97,10 @@ def table_of(code) -> dict:
         table, seq = {}, [i for i in dis.get_instructions(code)
                           if i.opname not in ("EXTENDED_ARG", "NOP", "CACHE")]
         for n, ins in enumerate(seq):
-            if ins.opname in _HANDLED:
+            getattr_call = _getattr_call(seq, n)
+            if getattr_call is not None:
+                table[ins.offset] = getattr_call
+            elif ins.opname in _HANDLED:
                 before = [None if ins.is_jump_target or n < k + 1 or (k and seq[n - k].is_jump_target)
                           else (seq[n - k - 1].opname, seq[n - k - 1].argval, seq[n - k - 1].offset)
                           for k in (0, 1)]
@@ -106,6 +109,28 @@ def table_of(code) -> dict:
             TABLES.clear()
         TABLES[code] = table
     return table
+
+
+def _getattr_call(seq, n) -> Instr | None:
+    """``getattr(obj, "name")``, ``getattr(obj, "name", default)`` or ``hasattr(obj, "name")``
+    with a constant name, which reads an attribute as ``obj.name`` does: an Instr for the call
+    (its ``name`` the attribute's, ``pred`` the instruction that loads ``obj``, ``pred2`` the
+    builtin's name), else None."""
+    ins = seq[n]
+    if ins.opname != "PRECALL" and not (ins.opname == "CALL" and seq[n - 1].opname != "PRECALL"):
+        return None
+    argc = ins.argval
+    if argc not in (2, 3) or n < argc + 1:
+        return None
+    callee, obj, name = seq[n - argc - 1], seq[n - argc], seq[n - argc + 1]
+    if callee.opname != "LOAD_GLOBAL" or callee.argval not in ("getattr", "hasattr") \
+            or callee.argval == "hasattr" and argc != 2 \
+            or name.opname != "LOAD_CONST" or not isinstance(name.argval, str) \
+            or any(i.is_jump_target for i in seq[n - argc:n + 1]):
+        return None
+    call = Instr(ins, (obj.opname, obj.argval, obj.offset), callee.argval)
+    call.name, call.handler = name.argval, "_getattr_call"
+    return call
 
 
 def module_file(name) -> str | None:
