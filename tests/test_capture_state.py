@@ -171,6 +171,24 @@ def test_an_attribute_read_through_getattr_and_hasattr_with_a_constant_name():
                              lambda: setattr(layer, "flip", True)], X)
     assert len(explain(c, X).guard_failures) == 3
 
+    def views(x):  # C getters: the instance dict and the class
+        return x * vars(layer)["w"] * layer.__dict__["w"] + type(layer).K + layer.__class__.J
+
+    Layer.K = Layer.J = 1.0
+    c = capture(views)
+    check_calls(c, views, [noop, new_w, lambda: setattr(Layer, "K", 4.0),
+                           lambda: setattr(Layer, "J", -4.0)], X)
+
+
+def test_defaults_replaced_on_the_function_are_read_again():
+    def f(x, s=2.0, *, t=1.0):
+        return x * s + t
+
+    c = capture(f)
+    check_calls(c, f, [noop, lambda: setattr(f, "__defaults__", (3.0,)),
+                       lambda: setattr(f, "__kwdefaults__", {"t": -1.0})], X)
+    assert any("__kwdefaults__" in g for g in explain(c, X).guard_failures)
+
 
 def test_a_guard_that_never_settles_runs_eagerly_and_says_why():
     m = module("""

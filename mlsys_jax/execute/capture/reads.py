@@ -9,9 +9,9 @@ did. At each instruction that reads outside the call:
 
 - ``LOAD_GLOBAL``, ``LOAD_DEREF`` (a closure cell of a function made before the call): a guard on
   that global or cell (``state_guards.py``);
-- ``LOAD_ATTR`` / ``LOAD_METHOD`` / ``BINARY_SUBSCR``, and ``getattr``/``hasattr`` with a
-  constant name, on an object from outside — found from the
-  instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or else every object from
+- ``LOAD_ATTR`` / ``LOAD_METHOD`` / ``BINARY_SUBSCR``, and the builtins that read an attribute
+  (``getattr``/``hasattr`` with a constant name, ``vars``, ``type``), on an object from
+  outside — found from the instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or else every object from
   outside that has that attribute: a guard on the attribute where the object keeps it (its
   ``__dict__``, or its class's) — read statically, never running a property or ``__getattr__``,
   whose own Python is watched instead.
@@ -36,11 +36,12 @@ from mlsys_jax.execute.capture import effects
 from mlsys_jax.execute.capture.break_guards import value_key
 from mlsys_jax.execute.capture.outside import OutsideObjects, named, outside_of
 from mlsys_jax.execute.capture.state_guards import (MISSING, UNKNOWN, StateGuard, by_value,
-                                                    static_attr)
+                                                    instance_dict, static_attr)
 from mlsys_jax.execute.capture.watching import KINDS, TABLES, frame_kind, table_of
 
 _LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE")
-_CHAINED = ("LOAD_ATTR", "LOAD_METHOD", "BINARY_SUBSCR")
+_CHAINED = ("LOAD_ATTR", "LOAD_METHOD", "BINARY_SUBSCR", "CALL")  # CALL: of a watched builtin
+_BUILTINS = {"getattr": getattr, "hasattr": hasattr, "vars": vars, "type": type}
 
 class ReadWatch:
     """Watches one cold run: ``with watch: fn(...)``, then :meth:`finish` for the side effects;
@@ -60,6 +61,11 @@ class ReadWatch:
         self._prev = None
         self.objects.register(fn, "the captured function")
         for f in (fn, getattr(fn, "__func__", None)):
+            if isinstance(f, types.FunctionType):  # defaults replaced: f.__defaults__ = (3.0,)
+                for attr in ("__defaults__", "__kwdefaults__"):
+                    slot = types.FunctionType.__dict__[attr]
+                    self.guards[("slot", id(f), slot)] = StateGuard(
+                        f"{attr} of {f.__qualname__}", "the call", "slot", f, slot, slot.__get__(f))
             for i, v in enumerate(getattr(f, "__defaults__", None) or ()):
                 self.objects.register(v, f"default argument {i + 1} of {getattr(f, '__qualname__', f)}")
             for k, v in (getattr(f, "__kwdefaults__", None) or {}).items():
@@ -133,6 +139,14 @@ class ReadWatch:
 
     def _load_attr(self, frame, ins):
         obj = self._operand(frame, ins.pred)
+        if ins.name in ("__dict__", "__class__") and id(obj) in self.outside:
+            # read by C getters: the instance dict and the class are objects from outside too
+            v = type(obj) if ins.name == "__class__" else instance_dict(obj)
+            what = outside_of(f"attribute {ins.name!r}", self.outside[id(obj)][1])
+            if v is not None:
+                self.objects.register(v, what)
+                self._loaded(frame, ins, v)
+            return
         if obj is UNKNOWN:  # every outside object that holds the attribute is guarded on it
             for holder in self.objects.by_attr.get(ins.name, ()):
                 v, places = static_attr(holder, ins.name)
@@ -149,9 +163,9 @@ class ReadWatch:
     _load_method = _load_attr
 
     def _getattr_call(self, frame, ins):
-        # getattr(obj, "w") and hasattr(obj, "w") read obj.w, unless the name is rebound
-        builtin = getattr if ins.pred2 == "getattr" else hasattr
-        if frame.f_globals.get(ins.pred2, frame.f_builtins.get(ins.pred2)) is builtin:
+        # getattr(obj, "w") and hasattr(obj, "w") read obj.w, vars(obj) obj.__dict__, type(obj)
+        # obj.__class__ — unless the builtin's name is rebound
+        if frame.f_globals.get(ins.pred2, frame.f_builtins.get(ins.pred2)) is _BUILTINS[ins.pred2]:
             self._load_attr(frame, ins)
 
     def _binary_subscr(self, frame, ins):

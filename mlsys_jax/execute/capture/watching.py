@@ -112,25 +112,36 @@ def table_of(code) -> dict:
 
 
 def _getattr_call(seq, n) -> Instr | None:
-    """``getattr(obj, "name")``, ``getattr(obj, "name", default)`` or ``hasattr(obj, "name")``
-    with a constant name, which reads an attribute as ``obj.name`` does: an Instr for the call
-    (its ``name`` the attribute's, ``pred`` the instruction that loads ``obj``, ``pred2`` the
-    builtin's name), else None."""
+    """A call of a builtin that reads an attribute as ``obj.name`` does: ``getattr(obj,
+    "name")``, ``getattr(obj, "name", default)`` or ``hasattr(obj, "name")`` with a constant
+    name, ``vars(obj)`` (``obj.__dict__``) or ``type(obj)`` (``obj.__class__``). An Instr for the
+    call — its ``name`` the attribute's, ``pred`` the instruction that loads ``obj``, ``pred2``
+    the builtin's name, ``offset`` the call's (where a chained read finds the result) — or None."""
     ins = seq[n]
     if ins.opname != "PRECALL" and not (ins.opname == "CALL" and seq[n - 1].opname != "PRECALL"):
         return None
     argc = ins.argval
-    if argc not in (2, 3) or n < argc + 1:
-        return None
-    callee, obj, name = seq[n - argc - 1], seq[n - argc], seq[n - argc + 1]
-    if callee.opname != "LOAD_GLOBAL" or callee.argval not in ("getattr", "hasattr") \
-            or callee.argval == "hasattr" and argc != 2 \
-            or name.opname != "LOAD_CONST" or not isinstance(name.argval, str) \
+    if argc not in (1, 2, 3) or n < argc + 1 or seq[n - argc - 1].opname != "LOAD_GLOBAL" \
             or any(i.is_jump_target for i in seq[n - argc:n + 1]):
         return None
-    call = Instr(ins, (obj.opname, obj.argval, obj.offset), callee.argval)
-    call.name, call.handler = name.argval, "_getattr_call"
+    callee, obj = seq[n - argc - 1].argval, seq[n - argc]
+    if argc == 1 and callee in _VIEWS:
+        name = _VIEWS[callee]
+    elif callee == "getattr" and argc in (2, 3) or callee == "hasattr" and argc == 2:
+        const = seq[n - argc + 1]
+        if const.opname != "LOAD_CONST" or not isinstance(const.argval, str):
+            return None
+        name = const.argval
+    else:
+        return None
+    call = Instr(ins, (obj.opname, obj.argval, obj.offset), callee)
+    call.name, call.handler = name, "_getattr_call"
+    if ins.opname == "PRECALL" and n + 1 < len(seq):
+        call.offset = seq[n + 1].offset
     return call
+
+
+_VIEWS = {"vars": "__dict__", "type": "__class__"}
 
 
 def module_file(name) -> str | None:
