@@ -281,6 +281,21 @@ def test_a_closure_counter_and_an_attribute_write_run_on_every_call():
     assert mine.count == theirs.count == 3
 
 
+def test_an_iterator_and_a_deque_from_outside_are_consumed_on_every_call():
+    import collections
+    import itertools
+
+    def make():
+        steps, queue = itertools.count(1), collections.deque([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        return lambda x: x * next(steps) + queue.popleft()
+
+    c, eager = capture(make()), make()
+    for _ in range(4):
+        assert compare(c(X), eager(X)) is None
+    e = explain(c, X)
+    assert "side effect" in e.fallback and "an iterator" in repr(e), e
+
+
 def test_a_deferred_value_stored_outside_becomes_its_array_on_every_call():
     log, theirs = [], []
 

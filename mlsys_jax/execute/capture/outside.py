@@ -12,6 +12,7 @@ arrays where it stored deferred values.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import types
 
@@ -58,7 +59,11 @@ class OutsideObjects:
                 else UNKNOWN
             if inner is not UNKNOWN and callable(inner):
                 self.register(inner, what)
-        container = isinstance(v, (list, dict, set))
+        if hasattr(type(v), "__next__"):  # an iterator, a generator: its position is C state
+            self.overflow = self.overflow or (f"an iterator ({what}), whose position capture "
+                                              "cannot see")
+            return
+        container = isinstance(v, (list, dict, set, collections.deque))
         if isinstance(v, np.ndarray) or container:
             snap = contents_of(v)
             self.snapshots.append((v, snap, what, False))

@@ -17,6 +17,7 @@ so the call records again and ``explain()`` names the guard (:func:`first_failur
 """
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 import types
@@ -118,10 +119,11 @@ def _array_bytes(a) -> tuple:
 
 
 def contents_of(obj):
-    """A snapshot of a container's items (by identity), or of a NumPy array's bytes."""
+    """A snapshot of a container's items (a list, deque, dict or set; by identity), or of a NumPy
+    array's bytes."""
     if isinstance(obj, np.ndarray):
         return _array_bytes(obj)
-    if isinstance(obj, list):
+    if isinstance(obj, (list, collections.deque)):
         return tuple(obj)
     if isinstance(obj, dict):
         return dict(obj)
@@ -131,7 +133,7 @@ def contents_of(obj):
 def same_contents(obj, then) -> bool:
     if isinstance(obj, np.ndarray):
         return _array_bytes(obj) == then
-    if isinstance(obj, list):
+    if isinstance(obj, (list, collections.deque)):
         return _same_list(obj, then)
     if isinstance(obj, dict):
         return _same_dict(obj, then)
