@@ -61,9 +61,10 @@ class ReadWatch:
         self._prev = None
         self.objects.register(fn, "the captured function")
         for f in (fn, getattr(fn, "__func__", None)):
-            if isinstance(f, types.FunctionType):  # defaults replaced: f.__defaults__ = (3.0,)
-                for attr in ("__defaults__", "__kwdefaults__"):
-                    slot = types.FunctionType.__dict__[attr]
+            for attr in ("__defaults__", "__kwdefaults__") if isinstance(
+                    f, types.FunctionType) else ():  # replaced: f.__defaults__ = (3.0,)
+                slot = types.FunctionType.__dict__[attr]
+                if slot.__get__(f) is not None:  # (without defaults every call passes them all)
                     self.guards[("slot", id(f), slot)] = StateGuard(
                         f"{attr} of {f.__qualname__}", "the call", "slot", f, slot, slot.__get__(f))
             for i, v in enumerate(getattr(f, "__defaults__", None) or ()):
