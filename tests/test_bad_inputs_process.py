@@ -34,6 +34,17 @@ FILES = {
     "model.txt": "def f(x):\n    return x\n",
     "exit0.py": "import sys\nsys.exit(0)\n",
     "exit3.py": "import sys\nsys.exit(3)\n",
+    "os_exit.py": "import os\nos._exit(0)\n",
+    "thread_raises.py": """
+        import threading
+
+        import jax.numpy as jnp
+
+        threading.Thread(target=lambda: 1 / 0).start()
+
+        def f(x):
+            return jnp.sin(x) * 2
+    """,
     "sleeps.py": "import time\ntime.sleep(3600)\n",
     "factories.py": """
         import sys
@@ -69,6 +80,9 @@ CATALOGUE = [
      "SystemExit(0) raised while importing"),
     ("exit-3-at-import", "inspect {d}/exit3.py:f --arg f32[3]", {},
      "SystemExit(3) raised while importing"),
+    ("os-exit-at-import", "inspect {d}/os_exit.py:f --arg f32[3]", {},
+     "os._exit(0) called while importing"),
+    ("thread-raises-at-import", "inspect {d}/thread_raises.py:f --arg f32[3]", {}, None),
     ("SystemExit-in-factory", "inspect {d}/factories.py:exits", {},
      "SystemExit(5) raised while calling the factory"),
     ("KeyboardInterrupt-in-factory", "inspect {d}/factories.py:interrupts", {},
@@ -200,6 +214,8 @@ def test_each_case_is_one_line_and_exit_2_as_a_real_process(results):
     assert IMPORT_BOUND_S <= hang < IMPORT_BOUND_S + 10, hang  # ended by the bound, not later
     note = results["factory-leaves-a-thread"]["stderr"]
     assert note.startswith("mlsys-jax: note: exiting without waiting for 1 thread"), note
+    note = results["thread-raises-at-import"]["stderr"]
+    assert note.startswith("mlsys-jax: note: ") and "ZeroDivisionError" in note, note
 
 
 # ---- the same mechanisms in process, for the inner loop -----------------------------------
@@ -229,6 +245,7 @@ def test_a_usage_error_prints_its_one_hint_line(capsys):
     (lambda: sys.exit(3), "SystemExit(3) raised while doing it"),
     (lambda: (_ for _ in ()).throw(KeyboardInterrupt()), "KeyboardInterrupt raised while doing it"),
     (lambda: {}["w"], "it failed: KeyError: 'w'"),
+    (lambda: os._exit(3), "os._exit(3) called while doing it"),
 ])
 def test_what_user_code_raises_becomes_its_failure(raise_it, said):
     with pytest.raises(MlsysError) as e:

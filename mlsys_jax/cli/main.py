@@ -97,9 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command line (``argv``, or this process's own when None) and return its exit
-    status. As the process's own command line, it also ends threads the user's code left
-    running (:func:`mlsys_jax.cli.user_code.exit_status`)."""
+    status. As the process's own command line, it also reports a thread that fails in one line
+    and ends threads the user's code left running (:mod:`mlsys_jax.cli.user_code`)."""
     from mlsys_jax.cli import user_code
+
+    if argv is None:
+        user_code.report_thread_failures_in_one_line()
 
     def command() -> int:
         from mlsys_jax import runtime

@@ -3,7 +3,8 @@ reported as its failures.
 
 User code is not ours, but what it does must not become what the tool does: a ``sys.exit(0)``
 at import is not a success, its ``SystemExit(3)`` is not our exit status, a
-``KeyboardInterrupt`` it raises is not the user pressing Ctrl-C, and an import that never
+``KeyboardInterrupt`` it raises is not the user pressing Ctrl-C, an ``os._exit`` is refused, a
+thread it starts that raises is one note line, not a traceback, and an import that never
 returns (waiting for input, a lock, the network) must not hang the command. So :func:`run` calls
 user code in a daemon thread and waits at most the bound (``--import-timeout``); whatever it
 raises, ``BaseException`` included, becomes one :class:`~mlsys_jax.errors.MlsysError` naming the
@@ -65,8 +66,12 @@ def run(fn: Callable, doing: str, failed: str):
 
     worker = threading.Thread(target=body, name=_WORKER_PREFIX + doing, daemon=True)
     before = set(threading.enumerate())
-    worker.start()
-    worker.join(bound)  # a real Ctrl-C interrupts this wait: KeyboardInterrupt, exit 130
+    real_exit, os._exit = os._exit, _exit_called  # os._exit skips SystemExit: caught here
+    try:
+        worker.start()
+        worker.join(bound)  # a real Ctrl-C interrupts this wait: KeyboardInterrupt, exit 130
+    finally:
+        os._exit = real_exit
     # threads started from the worker inherit its daemon flag: remembered, so they still count
     _STARTED_BY_USER.update(t for t in threading.enumerate() if t not in before and t is not worker)
     if worker.is_alive():
@@ -78,9 +83,37 @@ def run(fn: Callable, doing: str, failed: str):
     raise _as_user_failure(box["error"], doing, failed) from None
 
 
+class _ExitCalled(BaseException):
+    """``os._exit(code)`` called by user code (it would end the process without a word)."""
+
+
+def _exit_called(code):
+    raise _ExitCalled(code)
+
+
+def report_thread_failures_in_one_line() -> None:
+    """For the process's own command line: a thread that ends with an exception prints one
+    line, not a traceback (the thread is the user's code or a library's; the command's result
+    does not depend on it)."""
+    threading.excepthook = _thread_failed
+
+
+def _thread_failed(args) -> None:
+    if args.exc_type is SystemExit:
+        return
+    where = args.thread.name if args.thread is not None else "a thread"
+    text = str(args.exc_value).strip()
+    print(f"mlsys-jax: note: {where} (started by your code or a library) raised "
+          f"{args.exc_type.__name__}{': ' + text.splitlines()[0] if text else ''}",
+          file=sys.stderr)
+
+
 def _as_user_failure(e: BaseException, doing: str, failed: str) -> MlsysError:
     if isinstance(e, MlsysError):
         return e
+    if isinstance(e, _ExitCalled):
+        return MlsysError(f"os._exit({e.args[0]!r}) called while {doing}: user code must not end "
+                          "the process")
     if isinstance(e, SystemExit):
         return MlsysError(f"SystemExit({e.code!r}) raised while {doing} (sys.exit): user code must "
                           "not end the process; call sys.exit only under "
