@@ -225,3 +225,24 @@ def test_hot_path_keeps_results_counts_and_refusals():
     for _ in range(3):  # ... until the tree's program is called directly again
         assert compare(c(x), f(x)) is None
     assert c.hot
+
+
+@pytest.mark.slow
+def test_one_value_given_twice_to_max_keeps_eagers_denormal_rounding():
+    # eager's max dispatch gets y as two parameters and reads a subnormal as zero; a program
+    # that sees max(y, y) folds it to y
+    @jax.jit
+    def users_max(a, b):
+        return jnp.maximum(a, b) * 1.0
+
+    def f(x, y):
+        if x.sum() > 0:
+            return jnp.maximum(y, y), jax.lax.min(y, y), users_max(y, y)
+        return y + 1.0, y - 1.0, y * 2.0
+
+    y = jnp.asarray(np.array([1e-45, -1e-45, 2.0], np.float32))
+    x = jnp.ones(3, jnp.float32)
+    c = capture(f)
+    for args in [(x, y)] * 3 + [(-x, y)] * 3 + [(x, y)] * 2:  # both outcomes, then one program
+        diff = compare(c(*args), f(*args))
+        assert diff is None, diff

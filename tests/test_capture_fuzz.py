@@ -5,7 +5,8 @@ The hand-run tier is ``python -m mlsys_jax.fuzz.capture_oracle --programs 2000 -
 """
 import pytest
 
-from mlsys_jax.fuzz.capture_oracle import CALLS, CI, CI_PROGRAMS, check, run_campaign
+from mlsys_jax.fuzz.capture_oracle import (CALLS, CI, CI_PROGRAMS, STATE_RATE, check,
+                                           program_seed, run_campaign)
 from mlsys_jax.fuzz.capture_programs import generate
 
 pytestmark = pytest.mark.campaign
@@ -27,6 +28,13 @@ def test_random_branchy_programs_equal_eager(chunk):
 # fusion was on — ``where(y > x, y, x)`` with a subnormal ``y`` became a ``max`` (denormals read
 # as zero), and ``v - logsumexp(v)`` on 3×3 values took another code path for ``log``'s tail.
 REGRESSIONS = [(11000228, CI_PROGRAMS, CI["calls"]), (101, {}, CALLS)]
+
+
+@pytest.mark.slow
+def test_a_caught_program_with_max_of_one_value_twice_stays_equal_to_eager():
+    # max(y, y) of a subnormal y: eager's dispatch reads it as zero, a program folded it to y
+    res = check(generate(program_seed(25, 178), state_rate=STATE_RATE), CALLS)
+    assert res["mismatch"] is None, res
 
 
 @pytest.mark.parametrize("seed, options, calls", REGRESSIONS, ids=lambda v: str(v)[:12])

@@ -124,6 +124,25 @@ def _body_size(jaxpr) -> int:
     return sum(1 + sum(_body_size(b) for b in _bodies(e.params)) for e in jaxpr.eqns)
 
 
+# ``max(y, y)`` inside a program is folded to ``y`` by XLA's simplifier; eager's dispatch gets
+# ``y`` as two parameters and runs the max instruction, which reads a subnormal as zero
+# (denormals-are-zero on XLA:CPU). A dispatch given one value twice that holds these runs alone.
+SAME_OPERAND_FOLDED = frozenset({"max", "min"})
+
+
+def folds_repeated(prim, params) -> bool:
+    """Whether a dispatch given the same value as two operands may round otherwise inside a
+    program (a max or min in it, or in its body)."""
+    return prim.name in SAME_OPERAND_FOLDED or any(_body_folds(b) for b in _bodies(params))
+
+
+@lru_cache(maxsize=4096)
+def _body_folds(jaxpr) -> bool:
+    return any(e.primitive.name in SAME_OPERAND_FOLDED or any(_body_folds(b) for b in
+                                                               _bodies(e.params))
+               for e in jaxpr.eqns)
+
+
 def classify(prim, params, avals) -> Traits:
     """The traits of one dispatch."""
     size = sum(_body_size(b) for b in _bodies(params)) or 1

@@ -24,7 +24,7 @@ import jax
 from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_trace,
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify
+from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify, folds_repeated
 from mlsys_jax.execute.capture.watching import untraced
 
 
@@ -119,8 +119,11 @@ class RecordTrace(Trace):
             with set_current_trace(eval_trace):
                 return prim.bind(*args, **params)
         multiple = prim.multiple_results
+        traits = classify(prim, params, avals)
+        if len({id(a) for a in args}) < len(args) and folds_repeated(prim, params):
+            traits = Traits(True, traits.size)  # eager's own program, the operands two parameters
         outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals],
-                               classify(prim, params, avals))
+                               traits)
         return outs if multiple else outs[0]
 
     def stage_value(self, val):
