@@ -11,9 +11,9 @@ did. At each instruction that reads outside the call:
   that global or cell (``state_guards.py``);
 - ``LOAD_ATTR`` / ``LOAD_METHOD`` / ``BINARY_SUBSCR``, and the builtins that read an attribute
   (``getattr``/``hasattr`` with a constant name, ``vars``, ``type``), on an object from
-  outside — found from the instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or else every object from
-  outside that has that attribute: a guard on the attribute where the object keeps it (its
-  ``__dict__``, or its class's) — read statically, never running a property or ``__getattr__``,
+  outside — found from the instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or
+  else every object from outside that has that attribute: a guard on the attribute where the
+  object keeps it (its ``__dict__``, or its class's) — read statically, never running a property or ``__getattr__``,
   whose own Python is watched instead.
 
 The objects reached from outside are kept with snapshots (``outside.py``); after the call a
