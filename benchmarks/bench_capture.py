@@ -6,7 +6,7 @@ exp(h)``) on each outcome, and ``two_breaks`` (a second layer and a second ``if`
 eager JAX, the same Python under ``mlsys_jax.capture`` (exact mode: results bitwise equal to
 eager), and the function rewritten with ``lax.cond`` under ``jax.jit``. Warm-up calls the captured
 function on every outcome, so warm calls run the whole guard tree as one program
-(``mlsys_jax/execute/_fuse.py``): one dispatch, no guard read on the host.
+(``mlsys_jax/execute/capture/one_program.py``): one dispatch, no guard read on the host.
 
 Two modes: back-to-back calls (the harness waits only for the last result, so jitted calls
 pipeline on JAX's async dispatch) and *waited* calls (each result waited for: the latency a
@@ -16,7 +16,9 @@ caller that uses the result sees). With PyTorch installed, ``two_breaks`` also r
 Cold capture: the first call of a captured 2,000-op random elementwise chain (it runs the
 Python and dispatches op by op, as eager) and its first compiled replay (the third call), against
 ``jax.jit``'s first call (trace and compile) of the same function, in this process's CPU time
-(wall time beside it).
+(wall time beside it); and a fresh capture's first call of ``two_breaks`` over the eager call,
+paired round by round: what recording, and watching the Python's reads and side effects
+(``mlsys_jax/execute/capture/reads.py``), cost on a cold call.
 """
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ NAME = "capture"
 
 # Microsecond calls, so many short rounds: each round runs every variant in a fresh order
 # (timing.compare's shuffle) — back to back: BATCH calls, only the last result waited for (eager,
-# ~20× slower, as many calls as take ~1 ms); waited: one call, its result waited for — and a
+# much slower, as many calls as fill min_time_s); waited: one call, its result waited for — and a
 # figure is the median of the per-round ratios with their 10th–90th percentiles. Waited times
-# are bimodal (~25 µs when XLA:CPU's worker thread is still awake, ~80 µs when it must be woken),
-# so 15 rounds could not decide a 15% target. Every compiled variant gets the same BATCH: a
+# are bimodal (XLA:CPU's worker thread still awake, or woken: docs/capture.md), so a few long
+# rounds could not decide a 15% target. Every compiled variant gets the same BATCH: a
 # round's fixed cost (waking the worker, the final wait) is then the same share of each.
 BATCH = 64
 SPREAD = (10, 90)
@@ -102,7 +104,7 @@ def _torch_two_breaks():
     except ImportError as e:
         return None, f"torch.compile comparison skipped: PyTorch is not installed ({e})"
     # One intra-op thread, like XLA:CPU on these small matmuls: with two, torch's OpenMP workers
-    # spin against the other processes of this shared 2-core machine (measured: 64 ms a call).
+    # spin against the other processes of this shared 2-core machine.
     torch.set_num_threads(1)
 
     def fn(x, w1, w2):
@@ -206,6 +208,21 @@ def _cold(n, figures, notes):
                  f"; jax.jit's equals eager: {np.array_equal(jitted, eager)}")
 
 
+def _cold_over_eager(rng, rounds, figures, notes):
+    x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
+    w1, w2 = (jnp.asarray(rng.standard_normal((64, 64)), jnp.float32) for _ in range(2))
+    t = timing.compare({"eager": lambda: two_breaks(x, w1, w2),
+                        "cold_capture": lambda: capture(two_breaks)(x, w1, w2)},
+                       repeats=rounds, number=1, shuffle=True, clock=time.process_time)
+    r = timing.ratio(t["cold_capture"], t["eager"], SPREAD)
+    figures["two_breaks_cold_capture_over_eager_ratio"] = r.to_dict()
+    notes.append(f"two_breaks, a fresh capture's first call over the eager call (CPU time, "
+                 f"{rounds} paired rounds): {r.median:.2f}× [{r.low:.2f}–{r.high:.2f}] (eager "
+                 f"{t['eager'].median_us:.0f} µs, cold capture {t['cold_capture'].median_us:.0f} "
+                 "µs): it runs the Python on deferred values, watches its reads and side effects "
+                 "and runs each graph dispatch by dispatch")
+
+
 def run(quick: bool = False) -> dict:
     rounds = 100 if quick else 800  # back to back; waited: 4× as many (one call each)
     rng = np.random.default_rng(0)
@@ -224,6 +241,7 @@ def run(quick: bool = False) -> dict:
         notes.append(f"{branch}: captured and lax.cond-jit results equal eager bitwise: {same}")
     notes.append(f"branchy capture cache: {captured.stats}")
     _two_breaks(rng, rounds, figures, notes)
+    _cold_over_eager(rng, 20 if quick else 100, figures, notes)
     _cold(500 if quick else 2000, figures, notes)
     notes.append("captured = mlsys_jax.capture(fn) in exact mode (results bitwise equal to eager)")
     notes.append(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

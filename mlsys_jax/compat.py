@@ -186,7 +186,7 @@ class Fragment:
         self.trace.invalidate()
 
 
-# Graph-break capture's warm calls and one-program replay (execute/capture.py, _fuse.py): the
+# Graph-break capture's warm calls and one-program replay (execute/capture/): the
 # concrete array type (a warm call's fast path keys arguments by their cached ``aval``), and zeros
 # of an exact abstract type, weak type included (the "outcome not seen yet" branch must return the
 # same types as the others; jnp.zeros is always strongly typed).
@@ -259,3 +259,16 @@ def traced_as(eqn):
         yield
     finally:
         context.context = before
+
+
+# Graph-break capture records under one float64 setting and replays only under it (jax.jit keys
+# its cache on the setting too); the State's own getter is the cheapest read of it.
+from jax._src.config import enable_x64 as _enable_x64  # noqa: E402
+
+
+X64_STATE = _enable_x64  # ``X64_STATE.value``: the setting in this thread
+
+
+def x64_enabled() -> bool:
+    """Whether float64 is on in this thread (``jax.config.jax_enable_x64``, read cheaply)."""
+    return _enable_x64.value

@@ -1,10 +1,13 @@
-"""Process-level set-up that must happen before JAX starts: simulated devices and float64.
+"""Process-level set-up that must happen before JAX starts: the environment, simulated devices
+and float64.
 
 JAX reads ``XLA_FLAGS`` once, when its CPU backend initialises, so the simulated device count
 (the lecture's "GPUs" of §5) must be set before the first computation. The CLI, the test suite and
 ``python -m experiments.…`` all go through :func:`configure`. Float64 is the lecture's (its exact
 checks): the experiments turn it on for themselves, while a user's code runs under JAX's own
-defaults unless the user asks (:func:`user_precision`).
+defaults unless the user asks (:func:`user_precision`). The CLI checks the environment it and JAX
+read before JAX starts (:func:`check_environment`, :func:`import_jax`, :func:`start_backend`), so
+a bad value is one line naming the variable, not a traceback or an aborted process.
 """
 from __future__ import annotations
 
@@ -14,13 +17,14 @@ import re
 import sys
 import tempfile
 
-from mlsys_jax.errors import MlsysError
+from mlsys_jax.errors import MlsysError, env_flag
 
 DEFAULT_DEVICES = 8
-# Each simulated device costs start-up time and memory (measured: 1,024 devices 3.6 s and 0.34 GB
-# to start; 8,192 devices 26 s and 1.1 GB), and the lecture's layouts need at most 8.
+# Each simulated device costs start-up time and memory (docs/jax-notes.md), and the lecture's
+# layouts need at most 8.
 MAX_DEVICES = 1024
 _FLAG = "--xla_force_host_platform_device_count"
+_FLAG_VALUE = re.compile(rf"{_FLAG}=(\S*)")
 
 
 def configure(devices: int | None = DEFAULT_DEVICES, x64: bool = True) -> None:
@@ -33,7 +37,7 @@ def configure(devices: int | None = DEFAULT_DEVICES, x64: bool = True) -> None:
         if not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
             raise MlsysError(f"--devices/devices must be an integer from 1 to {MAX_DEVICES} "
                              f"(simulated CPU devices), got {devices!r}")
-        flags = re.sub(rf"{_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+        flags = _FLAG_VALUE.sub("", os.environ.get("XLA_FLAGS", "")).strip()
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={devices}".strip()
         if _backend_started():
             import jax
@@ -61,9 +65,89 @@ def user_precision(x64: bool):
     enabled for the lecture's own code."""
     import jax
 
-    asked = os.environ.get("JAX_ENABLE_X64", "").strip().lower() in ("1", "true", "yes", "on")
-    with jax.enable_x64(bool(x64) or asked):
+    with jax.enable_x64(bool(x64) or env_flag("JAX_ENABLE_X64")):
         yield
+
+
+# ---- the environment: every variable the tool and JAX read, checked before JAX starts ---------
+
+def check_environment() -> None:
+    """MLSYS_JAX_DEBUG and JAX_ENABLE_X64 are truth values, and XLA_FLAGS holds flags whose device
+    count (``--devices`` replaces it) is an integer from 1 to MAX_DEVICES (MlsysError otherwise)."""
+    env_flag("MLSYS_JAX_DEBUG")
+    env_flag("JAX_ENABLE_X64")
+    flags = os.environ.get("XLA_FLAGS", "")
+    for token in flags.split():
+        if not token.startswith("--"):
+            raise MlsysError(f"XLA_FLAGS={flags!r}: {token!r} is not a flag; XLA_FLAGS holds "
+                             f"flags such as {_FLAG}=8, separated by spaces")
+    for value in _FLAG_VALUE.findall(flags):
+        if not value.isdigit() or not 1 <= int(value) <= MAX_DEVICES:
+            raise MlsysError(f"XLA_FLAGS: {_FLAG}={value!r} is not a device count from 1 to "
+                             f"{MAX_DEVICES}; remove it (mlsys-jax sets the count from --devices, "
+                             f"default {DEFAULT_DEVICES})")
+
+
+def import_jax():
+    """``import jax``, where JAX reads its own ``JAX_*`` variables: one it cannot read is an
+    MlsysError naming it, not an import-time traceback."""
+    try:
+        import jax
+    except ValueError as e:
+        text = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        named = [k for k, v in os.environ.items() if k.startswith("JAX_") and v.strip()
+                 and (k in text or repr(v.strip().lower()) in text or repr(v.strip()) in text)]
+        where = f" ({', '.join(sorted(named))})" if named else " (a JAX_* variable)"
+        raise MlsysError(f"JAX cannot read its environment{where}: {text}; fix or unset that "
+                         "variable") from None
+    return jax
+
+
+def start_backend() -> None:
+    """Start JAX's backend now, so that what it cannot start with is one line: flags XLA refuses
+    in XLA_FLAGS (XLA would abort the process, so they are tried first in a forked child) and a
+    platform JAX_PLATFORMS names that this machine lacks."""
+    if _backend_started():
+        return
+    if any(not t.startswith(f"{_FLAG}=") for t in os.environ.get("XLA_FLAGS", "").split()):
+        _try_xla_flags_in_child()
+    jax = import_jax()
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MlsysError(f"JAX could not start its backend: {text}") from None
+
+
+def _try_xla_flags_in_child() -> None:
+    """Start a backend in a forked child (JAX imported, no backend yet) and raise MlsysError with
+    XLA's own line if XLA rejects XLA_FLAGS there."""
+    if not hasattr(os, "fork"):
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: start a backend with these flags, report only by exit status
+        try:
+            os.dup2(write, 2)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            import jax
+
+            jax.devices()
+            code = 0
+        except BaseException:  # noqa: BLE001 - any failure is reported by the parent
+            code = 3
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return
+    lines = [line for line in err.splitlines() if "XLA_FLAGS" in line or "flag" in line.lower()]
+    said = (lines or err.strip().splitlines() or ["no message"])[0]
+    said = re.sub(r"^[FEW]\d{4} [\d:.]+\s+\d+ \S+\] ", "", said)  # glog's prefix
+    raise MlsysError(f"XLA refuses XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}: "
+                     f"{said.strip()[:300]}; fix or unset XLA_FLAGS")
 
 
 def _backend_started() -> bool:

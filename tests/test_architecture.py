@@ -146,7 +146,7 @@ def _pass_name_literals(path: Path, names: set, own: dict) -> list[str]:
 
 
 # String constants that equal a pass name but mean something else.
-NOT_PASS_NAMES = {("execute/_record.py", "inline")}  # jit's own `inline` parameter
+NOT_PASS_NAMES = {("execute/capture/recording.py", "inline")}  # jit's own `inline` parameter
 
 
 def test_every_pass_name_comes_from_the_registry():

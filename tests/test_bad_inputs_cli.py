@@ -2,7 +2,7 @@
 traceback, a hang or an OOM kill — and none of them reaches the catch-all for our own bugs.
 
 Each case runs in-process (``cli.main``) and must finish in under 30 s with the process's peak
-RSS rising by less than 2 GB; the cases that used to allocate or run for minutes also run as real
+RSS rising by less than 2 GB; the cases that would allocate or run for minutes unchecked also run as real
 processes, concurrently, each timed and its own peak RSS measured (``os.wait4`` in a launcher).
 """
 import os

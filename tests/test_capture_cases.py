@@ -1,4 +1,5 @@
-"""Capture cases that used to differ from eager JAX, crash, or grow without bound (lecture §8.4).
+"""Capture cases where compiled replay could differ from eager JAX, crash, or grow without bound
+(lecture §8.4).
 
 Each case is called through one ``capture`` wrapper several times — cold (the Python runs), warm
 (segment by segment) and replayed as one program — and every result must equal eager bitwise:
@@ -12,8 +13,8 @@ import pytest
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.execute import capture, explain
-from mlsys_jax.execute._compile import MAX_PROGRAM_OPS
-from mlsys_jax.execute._segments import MAX_GUARD_VALUES
+from mlsys_jax.execute.capture.exact_programs import MAX_PROGRAM_OPS
+from mlsys_jax.execute.capture.guard_tree import MAX_GUARD_VALUES
 from mlsys_jax.execute.capture import MAX_SIGNATURES
 from mlsys_jax.fuzz.capture_oracle import compare
 from mlsys_jax.models.branchy import two_breaks
@@ -224,3 +225,24 @@ def test_hot_path_keeps_results_counts_and_refusals():
     for _ in range(3):  # ... until the tree's program is called directly again
         assert compare(c(x), f(x)) is None
     assert c.hot
+
+
+@pytest.mark.slow
+def test_one_value_given_twice_to_max_keeps_eagers_denormal_rounding():
+    # eager's max dispatch gets y as two parameters and reads a subnormal as zero; a program
+    # that sees max(y, y) folds it to y
+    @jax.jit
+    def users_max(a, b):
+        return jnp.maximum(a, b) * 1.0
+
+    def f(x, y):
+        if x.sum() > 0:
+            return jnp.maximum(y, y), jax.lax.min(y, y), users_max(y, y)
+        return y + 1.0, y - 1.0, y * 2.0
+
+    y = jnp.asarray(np.array([1e-45, -1e-45, 2.0], np.float32))
+    x = jnp.ones(3, jnp.float32)
+    c = capture(f)
+    for args in [(x, y)] * 3 + [(-x, y)] * 3 + [(x, y)] * 2:  # both outcomes, then one program
+        diff = compare(c(*args), f(*args))
+        assert diff is None, diff

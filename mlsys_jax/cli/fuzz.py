@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.tables import format_table, wrap
@@ -24,8 +25,10 @@ def add_arguments(p) -> None:
 def _check_args(args) -> None:
     if args.programs is None or args.programs < 1:
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {args.programs}")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise MlsysError(f"fuzz: --time-budget must be positive seconds, got {args.time_budget}")
+    budget = args.time_budget
+    if budget is not None and (not math.isfinite(budget) or budget <= 0):  # nan <= 0 is False
+        raise MlsysError(f"fuzz: --time-budget must be a positive, finite number of seconds, got "
+                         f"{budget} (leave it out for no budget)")
     if args.seed is None or args.seed < 0:
         raise MlsysError(f"fuzz: --seed must be a non-negative integer, got {args.seed}")
 

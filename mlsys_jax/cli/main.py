@@ -6,16 +6,18 @@ one place where a user error becomes a one-line message (:func:`mlsys_jax.errors
 A command is a module ``mlsys_jax/cli/<name>.py`` with ``HELP`` (one line), ``add_arguments(p)``
 and ``main(args) -> exit status``, listed in :data:`COMMANDS`. Command modules import JAX only
 inside ``main``: JAX must start after ``--devices`` has set the simulated CPU device count.
-A user error prints ``mlsys-jax: error: ...`` and exits 2; a failed experiment check exits 1.
-Commands on a user's function (those with ``--x64``, from :mod:`mlsys_jax.cli.target`) run it
-under JAX's defaults (float32 unless ``--x64``); the others enable float64 where they need it.
+Every usage error — argparse's own included — prints ``mlsys-jax: error: ...`` and one ``usage:``
+hint line, and exits 2; the environment is checked before JAX is imported (``runtime``). A failed
+experiment check exits 1. Commands on a user's ``FILE.py:FN`` (those with a ``target`` argument)
+get ``--import-timeout`` and run the user's code under JAX's defaults (float32 unless ``--x64``).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 
-from mlsys_jax.errors import run_command
+from mlsys_jax.errors import UsageError, run_command
 
 COMMANDS = (
     "run",
@@ -28,39 +30,96 @@ COMMANDS = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the tool's error format: ``error()`` raises :class:`UsageError` (one line,
+    then one ``usage:`` hint) instead of printing the usage block and exiting."""
+
+    commands: dict = {}  # the top-level parser's: command name -> its parser
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse reports leftover arguments from the top-level parser; name their command
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            where = self.commands.get(getattr(parsed, "command", None), self)
+            where.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def error(self, message):
+        command = self.prog.removeprefix("mlsys-jax").strip()
+        positionals = " ".join(a.metavar or a.dest.upper() for a in self._actions
+                               if not a.option_strings and a.dest != "command")
+        if not command:
+            positionals = "COMMAND"
+        shown = " ".join(p for p in (self.prog, positionals, "[options]") if p)
+        raise UsageError(f"{command + ': ' if command else ''}{message}",
+                         f"usage: {shown} ({self.prog} --help lists them)")
+
+
 def command_module(name: str):
     return importlib.import_module(f"mlsys_jax.cli.{name}")
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds (nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got "
+                                         f"{text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlsys-jax",
-                                description="See, measure and change how a deep-learning system "
-                                            "works, in real JAX code.")
+    from mlsys_jax.cli.user_code import DEFAULT_IMPORT_TIMEOUT_S
+
+    p = OneLineParser(prog="mlsys-jax",
+                      description="See, measure and change how a deep-learning system works, in "
+                                  "real JAX code.")
     p.add_argument("--devices", type=int, default=None,
                    help="simulated CPU device count, set before JAX starts (default 8)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.commands = {}
     for name in COMMANDS:
         module = command_module(name)
-        q = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        q = p.commands[name] = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(q)
         q.add_argument("--devices", type=int, default=None, dest="devices_sub",
                        help="simulated CPU device count (default 8)")
+        if any(a.dest == "target" for a in q._actions):
+            q.add_argument("--import-timeout", type=seconds, default=DEFAULT_IMPORT_TIMEOUT_S,
+                           metavar="SECONDS", dest="import_timeout",
+                           help="bound on importing FILE.py and calling its factory (default "
+                                f"{DEFAULT_IMPORT_TIMEOUT_S:g})")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.devices_sub is not None:
-        args.devices = args.devices_sub
+    """Run one command line (``argv``, or this process's own when None) and return its exit
+    status. As the process's own command line, it also reports a thread that fails in one line
+    and ends threads the user's code left running (:mod:`mlsys_jax.cli.user_code`)."""
+    from mlsys_jax.cli import user_code
+
+    if argv is None:
+        user_code.report_thread_failures_in_one_line()
 
     def command() -> int:
         from mlsys_jax import runtime
 
+        runtime.check_environment()
+        runtime.import_jax()  # before the parser: the command modules import JAX
+        args = build_parser().parse_args(argv)
+        if args.devices_sub is not None:
+            args.devices = args.devices_sub
         devices = runtime.DEFAULT_DEVICES if args.devices is None else args.devices
         runtime.configure(devices=devices, x64=False)
-        if not hasattr(args, "x64"):
-            return command_module(args.command).main(args)
-        with runtime.user_precision(args.x64):
-            return command_module(args.command).main(args)
+        runtime.start_backend()
+        with user_code.time_bound(getattr(args, "import_timeout", None)):
+            if not hasattr(args, "x64"):
+                return command_module(args.command).main(args)
+            with runtime.user_precision(args.x64):
+                return command_module(args.command).main(args)
 
-    return run_command(command)
+    status = run_command(command)
+    return user_code.exit_status(status) if argv is None else status

@@ -13,6 +13,8 @@ Arguments may be any pytrees (arrays, flax variables or nnx modules, equinox mod
 Python scalars): array leaves are traced, every other leaf (a string, a callable, an int) is
 static. :func:`load_factory` is the one loader of factories for every command; each names the
 tuple it expects (``(f, args)`` for ``inspect``/``optimize``, ``(loss_fn, params, batch)`` ...).
+Importing the file and calling the factory run under a time bound, and whatever the user's code
+raises or does to the process is reported as its failure (``user_code.py``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlsys_jax import runtime
+from mlsys_jax.cli import user_code
 from mlsys_jax.errors import MlsysError
 
 FN_AND_ARGS = "(f, args)"
@@ -122,14 +125,16 @@ def load_target(target: str):
     file = Path(path)
     if not file.is_file():
         raise MlsysError(f"file not found: {path} (give a path to a Python file, e.g. ./model.py:loss)")
+    if file.suffix != ".py":
+        raise MlsysError(f"{path} is not a Python file: FILE.py:FN names a .py file and a "
+                         "function in it (e.g. ./model.py:make)")
     spec = importlib.util.spec_from_file_location(f"_mlsys_user_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses (flax modules) look their module up there
     sys.path.insert(0, str(file.parent.resolve()))
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # a user's file may raise anything; report it as one line
-        raise MlsysError(f"could not import {path}: {type(e).__name__}: {_first_line(e)}") from None
+    try:  # a user's file may raise anything, exit or hang: reported as one line
+        user_code.run(lambda: spec.loader.exec_module(module), f"importing {path}",
+                      f"could not import {path}")
     finally:
         sys.path.pop(0)
     fn = getattr(module, name, None)
@@ -154,12 +159,8 @@ def load_factory(target: str, expect: str) -> tuple:
         raise MlsysError(f"{target} takes {len(needs)} argument(s) ({', '.join(needs)}): give one "
                          f"--arg SPEC per positional argument, or make it a zero-argument factory "
                          f"returning {expect}")
-    try:
-        out = fn()
-    except MlsysError:
-        raise
-    except Exception as e:  # the factory builds the user's model: any error is theirs
-        raise MlsysError(f"factory {target} failed: {type(e).__name__}: {_first_line(e)}") from None
+    # the factory builds the user's model: whatever it raises is theirs
+    out = user_code.run(fn, f"calling the factory {target}", f"factory {target} failed")
     if not isinstance(out, (tuple, list)) or not len(required) <= len(out) <= len(required) + len(
             optional):
         got = (f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list))
@@ -194,6 +195,7 @@ def arg_structs(specs: list[str], fn) -> list:
     from mlsys_jax.ir import parse_spec
 
     structs = [parse_spec(s) for s in specs]
+    _check_precision(specs, structs)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -208,6 +210,17 @@ def arg_structs(specs: list[str], fn) -> list:
         raise MlsysError(f"{getattr(fn, '__name__', 'function')} takes {want} positional argument(s) "
                          f"({', '.join(p.name for p in positional)}); got {len(structs)} --arg")
     return structs
+
+
+def _check_precision(specs: list[str], structs: list) -> None:
+    """A 64-bit ``--arg`` needs float64 enabled for the user's code: JAX would otherwise warn and
+    run it in 32 bits, a dtype the user did not ask for."""
+    import jax
+
+    wide = [s for s, st in zip(specs, structs) if st.dtype.itemsize == 8]
+    if wide and not jax.config.jax_enable_x64:
+        raise MlsysError(f"--arg {wide[0]}: 64-bit dtypes need --x64 (user code runs under JAX's "
+                         "default, 32 bits); add --x64, or give a 32-bit dtype such as f32")
 
 
 def _array_outputs(out) -> list:
@@ -260,6 +273,9 @@ def trace_user(fn, args, name: str):
         return trace(flat, *leaves)
     except MlsysError:
         raise
+    except SystemExit as e:  # the user's function ended the process: report it, do not exit
+        raise MlsysError(f"SystemExit({e.code!r}) raised while tracing {name}: the function must "
+                         "return its outputs, not exit") from None
     except Exception as e:  # tracing runs user code: any error is the user's function failing
         shapes = ", ".join(f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}" for s in leaves)
         raise MlsysError(f"{name} failed to trace with arguments {shapes}: "

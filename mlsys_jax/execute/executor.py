@@ -51,7 +51,7 @@ class ExecStats:
 
 
 @dataclass(frozen=True)
-class RunResult:
+class Fetched:
     """Fetched values (in fetch order, and by name) and the execution statistics."""
 
     values: list
@@ -168,7 +168,7 @@ def _check_feed(g: Graph, feed, needed_inputs) -> dict:
     return by_var
 
 
-def run(graph, fetches: Sequence, feed) -> RunResult:
+def run(graph, fetches: Sequence, feed) -> Fetched:
     """Execute only what ``fetches`` need, op by op, freeing values at their last use.
 
     Args:
@@ -218,5 +218,5 @@ def run(graph, fetches: Sequence, feed) -> RunResult:
     values = [read(v) for v in fetch_vars]
     names = [f if isinstance(f, str) else str(f) for f in fetches]
     stats = ExecStats(len(op_names), op_names, len(keep), n_prims, int(peak), freed)
-    return RunResult(values, dict(zip(names, values)), stats)
+    return Fetched(values, dict(zip(names, values)), stats)
 

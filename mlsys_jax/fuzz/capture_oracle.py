@@ -7,7 +7,10 @@ with flipped signs (new guard outcomes: -0.0 against 0.0 among them) three times
 inputs again (the grown tree as one program) — and every
 result is compared with the same function run eagerly: values bit for bit, dtypes, weak types,
 Python values (floats by bit pattern), and raised errors by type. Calls that the bounded cache
-sends back to eager are counted apart.
+sends back to eager are counted apart. A stateful program runs twice over, eagerly and captured,
+each in globals of its own: its ``changes`` are made to both before calls ``CHANGE_AT``, and
+after every call what its side effects did (the list it appends to, the counters, the printed
+text) must be equal too.
 
 NAN_NOTE: a NaN equals a NaN whatever its sign and payload. When both operands of an op are
 NaN, which one propagates depends on XLA's kernel, not on the op: measured on XLA:CPU, ``a / b``
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 import time
 from collections import Counter
 
@@ -32,6 +36,7 @@ from mlsys_jax.fuzz.capture_programs import generate, inputs
 # input variant per call: cold, warm (segment by segment), one program; the same with flipped
 # signs (new outcomes); the first inputs again (the grown tree as one program)
 CALLS = (0, 0, 0, 1, 1, 1, 0)
+CHANGE_AT = (2, 5)  # a stateful program's globals change before these calls (one change each)
 
 
 def _leaf_diff(got, want) -> str | None:
@@ -87,10 +92,14 @@ def check(program, calls=CALLS) -> dict:
     """Run one program's call sequence; returns its modes and the first mismatch (or None)."""
     from mlsys_jax.execute import capture
 
-    fn = program.function()
-    captured = capture(fn)
-    modes, before = [], dict(captured.stats)
+    theirs, mine = program.namespace(), program.namespace()
+    fn, captured = theirs["f"], capture(mine["f"])
+    modes, before, changes = [], dict(captured.stats), list(program.changes)
     for i, variant in enumerate(calls):
+        if i in CHANGE_AT and changes:
+            change = changes.pop(0)
+            for scope in (theirs, mine):
+                exec(change, scope)  # noqa: S102 - the program's own statement
         args = inputs(program, variant)
         want, want_err = _outcome(fn, args)
         got, got_err = _outcome(captured, args)
@@ -101,10 +110,12 @@ def check(program, calls=CALLS) -> dict:
         modes.append(mode)
         diff = (f"raised {got_err} vs eager {want_err}" if got_err != want_err
                 else None if want_err else compare(got, want))
+        effects = compare(program.state(mine), program.state(theirs))
+        diff = diff or (f"side effects: {effects}" if effects else None)
         if diff:
             return {"seed": program.seed, "modes": modes, "mismatch":
                     f"call {i + 1} ({mode}, inputs {variant}): {diff}", "source": program.source,
-                    "dtype": program.dtype, "n": program.n}
+                    "dtype": program.dtype, "n": program.n, "changes": program.changes}
     return {"seed": program.seed, "modes": modes, "mismatch": None}
 
 
@@ -114,25 +125,33 @@ def program_seed(seed: int, index: int) -> int:
 
 # The CI tier: fewer dtypes and sizes (eager's own compile cache warms up sooner), shorter
 # programs, and four calls: cold, warm, one program, then flipped signs (a new outcome, or the
-# one program on new inputs).
-CI = {"calls": (0, 0, 0, 1), "generate": {"max_statements": 4, "dtypes": ("float32", "bfloat16"),
-                                          "sizes": (1, 3)}}
+# one program on new inputs). Every tier draws stateful programs at STATE_RATE.
+STATE_RATE = 0.4
+CI_PROGRAMS = {"max_statements": 4, "dtypes": ("float32", "bfloat16"), "sizes": (1, 3)}
+CI = {"calls": (0, 0, 0, 1), "generate": {**CI_PROGRAMS, "state_rate": STATE_RATE}}
 
 
 def run_campaign(programs: int, seed: int = 0, time_budget: float | None = None,
-                 first: int = 0, calls=CALLS, generate_options=None) -> dict:
+                 first: int = 0, calls=CALLS, generate_options=None,
+                 progress: bool = False) -> dict:
     """Check programs ``first .. first + programs - 1`` of a seed; a summary with every
-    mismatch's reproducer source."""
-    t0, modes, mismatches, done = time.perf_counter(), Counter(), [], 0
+    mismatch's reproducer source (``progress``: a line on stderr every 100 programs)."""
+    t0, modes, mismatches, done, stateful = time.perf_counter(), Counter(), [], 0, 0
     for i in range(first, first + programs):
         if time_budget is not None and time.perf_counter() - t0 > time_budget:
             break
-        res = check(generate(program_seed(seed, i), **(generate_options or {})), calls)
+        options = {"state_rate": STATE_RATE} if generate_options is None else generate_options
+        program = generate(program_seed(seed, i), **options)
+        res = check(program, calls)
         done += 1
+        stateful += program.stateful
         modes.update(res["modes"])
         if res["mismatch"]:
             mismatches.append(res)
-    return {"programs": done, "requested": programs, "seed": seed,
+        if progress and done % 100 == 0:
+            print(f"capture oracle: {done}/{programs} programs, {len(mismatches)} mismatches, "
+                  f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return {"programs": done, "requested": programs, "seed": seed, "stateful": stateful,
             "calls": sum(modes.values()), "modes": dict(modes), "mismatches": mismatches,
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -144,22 +163,25 @@ def main(argv=None) -> int:
                                  description="random branchy programs under capture vs eager")
     ap.add_argument("--programs", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0,
+                    help="index of the first program (to split a campaign across processes)")
     ap.add_argument("--time-budget", type=float, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.programs < 1 or args.seed < 0:
-        ap.error("--programs must be ≥ 1 and --seed ≥ 0")
+    if args.programs < 1 or args.seed < 0 or args.first < 0:
+        ap.error("--programs must be ≥ 1, --seed and --first ≥ 0")
     runtime.configure(devices=1, x64=True)
-    res = run_campaign(args.programs, args.seed, args.time_budget)
+    res = run_campaign(args.programs, args.seed, args.time_budget, args.first, progress=True)
     if args.json:
         print(json.dumps(res, indent=1))
     else:
-        print(f"capture oracle: {res['programs']} programs × {len(CALLS)} calls (seed "
-              f"{res['seed']}), {res['calls']} calls {res['modes']}, "
+        print(f"capture oracle: {res['programs']} programs ({res['stateful']} stateful) × "
+              f"{len(CALLS)} calls (seed {res['seed']}), {res['calls']} calls {res['modes']}, "
               f"{len(res['mismatches'])} mismatches, {res['seconds']} s")
         for m in res["mismatches"][:5]:
             print(f"\nprogram {m['seed']} ({m['dtype']}, n={m['n']}): {m['mismatch']}\n"
-                  f"{m['source']}")
+                  f"{m['source']}" + (f"changes between calls: {m['changes']}\n"
+                                      if m['changes'] else ""))
     return 1 if res["mismatches"] else 0
 
 

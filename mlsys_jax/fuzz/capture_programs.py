@@ -10,6 +10,13 @@ rewrites), ``v + 0.0`` at ``-0.0``, transposed matmuls, ``jnp`` helpers that eag
 data-dependent ``if`` on a tensor, ``float()``/``.item()``/``int()`` guards whose value flows
 into later constants (signed zeros among them), and short value-dependent ``while`` loops.
 Inputs hold signed zeros, tiny, subnormal and huge values.
+
+A *stateful* program (``state_rate`` of them) also reads state outside its arguments — module
+globals (a Python float, a JAX array, a NumPy array, a list), an object's attributes through a
+method, a closure's list — and may have Python side effects (appends to a list, a deferred value
+among them, an attribute and a global incremented, a ``print`` to a buffer). Its ``changes`` are
+statements the oracle runs on the program's globals between calls (a global rebound, a NumPy
+array or a list changed in place, an attribute set).
 """
 from __future__ import annotations
 
@@ -50,6 +57,50 @@ from mlsys_jax.fuzz.capture_programs import add_branch, fma_branch, helper
 
 def f(x, y, s, w):
 """
+# The state a stateful program reads and changes (``{n}``: its arrays' size).
+STATE_SOURCE = """import io
+
+import numpy as np
+
+G_SCALE = 1.5
+G_ARR = jnp.linspace(-1.0, 1.0, {n} * {n}, dtype=jnp.float32).reshape({n}, {n})
+G_NP = np.linspace(0.5, 1.5, {n} * {n}, dtype=np.float32).reshape({n}, {n})
+G_LIST = [G_ARR]
+G_COUNT = 0
+LOG = []
+SINK = io.StringIO()
+
+
+class State:
+    def __init__(self):
+        self.k = 2.0
+        self.w = G_ARR * 0.5
+        self.calls = 0
+
+    def scaled(self, v):
+        return v * self.k
+
+
+STATE = State()
+
+
+def make_bump():
+    box = [1.0]
+
+    def bump(v):
+        return v * box[0]
+    return bump, box
+
+
+BUMP, BOX = make_bump()
+"""
+READS = ("{a} * G_SCALE", "{a} + G_ARR", "{a} * G_NP", "{a} + sum(G_LIST)", "STATE.scaled({a})",
+         "{a} * STATE.w", "BUMP({a})")
+EFFECTS = ("LOG.append(({a}).sum())", "LOG.append(len(LOG))", "STATE.calls += 1", "G_COUNT += 1",
+           "print('called', len(LOG), file=SINK)")
+CHANGES = ("G_SCALE = {c}", "G_ARR = G_ARR * {c}", "G_NP[0, 0] = {c}", "G_LIST.append(G_ARR * {c})",
+           "STATE.k = {c}", "STATE.w = STATE.w + {c}", "BOX[0] = {c}")
+STATE_CONSTANTS = ("0.0", "-0.0", "2.0", "-1.0", "0.5", "1e30", "7.25")
 
 
 # Shared by every program (one compiled executable each per input type, for eager and capture).
@@ -69,22 +120,40 @@ def add_branch(u, v):
 
 @dataclass(frozen=True)
 class CaptureProgram:
-    """One generated program: its source, and the dtype and shape of its array inputs."""
+    """One generated program: its source, the dtype and shape of its array inputs, and for a
+    stateful one the changes to its globals between calls."""
 
     seed: int
     source: str
     dtype: str
     n: int
+    changes: tuple = ()
 
-    def function(self):
+    @property
+    def stateful(self) -> bool:
+        return "G_SCALE" in self.source
+
+    def namespace(self) -> dict:
+        """The program's globals, freshly made (a stateful program's state is its own)."""
         scope: dict = {}
         exec(compile(self.source, f"<capture program {self.seed}>", "exec"), scope)  # noqa: S102
-        return scope["f"]
+        return scope
+
+    def function(self):
+        return self.namespace()["f"]
+
+    def state(self, scope: dict):
+        """What the program's side effects have done to its globals (for the oracle)."""
+        if not self.stateful:
+            return ()
+        return (list(scope["LOG"]), scope["STATE"].calls, scope["G_COUNT"],
+                scope["SINK"].getvalue())
 
 
 class _Writer:
-    def __init__(self, rng: np.random.Generator, n: int):
+    def __init__(self, rng: np.random.Generator, n: int, state=None):
         self.rng, self.n = rng, n
+        self.state = state  # the stateful program's own draws (None: not stateful)
         self.lines: list[str] = []
         self.vars = ["x", "y"]
         self.python_vals: list[str] = []
@@ -99,6 +168,8 @@ class _Writer:
 
     def expr(self) -> str:
         a, b = self.pick(self.vars), self.pick(self.vars)
+        if self.state is not None and self.state.random() < 0.3:
+            return READS[int(self.state.integers(len(READS)))].format(a=a)
         kind = self.rng.random()
         if kind < 0.35:
             return self.pick(UNARY).format(a=a)
@@ -122,6 +193,9 @@ class _Writer:
                           f"jnp.isnan(({a})).any()", f"int((({a}) > 0).sum()) % 2 == 1"))
 
     def statement(self, indent: str = "    ") -> None:
+        if self.state is not None and self.state.random() < 0.2:
+            effect = EFFECTS[int(self.state.integers(len(EFFECTS)))]
+            self.lines.append(indent + effect.format(a=self.pick(self.vars)))
         kind = self.rng.random()
         if kind < 0.45 or len(indent) > 4:
             self.vars.append(self.assign(indent))
@@ -152,17 +226,27 @@ class _Writer:
             self.python_vals.append(t)
 
 
-def generate(seed: int, max_statements: int = 6, dtypes=DTYPES, sizes=(1, 2, 3, 4)):
-    """A random branchy program (deterministic in ``seed`` and the options)."""
+def generate(seed: int, max_statements: int = 6, dtypes=DTYPES, sizes=(1, 2, 3, 4),
+             state_rate: float = 0.0):
+    """A random branchy program (deterministic in ``seed`` and the options); ``state_rate``
+    of them stateful, drawn from a stream of their own (the others are as without it)."""
     rng = np.random.default_rng([seed, 0xCA97])
+    state = np.random.default_rng([seed, 0x57A7E])
+    state = state if state.random() < state_rate else None
     n = int(rng.choice(sizes))
-    w = _Writer(rng, n)
+    w = _Writer(rng, n, state)
     for _ in range(int(rng.integers(2, max_statements + 1))):
         w.statement()
     outs = list(dict.fromkeys(w.vars[-1:] + [w.pick(w.vars[2:] or ["x"])]))
     outs += w.python_vals[-1:]
     body = "\n".join(w.lines) + f"\n    return ({', '.join(outs)},)\n"
-    return CaptureProgram(seed, HEADER + body, str(rng.choice(dtypes)), n)
+    if state is None:
+        return CaptureProgram(seed, HEADER + body, str(rng.choice(dtypes)), n)
+    changes = tuple(CHANGES[int(state.integers(len(CHANGES)))].format(
+        c=STATE_CONSTANTS[int(state.integers(len(STATE_CONSTANTS)))]) for _ in range(2))
+    head, _, tail = HEADER.partition("def f(x, y, s, w):\n")
+    source = f"{head}{STATE_SOURCE.format(n=n)}\n\ndef f(x, y, s, w):\n    global G_COUNT\n{tail}{body}"
+    return CaptureProgram(seed, source, str(rng.choice(dtypes)), n, changes)
 
 
 SPECIAL = (0.0, -0.0, 1e-45, -1e-30, 3e38, -3e38, 1.0, -1.0, 1e-3)

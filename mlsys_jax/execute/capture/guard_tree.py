@@ -1,15 +1,17 @@
 """The guard tree of graph-break capture: segments, breaks, and one cold run that fills them.
 
-A cold call (``ColdRun``) records dispatches (``_record.py``); at each break it runs the pending
+A cold call (``ColdRun``) records dispatches (``recording.py``); at each break it runs the pending
 segment dispatch by dispatch (as eager does), stores it in the current :class:`Node` with its
-programs (``_compile.py``, compiled only when a warm call needs them), and moves to the child
-keyed by the concrete value Python asked for (``_guards.py``). Warm calls (``capture.py``) walk
-the same tree without Python, or run it as one program (``_fuse.py``).
+programs (``exact_programs.py``, compiled only when a warm call needs them), and moves to the child
+keyed by the concrete value Python asked for (``break_guards.py``). Warm calls (``captured.py``) walk
+the same tree without Python, or run it as one program (``one_program.py``).
 
 The tree is bounded: a non-``bool`` guard keeps at most ``MAX_GUARD_VALUES`` outcomes and a tree
 at most ``MAX_PATHS`` paths. A guard past its bound never stabilises (a ``float()`` of a value that
 changes every call), so caching its outcomes would only grow memory: the run sets ``overflow``,
-and the caller runs such calls eagerly and says why in ``explain()``.
+and the caller runs such calls eagerly and says why in ``explain()``. A root also holds the
+guards on what its cold runs read from outside (``state_guards.py``), checked before each warm
+call.
 """
 from __future__ import annotations
 
@@ -21,13 +23,16 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Jaxpr, eval_trace, set_current_trace
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._compile import (as_param, bind_eqns, compile_pieces, const_key,
+from mlsys_jax.execute.capture.exact_programs import (as_param, bind_eqns, compile_pieces, const_key,
                                        run_pieces)
-from mlsys_jax.execute._guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
-from mlsys_jax.execute._record import DeferredTracer, Eqn, RecordTrace, user_frame
+from mlsys_jax.execute.capture.break_guards import (CONVERT, checkable_on_device, guard_key, raw_bits)
+from mlsys_jax.execute.capture.watching import untraced
+from mlsys_jax.execute.capture.recording import DeferredTracer, Eqn, RecordTrace, user_frame
+from mlsys_jax.execute.capture.state_guards import by_value, compile_check
 
 MAX_GUARD_VALUES = 8  # outcomes kept per non-bool guard
 MAX_PATHS = 64  # paths (returns) kept per input signature
@@ -39,8 +44,8 @@ class Segment:
     """One recorded graph: reads ``in_slots``, writes ``out_slots``.
 
     A cold call runs it dispatch by dispatch, exactly as eager runs the same code (no compile).
-    Warm calls that walk the tree compile it from their second run on (``_compile.py``); a
-    settled tree runs as one program instead (``_fuse.py``), so most segments never compile alone.
+    Warm calls that walk the tree compile it from their second run on (``exact_programs.py``); a
+    settled tree runs as one program instead (``one_program.py``), so most segments never compile alone.
     """
 
     compiled: Callable  # runs the pieces (compiling each on its first call)
@@ -100,7 +105,8 @@ class Node:
     aval: Any = None  # the guard value's type
     children: dict = field(default_factory=dict)  # guard key -> Node
     raws: dict | None = field(default_factory=dict)  # bit pattern -> guard key; None: too many
-    final: tuple | None = None  # (out_tree, specs, avals): specs ('slot', s) or ('const', v)
+    final: tuple | None = None  # (out_tree, specs, avals): specs ('slot', s), ('const', v),
+    #   ('copy', a NumPy array returned afresh each call), ('leaf', i: the call's static leaf i)
     program: tuple | None = None  # (tree version, one-program replay or None)
 
 
@@ -115,11 +121,33 @@ class Root:
     warm_streak: int = 0  # warm calls since the last change
     paths: int = 0
     eager_reason: str | None = None  # set when a bound was passed: calls run eagerly
+    guards: dict = field(default_factory=dict)  # what the cold runs read from outside
+    check: Callable | None = None  # all of ``guards`` at once (None: none)
+    effect_runs: int = 0  # cold runs whose Python had a side effect
+
+    def reset(self):
+        """Forget the recorded paths and their guards (a run with a side effect is not replayed)."""
+        self.node, self.paths, self.guards, self.check = Node(), 0, {}, None
+        self.changed()
 
     def changed(self):
         self.version += 1
         self.warm_streak = 0
         self.fast = None
+
+    def add_guards(self, guards: dict) -> None:
+        """Keep a cold run's guards (the first read of a place decides what it must hold)."""
+        new = {k: g for k, g in guards.items() if k not in self.guards}
+        if new or self.check is None and self.guards:
+            self.guards.update(new)
+            self.check = compile_check(list(self.guards.values()))
+
+
+def output_leaves(specs, env, leaves):
+    """A replayed path's output leaves: arrays from ``env``, Python constants as recorded, NumPy
+    arrays copied (eager returns a new one each call), static argument leaves of this call."""
+    return [env[v] if k == "slot" else v if k == "const" else v.copy() if k == "copy"
+            else leaves[v] for k, v in specs]
 
 
 @lru_cache(maxsize=4096)
@@ -151,6 +179,8 @@ class ColdRun:
         self.segments: list[Segment] = []
         self.breaks: list[BreakReason] = []
         self.overflow: str | None = None
+        self.unreplayable: str | None = None  # set by finish: a return only Python can make
+        self.effects: list[str] = []  # the side effects this run's Python had
         self.finished = False
 
     def input(self, value):
@@ -197,10 +227,11 @@ class ColdRun:
         structure = (tuple((e.prim.name, _params_text(e.params), e.ins, e.outs) for e in eqns),
                      tuple(const_key(c) for c in consts))
         old = self.node.seg
+        if old is not None and (old.structure != structure or old.in_slots != in_slots
+                                or not set(out_slots) <= set(old.out_slots)):
+            self._impure()
+            old = None
         if old is not None:  # a later cold call on a known path: same structure, reuse the program
-            if (old.structure != structure or old.in_slots != in_slots
-                    or not set(out_slots) <= set(old.out_slots)):
-                self._impure()
             seg = old
         else:
             params = tuple(as_param(c) for c in consts)
@@ -225,13 +256,20 @@ class ColdRun:
         self.node.seg = seg
 
     def _impure(self):
-        raise MlsysError(
-            "capture: the function recorded different operations on the same input shapes and "
-            "branch values than on an earlier call: it depends on state outside its arguments "
-            "(a global, a counter, randomness), so cached segments cannot be replayed. Make it "
-            "pure (pass that state as an argument) or call it eagerly.")
+        """A known path recorded again came out different: the Python depends on state no guard
+        covers. This call stays right (a cold run computes as eager does); it records into a
+        tree of its own, and later calls run eagerly."""
+        self.root.eager_reason = self.root.eager_reason or (
+            "it recorded different operations than an earlier call with the same input types, "
+            "branch values and guarded reads: it depends on state capture does not see (data "
+            "reached through a C extension, a dynamic getattr), so calls with these argument "
+            "types run eagerly")
+        self.node = Node()
 
     def graph_break(self, tracer, kind, *extra):
+        return untraced(self._graph_break, tracer, kind, *extra)  # capture's own work: unwatched
+
+    def _graph_break(self, tracer, kind, *extra):
         if self.finished:
             raise MlsysError(
                 f"capture: a deferred value ({tracer.aval.str_short()}) was used after its call "
@@ -269,11 +307,15 @@ class ColdRun:
                 self.root.changed()
         self.node = child
 
-    def finish(self, out):
+    def finish(self, out, static_leaves=(), outside=()):
+        """The call's result, and the return recorded in the tree. ``static_leaves`` are the
+        call's non-array argument leaves, ``outside`` the ids of objects read from outside:
+        a returned object that is neither, nor a constant, was made by the call
+        (``unreplayable`` says which: eager would return a new one each call)."""
         leaves, out_tree = jax.tree_util.tree_flatten(out)
         self.flush(needed=[x.slot for x in leaves if isinstance(x, DeferredTracer)])
-        specs = tuple(("slot", x.slot) if isinstance(x, DeferredTracer) else ("const", x)
-                      for x in leaves)
+        static = {id(x): i for i, x in enumerate(static_leaves)}
+        specs = tuple(self._spec(x, static, outside) for x in leaves)
         avals = tuple(x.aval if isinstance(x, DeferredTracer) else None for x in leaves)
         if self.node.final is None:
             self.node.final = (out_tree, specs, avals)
@@ -285,8 +327,20 @@ class ColdRun:
                     "these argument types (the branch values never stabilise), so calls with "
                     "them run eagerly")
         self.finished = True
-        return jax.tree_util.tree_unflatten(
-            out_tree, [self.env[s[1]] if s[0] == "slot" else s[1] for s in specs])
+        return jax.tree_util.tree_unflatten(out_tree, output_leaves(specs, self.env, static_leaves))
+
+    def _spec(self, x, static: dict, outside) -> tuple:
+        if isinstance(x, DeferredTracer):
+            return ("slot", x.slot)
+        if id(x) in static:
+            return ("leaf", static[id(x)])
+        if isinstance(x, np.ndarray):
+            return ("copy", x.copy())
+        if not (by_value(x) or isinstance(x, (jax.Array, type, np.dtype)) or callable(x)
+                or id(x) in outside):
+            self.unreplayable = self.unreplayable or (
+                f"it returns a {type(x).__name__} it makes (eager returns a new one each call)")
+        return ("const", x)
 
     def check_escapes(self):
         """Deferred values still referenced after the call (outputs are concrete) were stored away."""
@@ -296,8 +350,11 @@ class ColdRun:
             gc.collect()  # reference cycles inside the function's own locals are not escapes
             escaped = [r() for r in self.all_refs if r() is not None]
         if escaped:
+            self.root.eager_reason = self.root.eager_reason or (
+                "a deferred value escaped the function inside an object capture cannot update "
+                "(a tuple, or data held elsewhere); calls with these argument types run eagerly")
             raise MlsysError(
                 f"capture: {len(escaped)} deferred value(s) (e.g. {escaped[0].aval.str_short()}) "
-                "escaped the captured function (stored in a global, a list or an attribute). "
-                "Warm calls replay compiled segments without running Python, so that side effect "
-                "would not happen again. Return the values instead.")
+                "escaped the captured function inside something capture cannot update (a tuple, "
+                "an object it did not see): that value is not an array. Return the values "
+                "instead; later calls with these argument types run eagerly.")

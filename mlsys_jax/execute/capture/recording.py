@@ -6,12 +6,12 @@ machinery: user code runs with :class:`RecordTrace` as the current trace, so eve
 ``Primitive.bind`` lands in :meth:`RecordTrace.process_primitive`, which appends an equation to
 the pending segment and returns a :class:`DeferredTracer`. A tracer's ``__bool__``, ``__int__``,
 ``__float__``, ``__index__``, ``__array__``, ``item``, ``tolist`` and printing call back into the
-run (``_segments.py``), which compiles and executes the pending segment and returns the concrete
+run (``guard_tree.py``), which compiles and executes the pending segment and returns the concrete
 value — a graph break.
 
 One recorded equation is one *eager dispatch*: a primitive, or a whole ``jit`` call (``jnp``
 helpers are ``jit(inline=True)``, a user's ``@jax.jit`` function is not), exactly the unit eager
-JAX compiles and runs on its own; ``_units.py`` says which of them exact replay runs alone.
+JAX compiles and runs on its own; ``dispatch_units.py`` says which of them exact replay runs alone.
 """
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ import jax
 from mlsys_jax.compat import (Trace, Tracer, cached_abstract_eval, debug_effects, eval_trace,
                               set_current_trace)
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.execute._units import PLAIN, Traits, classify
+from mlsys_jax.execute.capture.dispatch_units import PLAIN, Traits, classify, folds_repeated
+from mlsys_jax.execute.capture.watching import untraced
 
 
 @dataclass(frozen=True)
 class Eqn:
     """One recorded dispatch: ``ins`` are slots (>= 0) or constants (-1 - index).
 
-    ``traits`` (``_units.py``): whether exact mode runs it as its own XLA program, how many
+    ``traits`` (``dispatch_units.py``): whether exact mode runs it as its own XLA program, how many
     primitives it holds, and what XLA's fusion could do to it.
     """
 
@@ -101,6 +102,9 @@ class RecordTrace(Trace):
         return args
 
     def process_primitive(self, prim, args, params):
+        return untraced(self._record, prim, args, params)  # capture's own work: unwatched
+
+    def _record(self, prim, args, params):
         args = self._checked(args)
         avals = [a.aval if isinstance(a, DeferredTracer) else jax.typeof(a) for a in args]
         out_avals, effects = cached_abstract_eval(prim, *avals, **params)
@@ -115,8 +119,11 @@ class RecordTrace(Trace):
             with set_current_trace(eval_trace):
                 return prim.bind(*args, **params)
         multiple = prim.multiple_results
+        traits = classify(prim, params, avals)
+        if len({id(a) for a in args}) < len(args) and folds_repeated(prim, params):
+            traits = Traits(True, traits.size)  # eager's own program, the operands two parameters
         outs = self.run.record(prim, params, args, out_avals if multiple else [out_avals],
-                               classify(prim, params, avals))
+                               traits)
         return outs if multiple else outs[0]
 
     def stage_value(self, val):
@@ -125,7 +132,7 @@ class RecordTrace(Trace):
         if isinstance(val, DeferredTracer) and val._trace is self:
             return val
         with set_current_trace(eval_trace):
-            return eval_trace.stage_value(self._checked([val])[0])
+            return untraced(eval_trace.stage_value, self._checked([val])[0])
 
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
         # Segments are only evaluated (never differentiated), so the custom rule is not needed;

@@ -3,7 +3,7 @@
 A break's *guard key* is the concrete value Python received (the branch it took). torch.compile
 guards float constants by value including sign; here keys go further and compare floats by bit
 pattern — ``0.0 == -0.0`` in Python and NumPy, but ``1 / x`` tells them apart — and NaN payloads
-with them. A one-program replay (``_fuse.py``) checks a guard on the device: a ``bool`` guard by
+with them. A one-program replay (``one_program.py``) checks a guard on the device: a ``bool`` guard by
 the predicate itself, a scalar guard (``int``, ``float``, ``item``, ``__index__``) by the bit
 pattern of the array value that produced a known outcome.
 """
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-CONVERT = {  # bool/int/float through NumPy: the same value, ~6 µs cheaper than jax.Array's
+CONVERT = {  # bool/int/float through NumPy: the same value, cheaper than jax.Array's own
     "bool": lambda v, *a: bool(np.asarray(v)), "int": lambda v, *a: int(np.asarray(v)),
     "float": lambda v, *a: float(np.asarray(v)),
     "complex": lambda v, *a: complex(v), "index": lambda v, *a: v.__index__(),

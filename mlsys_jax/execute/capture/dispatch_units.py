@@ -5,7 +5,7 @@ A dispatch holding a multiply-like op (multiply, dot, a transcendental function,
 and an add or subtract can round inside itself in ways that depend on how XLA fuses it (LLVM
 contracts a multiply feeding an add into one FMA). Such a dispatch is a *unit*: exact replay runs
 it as its own program — the same executable eager runs — rather than inside a segment's program
-(``_compile.py``). Measured on XLA:CPU with segments compiled without fusion, all of these
+(``exact_programs.py``). Measured on XLA:CPU with segments compiled without fusion, all of these
 differed from eager inside a segment: ``jnp.var`` (squares summed), ``polyval``, ``lax.erfc``
 (one primitive, 55 HLO ops), ``gelu`` without the tanh approximation (through erfc).
 
@@ -122,6 +122,25 @@ def _body_facts(jaxpr) -> tuple[bool, bool]:
 def _body_size(jaxpr) -> int:
     """Primitives in a jaxpr, recursively (cached: jnp's jaxprs are)."""
     return sum(1 + sum(_body_size(b) for b in _bodies(e.params)) for e in jaxpr.eqns)
+
+
+# ``max(y, y)`` inside a program is folded to ``y`` by XLA's simplifier; eager's dispatch gets
+# ``y`` as two parameters and runs the max instruction, which reads a subnormal as zero
+# (denormals-are-zero on XLA:CPU). A dispatch given one value twice that holds these runs alone.
+SAME_OPERAND_FOLDED = frozenset({"max", "min"})
+
+
+def folds_repeated(prim, params) -> bool:
+    """Whether a dispatch given the same value as two operands may round otherwise inside a
+    program (a max or min in it, or in its body)."""
+    return prim.name in SAME_OPERAND_FOLDED or any(_body_folds(b) for b in _bodies(params))
+
+
+@lru_cache(maxsize=4096)
+def _body_folds(jaxpr) -> bool:
+    return any(e.primitive.name in SAME_OPERAND_FOLDED or any(_body_folds(b) for b in
+                                                               _bodies(e.params))
+               for e in jaxpr.eqns)
 
 
 def classify(prim, params, avals) -> Traits:

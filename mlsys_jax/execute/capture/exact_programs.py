@@ -2,11 +2,11 @@
 
 Eager JAX compiles every dispatch — a primitive, or a whole ``jit`` call — as its own XLA program
 and hands it its inputs as arguments. A segment compiles many dispatches as *one* program, where
-XLA and LLVM may rewrite across them and change results. Each way was measured (JAX 0.10.2,
-XLA:CPU):
+XLA and LLVM may rewrite across them and change results. Each way was measured on XLA:CPU
+(docs/capture.md gives the figures):
 
 - *Fused loops.* LLVM contracts a multiply feeding an add into one FMA (``x * 3 + 1``: one
-  rounding instead of eager's two, different on ~half of the elements) and turns
+  rounding instead of eager's two) and turns
   ``where(y > x, y, x)`` into a ``max`` instruction, which reads a subnormal ``y`` as zero
   (XLA:CPU runs with denormals-are-zero; eager's separate compare and select keep ``1e-45``).
   Blocking those patterns is not enough: a transcendental op fused into a longer loop is
@@ -21,13 +21,12 @@ XLA:CPU):
   ``x = -0.0``, ``1 / (x + 0.0)`` is ``-inf`` instead of eager's ``+inf``; disabling the simplifier
   does not help) and ``x ** 3.0`` becomes ``x * x * x``. Eager passes such constants as arguments,
   and so does a segment: every recorded constant is a parameter of the compiled program.
-- A dispatch that eager fuses inside itself in a way that can round differently (``_units.py``:
+- A dispatch that eager fuses inside itself in a way that can round differently (``dispatch_units.py``:
   ``jnp.var``, ``lax.erfc``, a user's jitted multiply-add) runs as its own program (a *unit*),
   the same executable eager runs.
 
 Without fusion, XLA:CPU's thunk scheduler takes time superlinear in a program's kernels
-(``ExecutionGraph``'s transitive reduction: 2,040 kernels compile in 1.7 s, 4,080 in 30 s, 6,000 in
-78 s), so a long segment is split into programs of at most ``MAX_PROGRAM_OPS`` primitives.
+(``ExecutionGraph``'s transitive reduction), so a long segment is split into programs of at most ``MAX_PROGRAM_OPS`` primitives.
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ import jax
 import numpy as np
 
 from mlsys_jax.compat import eval_trace, set_current_trace, weak_as
-from mlsys_jax.execute._record import Eqn
+from mlsys_jax.execute.capture.recording import Eqn
 
 EXACT_OPTIONS = {"xla_disable_hlo_passes": "fusion"}
 MAX_PROGRAM_OPS = 500

@@ -4,7 +4,7 @@ A warm call that walks the guard tree runs one compiled segment per graph and re
 on the host between them (a blocking device→host copy). Once the outcomes along a path are known,
 the whole tree below a break is one program instead: each segment's recorded primitives, and at
 each break a ``lax.switch`` over the known outcomes — a ``bool`` guard by its predicate, a scalar
-guard (``int``, ``float``, ``item``) by the bit pattern of its value (``_guards.py``). A warm call
+guard (``int``, ``float``, ``item``) by the bit pattern of its value (``break_guards.py``). A warm call
 dispatches it once, with no guard read on the host.
 
 If some outcome has not been seen yet (a ``bool`` break with one known branch, any scalar guard),
@@ -12,7 +12,7 @@ the program has a *miss* branch and returns a flag first: the caller reads that 
 miss, runs the Python (a cold call). A tree whose every ``bool`` break has both outcomes has no
 flag and returns as soon as it is dispatched.
 
-Same primitives, compiled as the segments are (``_compile.py``), so results stay bitwise equal
+Same primitives, compiled as the segments are (``exact_programs.py``), so results stay bitwise equal
 to eager. A tree is one program only if every path returns the same structure
 with the same types (weak types included: ``lax.switch`` would otherwise promote them) and the
 same Python constants, and, in exact mode, every segment is one program with no unit.
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from mlsys_jax.compat import zeros_of
-from mlsys_jax.execute._compile import bakeable, baked, bind_eqns, const_key, options
-from mlsys_jax.execute._guards import checkable_on_device, device_index, device_predicate
+from mlsys_jax.execute.capture.exact_programs import bakeable, baked, bind_eqns, const_key, options
+from mlsys_jax.execute.capture.break_guards import checkable_on_device, device_index, device_predicate
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class TreeProgram:
         if len(res) == len(self.specs):
             return jax.tree_util.tree_unflatten(self.out_tree, res)
         it = iter(res)
-        return jax.tree_util.tree_unflatten(
-            self.out_tree, [next(it) if k == "slot" else v for k, v in self.specs])
+        return jax.tree_util.tree_unflatten(self.out_tree, [
+            next(it) if k == "slot" else v.copy() if k == "copy" else v for k, v in self.specs])
 
     def direct(self, n_inputs: int) -> Callable | None:
         """The program as a function of the call's ``n_inputs`` arrays, in order, returning the
@@ -157,6 +157,8 @@ def build(node, exact: bool) -> TreeProgram | None:
         return None
     (final,) = plan.finals.values()
     out_tree, specs, avals = final
+    if any(k == "leaf" for k, _ in specs):  # returns an argument as it is: the walk does that
+        return None
     slot_avals = [a for (k, _), a in zip(specs, avals) if k == "slot"]
     if plan.flagged and any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
                             for a in slot_avals):
@@ -191,8 +193,8 @@ def build(node, exact: bool) -> TreeProgram | None:
     bare = not flagged and len(specs) == 1 and specs[0][0] == "slot" \
         and out_tree == jax.tree_util.tree_structure(0)
 
-    # Small constants are baked into the program (each argument costs the call ~1.7 µs), behind
-    # barriers so that no rewrite sees their values (_compile.baked); larger ones are arguments.
+    # Small constants are baked into the program (each argument adds to the call's cost), behind
+    # barriers so that no rewrite sees their values (exact_programs.baked); larger ones are arguments.
     params = tuple(c for c in plan.consts if not bakeable(c))
 
     n_params = len(params)

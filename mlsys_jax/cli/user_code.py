@@ -1,0 +1,154 @@
+"""Running a user's code — importing ``FILE.py``, calling its factory — so that its failures are
+reported as its failures.
+
+User code is not ours, but what it does must not become what the tool does: a ``sys.exit(0)``
+at import is not a success, its ``SystemExit(3)`` is not our exit status, a
+``KeyboardInterrupt`` it raises is not the user pressing Ctrl-C, an ``os._exit`` is refused, a
+thread it starts that raises is one note line, not a traceback, and an import that never
+returns (waiting for input, a lock, the network) must not hang the command. So :func:`run` calls
+user code in a daemon thread and waits at most the bound (``--import-timeout``); whatever it
+raises, ``BaseException`` included, becomes one :class:`~mlsys_jax.errors.MlsysError` naming the
+file and what it did. A real Ctrl-C reaches the waiting main thread and stays exit 130. The
+thread runs under the caller's float64 setting (JAX keeps it per thread).
+
+:func:`exit_status` is the process's last step: threads the user's code started and left running
+(a non-daemon thread Python would wait for at exit) do not keep the process alive.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import sys
+import threading
+import weakref
+from typing import Callable
+
+from mlsys_jax.errors import MlsysError
+
+DEFAULT_IMPORT_TIMEOUT_S = 120.0
+_BOUND = contextvars.ContextVar("import_timeout_s", default=None)
+_WORKER_PREFIX = "mlsys-jax user code: "
+_STARTED_BY_USER: weakref.WeakSet = weakref.WeakSet()  # threads user code started (in run)
+
+
+@contextlib.contextmanager
+def time_bound(seconds: float | None):
+    """Bound every :func:`run` inside the block by ``seconds`` (None: the default bound)."""
+    token = _BOUND.set(seconds)
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def run(fn: Callable, doing: str, failed: str):
+    """``fn()`` — user code — under the time bound; returns its result.
+
+    ``doing`` says what runs (``"importing model.py"``) and ``failed`` starts the message of an
+    ordinary exception (``"could not import model.py"``). MlsysError raised inside passes as is.
+    """
+    bound = _BOUND.get() or DEFAULT_IMPORT_TIMEOUT_S
+    x64 = _x64_here()
+    box: dict = {}
+
+    def body():
+        try:
+            if x64 is None:
+                box["value"] = fn()
+            else:
+                import jax
+
+                with jax.enable_x64(x64):
+                    box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - every way user code ends is reported
+            box["error"] = e
+
+    worker = threading.Thread(target=body, name=_WORKER_PREFIX + doing, daemon=True)
+    before = set(threading.enumerate())
+    real_exit, os._exit = os._exit, _exit_called  # os._exit skips SystemExit: caught here
+    try:
+        worker.start()
+        worker.join(bound)  # a real Ctrl-C interrupts this wait: KeyboardInterrupt, exit 130
+    finally:
+        os._exit = real_exit
+    # threads started from the worker inherit its daemon flag: remembered, so they still count
+    _STARTED_BY_USER.update(t for t in threading.enumerate() if t not in before and t is not worker)
+    if worker.is_alive():
+        raise MlsysError(f"{doing} did not finish within {bound:g} s (--import-timeout): it may "
+                         "wait for input, a lock or the network, or loop forever; fix that, or "
+                         "give a longer --import-timeout")
+    if "error" not in box:
+        return box["value"]
+    raise _as_user_failure(box["error"], doing, failed) from None
+
+
+class _ExitCalled(BaseException):
+    """``os._exit(code)`` called by user code (it would end the process without a word)."""
+
+
+def _exit_called(code):
+    raise _ExitCalled(code)
+
+
+def report_thread_failures_in_one_line() -> None:
+    """For the process's own command line: a thread that ends with an exception prints one
+    line, not a traceback (the thread is the user's code or a library's; the command's result
+    does not depend on it)."""
+    threading.excepthook = _thread_failed
+
+
+def _thread_failed(args) -> None:
+    if args.exc_type is SystemExit:
+        return
+    where = args.thread.name if args.thread is not None else "a thread"
+    text = str(args.exc_value).strip()
+    print(f"mlsys-jax: note: {where} (started by your code or a library) raised "
+          f"{args.exc_type.__name__}{': ' + text.splitlines()[0] if text else ''}",
+          file=sys.stderr)
+
+
+def _as_user_failure(e: BaseException, doing: str, failed: str) -> MlsysError:
+    if isinstance(e, MlsysError):
+        return e
+    if isinstance(e, _ExitCalled):
+        return MlsysError(f"os._exit({e.args[0]!r}) called while {doing}: user code must not end "
+                          "the process")
+    if isinstance(e, SystemExit):
+        return MlsysError(f"SystemExit({e.code!r}) raised while {doing} (sys.exit): user code must "
+                          "not end the process; call sys.exit only under "
+                          "`if __name__ == '__main__':`")
+    if isinstance(e, KeyboardInterrupt):
+        return MlsysError(f"KeyboardInterrupt raised while {doing} (by the code itself, not by "
+                          "Ctrl-C)")
+    text = str(e).strip()
+    return MlsysError(f"{failed}: {type(e).__name__}: {text.splitlines()[0] if text else ''}")
+
+
+def _x64_here() -> bool | None:
+    """This thread's float64 setting, for the worker (None when JAX is not imported)."""
+    if "jax" not in sys.modules:
+        return None
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+def exit_status(status: int) -> int:
+    """The process's exit status, after making sure it can exit: if threads other than this one
+    are still running that Python would wait for — the user's code started them, a bounded call
+    never returned, a library left a timer — end the process now (``os._exit``), with one note
+    naming the threads the user's code started."""
+    me = threading.current_thread()
+    left = [t for t in threading.enumerate() if t is not me and t.is_alive() and (
+        not t.daemon or t in _STARTED_BY_USER or t.name.startswith(_WORKER_PREFIX))]
+    if not left:
+        return status
+    users = [t.name for t in left if t in _STARTED_BY_USER]
+    if users:
+        print(f"mlsys-jax: note: exiting without waiting for {len(users)} thread(s) your code "
+              f"started and left running ({', '.join(users[:3])})", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
