@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mlsys_jax import runtime
 from mlsys_jax.cli import target
+from mlsys_jax.errors import MlsysError
 
 HELP = "cost table of a function's jaxpr"
 
@@ -22,13 +23,27 @@ def add_arguments(p) -> None:
     table.add_argument("--unfused", action="store_false", dest="fused",
                        help="table of one kernel per op (the default on the GPU models)")
     p.add_argument("--dot", metavar="OUT.dot", help="write a Graphviz DOT file")
+    add_measure_arguments(p)
+
+
+def add_measure_arguments(p) -> None:
+    from mlsys_jax.cli.measured import add_budget_argument
+
+    p.add_argument("--measure", action="store_true",
+                   help="compile the function with jax.jit and time it here, beside the estimate")
+    p.add_argument("--rounds", type=int, default=11,
+                   help="interleaved timing rounds for --measure (default 11)")
+    add_budget_argument(p)
 
 
 def report_json(report, both) -> dict:
     """The ``--json`` object: every kernel of the table, the totals (unfused, with the fused
     estimate beside them), unknown primitives, primitive counts."""
+    from mlsys_jax.cli.measured import kernel_fields
+
     return {"ops": [{"name": k.name, "primitives": list(k.primitives), "flops": k.flops,
-                     "bytes": k.bytes, "time_us": k.time_us} for k in report.kernels],
+                     "bytes": k.bytes, "time_us": k.time_us, **kernel_fields(report, k)}
+                    for k in report.kernels],
             "fused": report.fused,
             "total": {**both.totals(), "peak_bytes": report.peak_bytes},
             "unknown": list(report.unknown), "primitives": dict(report.primitives)}
@@ -42,18 +57,24 @@ def main(args) -> int:
 
     if args.dot:  # checked before the work, not after it
         runtime.check_output_file(args.dot, "--dot")
+    check_measure_options(args)
     user = target.resolve(args)
     closed = user.trace(grad=args.grad)
     both = estimates(closed, args.hw, args.dtype)
     report = both.default if args.fused is None else both.fused if args.fused else both.unfused
     if args.dot:
         Path(args.dot).write_text(to_dot(closed, name=user.name))
+    measured = measure_whole(closed, user, args, report)
     if args.json:
-        print(json.dumps(report_json(report, both), indent=1))
+        print(json.dumps({**report_json(report, both),
+                          **({"measured": measured[0]} if measured else {})}, indent=1))
         return 0
     print(closed)
-    rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "intensity", "bound", "time_us")}
-            for r in report.rows()]
+    from mlsys_jax.cli.measured import table_columns
+
+    columns = ("name", "in", "out", "flops", "bytes", "intensity", "bound", "time_us",
+               *table_columns(report))
+    rows = [{k: r[k] for k in columns} for r in report.rows()]
     hw = report.hardware
     model = LABELS[hw.fusion] if report.fused else LABELS["none"]
     dtypes = args.dtype or "native dtypes: " + ", ".join(_input_dtypes(closed))
@@ -63,12 +84,46 @@ def main(args) -> int:
           f"peak live {t['peak_bytes'] / 1e6:.4g} MB")
     print(wrap(f"estimate: {both.line()}", first=""))
     print(wrap(compiler_note(hw), first=""))
+    print_measured(report, measured)
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
     if args.dot:
         print(f"DOT written to {args.dot}")
     return 0
+
+
+def check_measure_options(args) -> None:
+    from mlsys_jax.cli.measured import check_here_options
+
+    if args.rounds < 1:
+        raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
+    check_here_options(args)
+
+
+def measure_whole(closed, user, args, report):
+    """With ``--measure``: the function timed under ``jax.jit`` on its example (or seeded random)
+    inputs, as ``(the --json dict, the Timing)``; else None."""
+    from mlsys_jax.cli.measured import measured_dict, time_whole
+
+    if not args.measure:
+        return None
+    t = time_whole(closed, user.inputs(), args.rounds)
+    return measured_dict(report.time_us, t), t
+
+
+def print_measured(report, measured) -> None:
+    from mlsys_jax.cli.measured import efficiency_line, prediction_line
+    from mlsys_jax.tables import wrap
+
+    line = efficiency_line(report)
+    if line:
+        print(wrap(line, first=""))
+    if measured:
+        hw = report.hardware.name
+        note = "" if hw in ("cpu", "here") else " (this machine's CPU: compare with --hw here)"
+        print(wrap(prediction_line("whole function", f"{hw}, the table's estimate",
+                                   report.time_us, measured[1]) + note, first=""))
 
 
 def _input_dtypes(closed) -> list[str]:

@@ -33,6 +33,9 @@ def add_arguments(p) -> None:
                    help="compile original and optimized with jax.jit and time them here")
     p.add_argument("--rounds", type=int, default=11,
                    help="interleaved timing rounds for --measure (default 11)")
+    from mlsys_jax.cli.measured import add_budget_argument
+
+    add_budget_argument(p)
 
 
 def _summary(both) -> dict:
@@ -59,6 +62,9 @@ def main(args) -> int:
         raise MlsysError(f"--budget must be ≥ 1 graph, got {budget}")
     if args.rounds < 1:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
+    from mlsys_jax.cli.measured import check_here_options, table_columns
+
+    check_here_options(args)
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     searched = None
     user = target.resolve(args)
@@ -88,7 +94,8 @@ def main(args) -> int:
     check = compare_outputs(closed, after, inputs)
     if verified and not check.ok:
         verified, failure = False, "; ".join(check.problems)
-    measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
+    measured = (_measure(closed, after, inputs, args.rounds, before_e, after_e) if args.measure
+                else None)
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
                           "rewrites": rewrites, "refusals": refusals, **check.to_dict(),
@@ -98,8 +105,9 @@ def main(args) -> int:
         return 0 if verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
-        rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "time_us")}
-                for r in both.default.rows()]
+        columns = ("name", "in", "out", "flops", "bytes", "time_us",
+                   *table_columns(both.default))
+        rows = [{k: r[k] for k in columns} for r in both.default.rows()]
         print(format_table(rows, title=f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: "
                                        f"{both.line()}]"))
     if searched:
@@ -115,15 +123,23 @@ def main(args) -> int:
                    f"original {measured['original_us']:.4g} µs, optimized "
                    f"{measured['optimized_us']:.4g} µs, speedup ×{measured['speedup']:.3g} "
                    f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]"
-                   + ("" if hw.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"),
+                   + ("" if hw.name in ("cpu", "here") else
+                      " (this machine's CPU: compare with --hw here)"),
                    first=""))
+        print(wrap(f"predicted on {hw.name} (the tables' estimate) beside measured: original "
+                   f"{measured['original_predicted_us']:.4g} vs {measured['original_us']:.4g} µs, "
+                   f"optimized {measured['optimized_predicted_us']:.4g} vs "
+                   f"{measured['optimized_us']:.4g} µs", first=""))
     print(wrap(f"verified: {'yes' if verified else 'no — ' + failure}; max |output diff| "
                f"on {'the example inputs' if user.examples else 'seeded random inputs'}: "
                f"{check.max_abs_diff:.3g} (tolerance {check.tolerance:.3g})", first=""))
     return 0 if verified else 1
 
 
-def _measure(before, after, inputs, rounds: int) -> dict:
+def _measure(before, after, inputs, rounds: int, before_e, after_e) -> dict:
+    """Both graphs timed here side by side, with the default estimates beside the medians."""
     from mlsys_jax.cost.measure import measure_speedup
 
-    return measure_speedup(before, after, inputs, repeats=rounds).to_dict()
+    return {**measure_speedup(before, after, inputs, repeats=rounds).to_dict(),
+            "original_predicted_us": before_e.default.time_us,
+            "optimized_predicted_us": after_e.default.time_us}
