@@ -28,16 +28,17 @@ def check_here_options(args) -> None:
                          "graph within --budget is kept (its costs are measured here): drop "
                          "--alpha")
     budget = getattr(args, "measure_budget", None)
-    if budget is None:
-        return
-    if not budget >= 0:
+    if budget is not None and not budget >= 0:
         raise MlsysError(f"--measure-budget must be a number of seconds ≥ 0, got {budget}")
-    if not here:
+    if budget is not None and not here:
         raise MlsysError("--measure-budget sets how long the 'here' model measures kernels; add "
                          "--hw here (or drop it)")
-    from mlsys_jax.cost.here.operators import operator_model
+    if here:  # every command gets its own budget
+        from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
+        from mlsys_jax.cost.here.operators import operator_model
 
-    operator_model().budget_s = budget
+        model = operator_model()
+        model.budget_s, model.spent_s = MEASURE_BUDGET_S if budget is None else budget, 0.0
 
 
 def kernel_fields(report, k) -> dict:
@@ -84,7 +85,9 @@ def time_whole(closed, inputs, rounds: int):
 
 
 def measured_dict(predicted_us: float, timing) -> dict:
-    return {"predicted_us": predicted_us, **timing.to_dict(),
+    """``inspect --measure --json``'s ``measured``: the estimate beside the jit-timed medians."""
+    return {"predicted_us": predicted_us, "median_us": timing.median_us,
+            "min_us": timing.min_s * 1e6, "max_us": timing.max_s * 1e6, "rounds": timing.repeats,
             "predicted_over_measured": predicted_us / timing.median_us}
 
 

@@ -44,13 +44,25 @@ class KernelProgram:
         return len(self.arguments)
 
     def example_arguments(self, seed: int = 0) -> list:
-        """Seeded random values for the arguments (PRNG keys made from the seed)."""
+        """Seeded random values for the arguments, made in NumPy in their own dtype and put on
+        the device (``jnp.asarray`` would compile a kernel per shape); PRNG keys from the seed."""
         import jax
+        import jax.numpy as jnp
+        import numpy as np
 
         from mlsys_jax.ir.trace import random_inputs
 
-        return random_inputs([jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.arguments],
-                             seed=seed)
+        rng, out = np.random.default_rng(seed), []
+        for a in self.arguments:
+            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended):
+                out += random_inputs([jax.ShapeDtypeStruct(a.shape, a.dtype)], seed=seed)
+            elif a.dtype == np.bool_:
+                out.append(jax.device_put(rng.random(a.shape) > 0.5))
+            elif jnp.issubdtype(a.dtype, jnp.integer):
+                out.append(jax.device_put(rng.integers(0, 10, size=a.shape).astype(a.dtype)))
+            else:
+                out.append(jax.device_put(rng.standard_normal(a.shape).astype(a.dtype)))
+        return out
 
 
 def constants(closed) -> dict:
