@@ -80,6 +80,7 @@ def store(path: Path, ident: dict, entries: dict) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump({"identity": ident, "entries": merged}, f)
         os.replace(tmp, path)
