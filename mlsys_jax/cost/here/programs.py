@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 from mlsys_jax.compat import Literal, Var, bind_equation
-from mlsys_jax.ir.keys import params_key, value_key
+from mlsys_jax.ir.keys import jaxpr_key, value_key
 from mlsys_jax.ir.primitives import COLLECTIVE_MOVES, COLLECTIVE_REDUCTIONS, MAPPED_CALLS
-from mlsys_jax.ir.trace import shape_str
 from mlsys_jax.ir.walk import bodies, walk_eqn
 
 SMALL_CONSTANT_BYTES = 16  # constants up to this size are keyed by value (XLA may fold them)
@@ -112,28 +112,14 @@ def kernel_program(kernel, consts: dict) -> KernelProgram:
 
 
 def _key(eqns, inputs, outputs, fixed: dict) -> str:
-    names: dict = {}
-
-    def name(v) -> str:
-        if isinstance(v, Literal):
-            return f"lit({value_key(v.val, v.aval)})"
-        if v not in names:
-            names[v] = f"v{len(names)}"
-        return names[v]
-
-    parts = []
-    for v in inputs:
-        weak = int(bool(getattr(v.aval, "weak_type", False)))
-        if v in fixed:
-            nbytes = getattr(fixed[v], "nbytes", SMALL_CONSTANT_BYTES + 1)
-            what = (value_key(fixed[v], v.aval) if nbytes <= SMALL_CONSTANT_BYTES
-                    else shape_str(v.aval))
-            parts.append(f"{name(v)}=const {what}:{weak}")
-        else:
-            parts.append(f"{name(v)}=arg {shape_str(v.aval)}:{weak}")
-    for eqn in eqns:
-        ins = ",".join(name(v) for v in eqn.invars)
-        outs = ",".join(f"{name(v)}:{shape_str(v.aval)}" for v in eqn.outvars)
-        parts.append(f"{outs}={eqn.primitive.name}[{params_key(eqn.params, strict=False)}]({ins})")
-    parts.append("out:" + ",".join(name(v) for v in outputs))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    """The kernel's equations keyed as a jaxpr of its inputs (``ir.keys.jaxpr_key``: variable
+    names aside, bodies by structure, functions by name), after which of the inputs are
+    constants — a small one by value."""
+    def kind(v) -> str:
+        if v not in fixed:
+            return "arg"
+        small = getattr(fixed[v], "nbytes", SMALL_CONSTANT_BYTES + 1) <= SMALL_CONSTANT_BYTES
+        return f"const {value_key(fixed[v], v.aval)}" if small else "const"
+    kernel = SimpleNamespace(constvars=(), invars=inputs, eqns=eqns, outvars=outputs)
+    text = ";".join(kind(v) for v in inputs) + "\n" + jaxpr_key(kernel, strict=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
