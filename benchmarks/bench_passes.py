@@ -18,6 +18,8 @@
    programs: programs per second on this machine, and the share of its CPU time the passes take.
 7. Translation validation's cost: the default pipeline with every rewrite validated on its region
    (``passes.run``'s default) and without, on the same program and on the §4.2 block.
+8. The ``here`` measured-operator model (``benchmarks/_here_model.py``): predicted over measured
+   on whole models, its kernels, a second run from the cache, and the search ranking by it.
 """
 from __future__ import annotations
 
@@ -169,7 +171,7 @@ def block_search_measured(quick: bool) -> tuple[dict, list]:
 
 
 def run(quick: bool = False) -> dict:
-    from benchmarks import _cpu_model, _pass_speed
+    from benchmarks import _cpu_model, _here_model, _pass_speed
 
     f1, n1 = pipeline_vs_compile(quick)
     f2, n2 = block_speedup(quick)
@@ -178,8 +180,9 @@ def run(quick: bool = False) -> dict:
     f5, n5 = _pass_speed.structural_vs_jax_dce(generated_program, quick)
     f6, n6 = _pass_speed.fuzz_rate(quick)
     f7, n7 = _pass_speed.validation_cost(generated_program, lambda q: _block(q)[1]["original"], quick)
-    return {"figures": {**f1, **f2, **f3, **f4, **f5, **f6, **f7},
-            "notes": n1 + n2 + n3 + n4 + n5 + n6 + n7}
+    f8, n8 = _here_model.run(quick)
+    return {"figures": {**f1, **f2, **f3, **f4, **f5, **f6, **f7, **f8},
+            "notes": n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8}
 
 
 if __name__ == "__main__":

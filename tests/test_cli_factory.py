@@ -154,5 +154,6 @@ def test_measure_reports_both_times_and_the_speedup(user_file, capsys):
                       capsys)
     m = json.loads(out)["measured"]
     assert rc == 0 and set(m) == {"original_us", "optimized_us", "speedup", "speedup_min",
-                                  "speedup_max", "rounds"}
+                                  "speedup_max", "rounds", "original_predicted_us",
+                                  "optimized_predicted_us"}
     assert m["rounds"] == 2 and m["original_us"] > 0 and m["speedup_min"] <= m["speedup"]

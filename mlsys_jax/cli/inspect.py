@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlsys_jax import runtime
 from mlsys_jax.cli import target
+from mlsys_jax.errors import MlsysError
 
 HELP = "cost table of a function's jaxpr, per module of the model"
 JAXPR_SHOWN = 300  # equations: a jaxpr this short is printed without --jaxpr
@@ -36,15 +37,29 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the roofline chart of the table's rows (needs the plot extra)")
     p.add_argument("--dot", metavar="OUT.dot", help="write a Graphviz DOT file")
+    add_measure_arguments(p)
+
+
+def add_measure_arguments(p) -> None:
+    from mlsys_jax.cli.measured import add_budget_argument
+
+    p.add_argument("--measure", action="store_true",
+                   help="compile the function with jax.jit and time it here, beside the estimate")
+    p.add_argument("--rounds", type=int, default=11,
+                   help="interleaved timing rounds for --measure (default 11)")
+    add_budget_argument(p)
 
 
 def report_json(report, both, summary=None) -> dict:
     """The ``--json`` object: every kernel of the table, the totals (unfused, with the fused
     estimate beside them), unknown primitives, primitive counts; with a ``summary``, the module
     of each kernel and every module of the tree."""
+    from mlsys_jax.cli.measured import kernel_fields
+
     modules = summary.placed["fused" if report.fused else "unfused"] if summary else None
     ops = [{"name": k.name, "primitives": list(k.primitives), "flops": k.flops,
-            "bytes": k.bytes, "time_us": k.time_us} for k in report.kernels]
+            "bytes": k.bytes, "time_us": k.time_us, **kernel_fields(report, k)}
+           for k in report.kernels]
     out = {"ops": ops, "fused": report.fused,
            "total": {**both.totals(), "peak_bytes": report.peak_bytes},
            "unknown": list(report.unknown), "primitives": dict(report.primitives)}
@@ -69,6 +84,7 @@ def main(args) -> int:
             runtime.check_output_file(path, flag)
     if args.plot:
         _require_plots()
+    check_measure_options(args)
     user = target.resolve(args)
     closed = user.trace(grad=args.grad)
     both = estimates(closed, args.hw, args.dtype)
@@ -78,21 +94,24 @@ def main(args) -> int:
         Path(args.dot).write_text(to_dot(closed, name=user.name))
     if args.plot:
         _plot(args.plot, summary, report, args.ops, user.name)
+    measured = measure_whole(closed, user, args, report)
     if args.json:
-        print(json.dumps(report_json(report, both, summary), indent=1))
+        print(json.dumps({**report_json(report, both, summary),
+                          **({"measured": measured[0]} if measured else {})}, indent=1))
         return 0
     equations = _count_equations(closed)
     if args.jaxpr or equations <= JAXPR_SHOWN:
         print(closed)
-    _print_tables(args, closed, both, report, summary, equations)
+    _print_tables(args, closed, both, report, summary, equations, measured)
     for path, what in ((args.dot, "DOT"), (args.plot, "roofline plot")):
         if path:
             print(f"{what} written to {path}")
     return 0
 
 
-def _print_tables(args, closed, both, report, summary, equations: int) -> None:
+def _print_tables(args, closed, both, report, summary, equations: int, measured) -> None:
     from mlsys_jax.cli.headline import compiler_note
+    from mlsys_jax.cli.measured import table_columns
     from mlsys_jax.cli.summary import text_rows
     from mlsys_jax.cost.fusion import LABELS
     from mlsys_jax.tables import format_table, wrap
@@ -100,8 +119,9 @@ def _print_tables(args, closed, both, report, summary, equations: int) -> None:
     hw = report.hardware
     dtypes = args.dtype or "native dtypes: " + ", ".join(_input_dtypes(closed))
     if args.ops:
-        rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "intensity", "bound",
-                                   "time_us")} for r in report.rows()]
+        columns = ("name", "in", "out", "flops", "bytes", "intensity", "bound", "time_us",
+                   *table_columns(report))
+        rows = [{k: r[k] for k in columns} for r in report.rows()]
         model = LABELS[hw.fusion] if report.fused else LABELS["none"]
         print(format_table(rows, title=f"\n[kernels: {model}; {hw.name}, {dtypes}]"))
     else:
@@ -122,6 +142,7 @@ def _print_tables(args, closed, both, report, summary, equations: int) -> None:
           f"peak live {t['peak_bytes'] / 1e6:.4g} MB{params}")
     print(wrap(f"estimate: {both.line()}", first=""))
     print(wrap(compiler_note(hw), first=""))
+    print_measured(report, measured)
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
@@ -134,7 +155,6 @@ def _count_equations(closed) -> int:
 
 
 def _require_plots() -> None:
-    from mlsys_jax.errors import MlsysError
     from mlsys_jax.viz.plots import unavailable_reason
 
     reason = unavailable_reason()
@@ -151,6 +171,39 @@ def _plot(path: str, summary, report, per_kernel: bool, name: str) -> None:
     what = "kernel" if per_kernel else "module"
     roofline(path, points, hw, title=f"{name} on {hw.name}: one marker per {what}, "
                                      "area ∝ estimated time")
+
+
+def check_measure_options(args) -> None:
+    from mlsys_jax.cli.measured import check_here_options
+
+    if args.rounds < 1:
+        raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
+    check_here_options(args)
+
+
+def measure_whole(closed, user, args, report):
+    """With ``--measure``: the function timed under ``jax.jit`` on its example (or seeded random)
+    inputs, as ``(the --json dict, the Timing)``; else None."""
+    from mlsys_jax.cli.measured import measured_dict, time_whole
+
+    if not args.measure:
+        return None
+    t = time_whole(closed, user.inputs(), args.rounds)
+    return measured_dict(report.time_us, t), t
+
+
+def print_measured(report, measured) -> None:
+    from mlsys_jax.cli.measured import efficiency_line, prediction_line
+    from mlsys_jax.tables import wrap
+
+    line = efficiency_line(report)
+    if line:
+        print(wrap(line, first=""))
+    if measured:
+        hw = report.hardware.name
+        note = "" if hw in ("cpu", "here") else " (this machine's CPU: compare with --hw here)"
+        print(wrap(prediction_line("whole function", f"{hw}, the table's estimate",
+                                   report.time_us, measured[1]) + note, first=""))
 
 
 def _input_dtypes(closed) -> list[str]:

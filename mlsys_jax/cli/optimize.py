@@ -38,6 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ops", action="store_true",
                    help=f"print the per-kernel tables before and after even beyond "
                         f"{OPS_SHOWN} rows")
+    from mlsys_jax.cli.measured import add_budget_argument
+
+    add_budget_argument(p)
 
 
 def _summary(both) -> dict:
@@ -66,6 +69,9 @@ def main(args) -> int:
         raise MlsysError(f"--budget must be ≥ 1 graph, got {budget}")
     if args.rounds < 1:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
+    from mlsys_jax.cli.measured import check_here_options, table_columns
+
+    check_here_options(args)
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     searched = None
     user = target.resolve(args)
@@ -103,7 +109,8 @@ def main(args) -> int:
     check = check_values(closed, after, inputs)
     verdict, failure = _verdict(broken, check, rewrites)
     verified = verdict == "yes"
-    measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
+    measured = (_measure(closed, after, inputs, args.rounds, before_e, after_e) if args.measure
+                else None)
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
                           "rewrites": rewrites, "refusals": refusals, "modules": per_module,
@@ -118,8 +125,9 @@ def main(args) -> int:
         if not (args.ops or len(before_e.default.kernels) <= OPS_SHOWN):
             print(title.strip("\n"))
             continue
-        rows = [{k: r[k] for k in ("name", "in", "out", "flops", "bytes", "time_us")}
-                for r in both.default.rows()]
+        columns = ("name", "in", "out", "flops", "bytes", "time_us",
+                   *table_columns(both.default))
+        rows = [{k: r[k] for k in columns} for r in both.default.rows()]
         print(format_table(rows, title=title))
     _print_modules(per_module, before_e, args.ops or len(before_e.default.kernels) <= OPS_SHOWN)
     if searched:
@@ -131,6 +139,10 @@ def main(args) -> int:
     print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
     if measured:
         print(wrap(measured_line(measured, hw), first=""))
+        print(wrap(f"predicted on {hw.name} (the tables' estimate) beside measured: original "
+                   f"{measured['original_predicted_us']:.4g} vs {measured['original_us']:.4g} µs, "
+                   f"optimized {measured['optimized_predicted_us']:.4g} vs "
+                   f"{measured['optimized_us']:.4g} µs", first=""))
     first = "the example inputs" if user.examples else "seeded random inputs"
     print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
                f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
@@ -183,7 +195,10 @@ def _verdict(broken: str, check, rewrites) -> tuple[str, str]:
     return "yes", ""
 
 
-def _measure(before, after, inputs, rounds: int) -> dict:
+def _measure(before, after, inputs, rounds: int, before_e, after_e) -> dict:
+    """Both graphs timed here side by side, with the default estimates beside the medians."""
     from mlsys_jax.cost.measure import measure_speedup
 
-    return measure_speedup(before, after, inputs, repeats=rounds).to_dict()
+    return {**measure_speedup(before, after, inputs, repeats=rounds).to_dict(),
+            "original_predicted_us": before_e.default.time_us,
+            "optimized_predicted_us": after_e.default.time_us}

@@ -96,7 +96,8 @@ def add_arguments(p, cost: bool = True) -> None:
     p.add_argument("--x64", action="store_true",
                    help="enable float64 for the user's code (JAX's default is float32)")
     if cost:
-        p.add_argument("--hw", default="h100", help="hardware model: h100, h200, a100, cpu")
+        p.add_argument("--hw", default="h100",
+                       help="hardware model: h100, h200, a100, cpu, here (every kernel measured)")
         p.add_argument("--dtype", default=None,
                        help="cost every float tensor as this dtype (e.g. bf16)")
 

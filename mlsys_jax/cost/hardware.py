@@ -2,7 +2,8 @@
 
 ``h100`` is the lecture's model: 989.4 TFLOP/s dense BF16, 3.35 TB/s HBM, 4 µs launch overhead per
 kernel. ``cpu`` is this machine, calibrated on demand (a large matmul, a memory stream, an empty
-jit call) and cached in ``~/.cache/mlsys_jax/``.
+jit call) and cached in ``~/.cache/mlsys-jax/``. ``here`` (:mod:`mlsys_jax.cost.here`) is the
+device JAX runs on with every kernel measured alone instead of bounded.
 
 Each hardware also says how its compiler groups work into kernels (``fusion``, see
 :mod:`mlsys_jax.cost.fusion`), whether its libraries run a contraction's elementwise epilogue in
@@ -39,6 +40,8 @@ class Hardware:
     compiler: str = ("a compiler (XLA, torch.compile) fuses elementwise work into loops: it "
                      "resembles the fused estimate; eager execution, one kernel per op, the "
                      "unfused one")
+    # Measured kernel times instead of the roofline's (``here``: cost.here.OperatorModel)
+    timer: object = field(default=None, hash=False, compare=False, repr=False)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype name; unknown dtypes fall back to the f32 peak."""
@@ -54,20 +57,25 @@ A100 = Hardware("a100", {"bf16": 312 * TFLOPS, "f16": 312 * TFLOPS, "i8": 624 * 
                          "f32": 19.5 * TFLOPS, "f64": 19.5 * TFLOPS},
                 2.039e12, 4e-6, "A100 SXM 80GB")
 HARDWARE = {"h100": H100, "h200": H200, "a100": A100}
-NAMES = (*HARDWARE, "cpu")
+MEASURE_BUDGET_S = 120.0  # ``here``: seconds a command spends measuring kernels it has not seen
+NAMES = (*HARDWARE, "cpu", "here")
 
 
 def get_hardware(name) -> Hardware:
-    """A Hardware by name ('h100', 'h200', 'a100', 'cpu'), or a Hardware passed through."""
+    """A Hardware by name ('h100', 'h200', 'a100', 'cpu', 'here'), or a Hardware passed through."""
     if isinstance(name, Hardware):
         return name
     key = str(name).strip().lower()
-    if key == "cpu":
-        return cpu_hardware()
+    if key in ON_DEMAND:
+        return ON_DEMAND[key]()
     if key not in HARDWARE:
         raise MlsysError(f"unknown hardware {name!r}; use one of {', '.join(NAMES)}")
     return HARDWARE[key]
 
+
+# Hardware measured on demand, by name. ``here`` adds itself (``cost/here/device.py``, imported
+# with the ``cost`` package), so this module needs nothing above it.
+ON_DEMAND = {"cpu": lambda: cpu_hardware()}
 
 CPU_COMPILER = ("XLA:CPU fuses elementwise work into loops beside each convolution and matmul "
                 "call: it resembles the fused estimate")
@@ -77,8 +85,9 @@ CALIBRATION_VERSION = 2
 
 
 def _cache_path() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "mlsys_jax" / "cpu_hardware.json"
+    from mlsys_jax.cost.cache import cache_dir
+
+    return cache_dir() / "cpu_hardware.json"
 
 
 def cpu_hardware(recalibrate: bool = False) -> Hardware:
@@ -95,10 +104,11 @@ def cpu_hardware(recalibrate: bool = False) -> Hardware:
                 return Hardware(**data["hw"])
         except (OSError, ValueError, TypeError):
             pass
-    hw = _calibrate()
+    hw = calibrate_device()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "hw": asdict(hw)}))
+        path.write_text(json.dumps({"key": key, "hw": {k: v for k, v in asdict(hw).items()
+                                                       if k != "timer"}}))
     except OSError:
         pass
     return hw
@@ -148,7 +158,7 @@ def stream_bandwidths(repeats: int = 9) -> dict:
             "ratio": timing.ratio(t["numpy"], t["xla"]).median}
 
 
-def _calibrate() -> Hardware:
+def calibrate_device() -> Hardware:
     import jax
     import jax.numpy as jnp
 

@@ -9,7 +9,7 @@ cost nothing. Per kernel: ``time = max(flops / peak, bytes / bandwidth) + launch
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax.numpy as jnp
 import numpy as np
@@ -90,7 +90,8 @@ def eqn_cost(eqn, dtype=None) -> Cost:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A kernel of the cost model: the ops it runs, FLOPs, bytes, and its roofline time."""
+    """A kernel of the cost model: the ops it runs, FLOPs, bytes, and its time (µs): the roofline
+    bound plus launch, or on a measured model (``here``) what it takes inside the program."""
 
     name: str
     ops: tuple
@@ -102,6 +103,20 @@ class Kernel:
     time_us: float = 0.0
     bound: str = ""
     unknown: frozenset = frozenset()
+    inputs: tuple = field(default=(), compare=False, repr=False)   # the Vars it reads
+    outputs: tuple = field(default=(), compare=False, repr=False)  # the Vars it writes
+    model: str = "roofline"  # where time_us comes from: "roofline", "measured" or "cached"
+    why: str = ""            # on a measured model, why this kernel kept the roofline
+    bound_us: float = 0.0    # max(flops / peak, bytes / bandwidth), without launch
+    run_us: float | None = None  # measured alone, less its own call's dispatch
+
+    @property
+    def efficiency(self) -> float | None:
+        """Measured time over roofline time (≥ 1 on a well-calibrated roofline): how far this
+        backend runs from the hardware's bound; None when not measured."""
+        if not self.run_us or not self.bound_us:  # not measured, or within dispatch noise
+            return None
+        return self.run_us / self.bound_us
 
     @property
     def primitives(self) -> tuple:
@@ -151,7 +166,7 @@ def _kernel(group: list[Op], cost_dtype, users, index) -> Kernel:
     return Kernel("+".join(op.name for op in group), tuple(group), flops, nbytes,
                   tuple(shape_str(v.aval) for v in ins),
                   tuple(shape_str(v.aval) for v in outs),
-                  dtype_name(dt), unknown=unknown)
+                  dtype_name(dt), unknown=unknown, inputs=tuple(ins), outputs=tuple(outs))
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,7 @@ class CostReport:
     unknown: list
     peak_bytes: int = 0
     primitives: dict = field(default_factory=dict)
+    overhead_us: float = 0.0  # a measured model's dispatch of the whole program (one jit call)
 
     @property
     def total_flops(self) -> int:
@@ -176,7 +192,12 @@ class CostReport:
 
     @property
     def time_us(self) -> float:
-        return sum(k.time_us for k in self.kernels)
+        return sum(k.time_us for k in self.kernels) + self.overhead_us
+
+    @property
+    def measured(self) -> bool:
+        """Kernel times come from a measured-operator model (``here``)."""
+        return self.hardware.timer is not None
 
     def totals(self) -> dict:
         return {"flops": self.total_flops, "bytes": self.total_bytes,
@@ -187,7 +208,10 @@ class CostReport:
         """One row per kernel, for tables and ``inspect --json``."""
         return [{"name": k.name, "primitives": list(k.primitives), "in": ", ".join(k.in_shapes),
                  "out": ", ".join(k.out_shapes), "flops": k.flops, "bytes": k.bytes,
-                 "intensity": k.intensity, "bound": k.bound, "time_us": k.time_us}
+                 "intensity": k.intensity, "bound": k.bound, "time_us": k.time_us,
+                 **({"model": k.model, "why": k.why, "run_us": k.run_us,
+                     "bound_us": k.bound_us, "x_roofline": k.efficiency}
+                    if self.measured else {})}
                 for k in self.kernels]
 
 
@@ -197,8 +221,7 @@ def roofline(k: Kernel, hw: Hardware) -> Kernel:
     memory = k.bytes / hw.bandwidth
     bound = "compute" if compute > memory else "memory"
     t = (max(compute, memory) + hw.launch_s) * 1e6
-    return Kernel(k.name, k.ops, k.flops, k.bytes, k.in_shapes, k.out_shapes, k.dtype,
-                  t, bound, k.unknown)
+    return replace(k, time_us=t, bound=bound, bound_us=max(compute, memory) * 1e6)
 
 
 def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
@@ -206,7 +229,8 @@ def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
     """Roofline estimate of a jaxpr: ``estimate(trace(f, x), hw='h100', dtype='bf16')``.
 
     Args:
-      hw: a Hardware or its name ('h100', 'h200', 'a100', 'cpu').
+      hw: a Hardware or its name ('h100', 'h200', 'a100', 'cpu', or 'here': every kernel
+        compiled and timed alone on this backend, cached — :mod:`mlsys_jax.cost.here.operators`).
       dtype: cost every floating tensor as this dtype (the lecture costs BF16); None keeps dtypes.
       fused: group kernels with the hardware's fusion model; None: the hardware's default (one
         kernel per op on the lecture's GPU models, XLA:CPU's loop fusion on ``cpu``).
@@ -218,11 +242,19 @@ def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
 
     hardware = get_hardware(hw)
     fused = hardware.fused_default if fused is None else fused
-    ks = [roofline(k, hardware) for k in kernels(closed, fused=fused, dtype=dtype, hw=hardware)]
+    if hardware.timer is not None and dtype is not None:
+        raise MlsysError(f"--dtype {dtype}: the '{hardware.name}' model times the graph in its "
+                         "own dtypes; drop --dtype (or cost on a roofline model: --hw cpu)")
+    ks = kernels(closed, fused=fused, dtype=dtype, hw=hardware)
     unknown = sorted(set().union(*(k.unknown for k in ks))) if ks else []
     if strict and unknown:
         raise MlsysError(f"no cost rule for primitive(s) {', '.join(unknown)}; add a rule in "
                          "mlsys_jax/cost/rules.py or run without strict")
+    overhead = 0.0
+    if hardware.timer is not None:
+        ks, overhead = hardware.timer.fill(closed, ks, fused, hardware)
+    else:
+        ks = [roofline(k, hardware) for k in ks]
     peak = liveness(closed, dtype=dtype).peak_bytes
     return CostReport(hardware, dtype if dtype is None else str(dtype), fused, ks, unknown, peak,
-                      dict(primitive_counts(closed)))
+                      dict(primitive_counts(closed)), overhead)

@@ -1,0 +1,91 @@
+"""What this machine measured, kept on disk: ``$XDG_CACHE_HOME/mlsys-jax/`` (``~/.cache`` by
+default), one JSON file per kind of figure, keyed by what the figures depend on.
+
+A measurement made on another JAX or jaxlib, another backend or device kind, another CPU or other
+XLA flags says nothing about this one, so :func:`identity` names all of them and every cache file
+is keyed by it. Writes merge with what is on disk (another process may have measured kernels
+meanwhile) and replace the file atomically, so a reader never sees half a file.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/mlsys-jax`` (``~/.cache/mlsys-jax`` without the variable)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlsys-jax"
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def identity() -> dict:
+    """What a measured time depends on besides the program: JAX and jaxlib, the backend and
+    device kind JAX runs on (``jax.devices()[0]``), the CPU and its core count, and XLA_FLAGS."""
+    import jax
+
+    try:
+        from importlib.metadata import version
+        jaxlib = version("jaxlib")
+    except Exception:  # an unusual install: the JAX version still keys the cache
+        jaxlib = "?"
+    dev = jax.devices()[0]
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {"jax": jax.__version__, "jaxlib": jaxlib, "platform": dev.platform,
+            "device_kind": getattr(dev, "device_kind", dev.platform), "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "xla_flags": hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else ""}
+
+
+def identity_key(ident: dict) -> str:
+    """A short digest of :func:`identity` (a file name part)."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load(path: Path, ident: dict) -> dict:
+    """The entries of a cache file written under ``ident``; empty when the file is missing,
+    unreadable or written by another identity."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("identity") != ident:
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def store(path: Path, ident: dict, entries: dict) -> bool:
+    """Merge ``entries`` into the file (what is on disk under the same identity is kept) and
+    replace it atomically. Returns False when the cache cannot be written (read-only home): the
+    figures are then measured again next time, nothing else changes."""
+    merged = {**load(path, ident), **entries}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is an ordinary file
+        with os.fdopen(fd, "w") as f:
+            json.dump({"identity": ident, "entries": merged}, f)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False
+    return True

@@ -1,0 +1,190 @@
+"""``--hw here``: a measured-operator model of the backend JAX runs on (TASO measures each
+operator once on the device and caches it; the roofline stays the lecture's model).
+
+Each distinct kernel of the fused model (an op, or a fused group) is compiled alone and timed in
+interleaved rounds (each the best of two batches; the median), once per machine: its time is
+cached on disk (:mod:`mlsys_jax.cost.cache`, keyed by JAX/jaxlib, backend, device kind and
+machine) under its structural key (``programs.py``), so a later run, or another graph that
+shares the kernel (a search's candidates share almost all of theirs), reuses it. A program's
+prediction is what its kernels do inside it: each kernel's time alone less the dispatch of its
+own call, plus a small per-kernel overhead, plus one dispatch for the program (``dispatch.py``).
+Unfused, one call per op, it is the sum of the ops' calls: eager execution. Measuring stops at a
+time budget; the kernels beyond it, and kernels that cannot run alone (a ``while`` loop, a
+callback, a collective), keep the roofline and say why.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from mlsys_jax import timing
+from mlsys_jax.cost import cache
+from mlsys_jax.cost.here.dispatch import DispatchCost, measure_dispatch
+from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
+from mlsys_jax.cost.here.programs import constants, kernel_program
+
+CHUNK = 8  # kernels compiled, then timed side by side, at a time: the budget is checked between
+
+
+class OperatorModel:
+    """Measured kernel times of this machine, cached on disk, and the budget to measure more."""
+
+    def __init__(self, path=None, budget_s: float = MEASURE_BUDGET_S, repeats: int = 5,
+                 min_time_s: float = 0.005, dispatch_repeats: int = 9, progress: bool = True):
+        self.identity = cache.identity()
+        self.path = Path(path) if path else (cache.cache_dir() /
+                                             f"operators-{cache.identity_key(self.identity)}.json")
+        self.budget_s, self.spent_s = budget_s, 0.0
+        self.repeats, self.min_time_s, self.dispatch_repeats = repeats, min_time_s, dispatch_repeats
+        self.progress = progress
+        self.entries = cache.load(self.path, self.identity)
+        self.measured_now = 0  # kernels this process measured (the rest came from the cache)
+
+    # -- the figures ------------------------------------------------------------------------
+    def dispatch(self) -> DispatchCost | None:
+        """The dispatch overheads here: cached, else measured now (None with no budget)."""
+        hit = self.entries.get("dispatch")
+        if hit:
+            return DispatchCost(**hit)
+        if self.budget_s <= self.spent_s:
+            return None
+        t0 = time.perf_counter()
+        found = measure_dispatch(self.dispatch_repeats)
+        self.spent_s += time.perf_counter() - t0
+        self._save({"dispatch": found.to_dict()})
+        return found
+
+    def kernel_times(self, programs: list) -> dict:
+        """key -> (µs alone, "measured" | "cached") for the programs that have a time; new ones
+        are measured within the budget, fused groups as XLA compiles them."""
+        out, todo = {}, {}
+        for p in programs:
+            hit = self.entries.get("kernel:" + p.key)
+            if hit:
+                out[p.key] = (hit["us"], "cached")
+            elif not p.unmeasurable:
+                todo.setdefault(p.key, p)
+        if todo:
+            out.update(self._measure(list(todo.values())))
+        return out
+
+    # -- measuring --------------------------------------------------------------------------
+    def _measure(self, programs: list) -> dict:
+        out, t0, done, failed = {}, time.perf_counter(), 0, 0
+
+        def over() -> bool:
+            return self.spent_s + time.perf_counter() - t0 >= self.budget_s
+        pending = list(programs)
+        while pending and not over():
+            chunk, pending = pending[:CHUNK], pending[CHUNK:]
+            calls, labels = {}, {}
+            for i, p in enumerate(chunk):
+                if over():
+                    pending = chunk[i:] + pending
+                    break
+                call = self._compiled(p)
+                if call is None:
+                    failed += 1
+                else:
+                    calls[p.key], labels[p.key] = call, p.label
+            if not calls:
+                continue
+            t = timing.compare(calls, repeats=self.repeats, warmup=1, min_time_s=self.min_time_s,
+                               best_of=2, shuffle=True)
+            self._save({"kernel:" + k: {"us": v.median_us, "min_us": v.min_s * 1e6,
+                                        "max_us": v.max_s * 1e6, "rounds": v.repeats,
+                                        "label": labels[k]} for k, v in t.items()})
+            out.update({k: (v.median_us, "measured") for k, v in t.items()})
+            done += len(calls)
+            self.measured_now += len(calls)
+            self._say(f"measured {done} of {len(programs)} new kernels alone "
+                      f"({time.perf_counter() - t0:.1f} s of a {self.budget_s:g} s budget)")
+        self.spent_s += time.perf_counter() - t0
+        if failed:
+            self._say(f"{failed} kernels could not run alone: they keep the roofline")
+        if pending:
+            self._say(f"--measure-budget reached: {len(pending)} kernels keep the roofline "
+                      "(marked in the table)")
+        return out
+
+    def _compiled(self, p):
+        """``p`` compiled, warmed and bound to seeded arguments (a zero-argument call), or None
+        when XLA cannot run the group alone (it then keeps the roofline, with the reason)."""
+        import jax
+
+        fn, args = jax.jit(p.fn), p.example_arguments(seed=0)
+        try:
+            jax.block_until_ready(fn(*args))
+        except Exception as e:  # noqa: BLE001 — whatever XLA raises, the kernel is not timed
+            first = (str(e).strip().splitlines() or [""])[0][:120]
+            self._save({"failed:" + p.key: f"could not run alone: {type(e).__name__}: {first}"})
+            return None
+        return partial(fn, *args)
+
+    def _save(self, entries: dict) -> None:
+        self.entries.update(entries)
+        cache.store(self.path, self.identity, entries)
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            print(f"mlsys-jax: here: {text}", file=sys.stderr, flush=True)
+
+    # -- the model --------------------------------------------------------------------------
+    def fill(self, closed, kernels: list, fused: bool, hw) -> tuple[list, float]:
+        """``kernels`` with their times here, and the program's dispatch overhead (µs)."""
+        programs = self.programs(closed, kernels)
+        return self.assemble(closed, kernels, programs, self.kernel_times(programs), fused, hw)
+
+    @staticmethod
+    def programs(closed, kernels: list) -> list:
+        """Each kernel's program (``programs.kernel_program``)."""
+        consts = constants(closed)
+        return [kernel_program(k, consts) for k in kernels]
+
+    def assemble(self, closed, kernels, programs, times: dict, fused: bool, hw
+                 ) -> tuple[list, float]:
+        """The prediction from kernel times alone (``times``: key -> (µs, source)). Fused, a
+        kernel adds its time alone less its own call's dispatch, plus the per-kernel overhead,
+        and the program adds one dispatch; unfused (one call per op, as eager execution runs)
+        each kernel adds its whole call."""
+        d = self.dispatch() or DispatchCost(hw.launch_s * 1e6, 0.0, 0.0, 0.0)
+        filled = []
+        for k, p in zip(kernels, programs):
+            bound, kind = _bound_us(k, hw)
+            call = d.call(p.n_inputs, p.n_outputs)
+            if p.key in times:
+                alone, source = times[p.key]
+                run = max(alone - call, 0.0)
+                t = run + d.per_kernel_us if fused else alone
+                filled.append(replace(k, time_us=t, bound=kind, model=source, bound_us=bound,
+                                      run_us=run))
+            else:
+                why = (p.unmeasurable or self.entries.get("failed:" + p.key)
+                       or "not measured: over --measure-budget")
+                t = bound + (d.per_kernel_us if fused else call)
+                filled.append(replace(k, time_us=t, bound=kind, model="roofline", why=why,
+                                      bound_us=bound))
+        jaxpr = closed.jaxpr
+        overhead = d.call(len(jaxpr.invars), len(jaxpr.outvars)) if fused else 0.0
+        return filled, overhead
+
+
+def _bound_us(k, hw) -> tuple[float, str]:
+    """The roofline bound of a kernel (µs, no launch) and which side of the ridge it is on."""
+    compute, memory = k.flops / hw.peak(k.dtype), k.bytes / hw.bandwidth
+    return max(compute, memory) * 1e6, "compute" if compute > memory else "memory"
+
+
+_MODELS: dict = {}
+
+
+def operator_model() -> OperatorModel:
+    """This process's model for the current cache directory (one per directory, so tests that
+    point ``XDG_CACHE_HOME`` elsewhere get their own)."""
+    where = cache.cache_dir()
+    if where not in _MODELS:
+        _MODELS[where] = OperatorModel()
+    return _MODELS[where]

@@ -1,0 +1,43 @@
+"""``--hw here`` on third-party models as shipped (haiku's ResNet18, Keras' MobileNetV2 with its
+depthwise convolutions) and the flax transformer, at small sizes: every kernel of the fused model
+runs alone, and a second model object reads them all back from the cache for a second trace.
+Prediction accuracy, and a second process reading the cache, are benchmark figures
+(``bench passes``)."""
+import pytest
+
+import flax_transformer
+import inference_nets
+from mlsys_jax import cost, ir
+from mlsys_jax.cost.here import OperatorModel, here_hardware
+from mlsys_jax.cost.here.dispatch import DispatchCost
+
+FACTORIES = {
+    "haiku_resnet18": lambda: inference_nets.haiku_resnet18(batch=1, size=32, classes=10),
+    "keras_mobilenet": lambda: inference_nets.keras_mobilenet(batch=1, size=32, classes=10),
+    "flax_transformer": flax_transformer.inspect,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_home(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def model_at(path) -> OperatorModel:
+    model = OperatorModel(path, repeats=2, min_time_s=2e-4, progress=False)
+    model.entries.setdefault("dispatch", DispatchCost(5.0, 0.3, 1.0, 0.4).to_dict())
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_every_kernel_runs_alone_and_is_read_back_under_the_same_key(name, tmp_path):
+    f, args = FACTORIES[name]()
+    first = cost.estimate(ir.trace(f, *args), hw=here_hardware(model_at(tmp_path / "ops.json")))
+    assert [k.why for k in first.kernels if k.model == "roofline"] == []
+    assert len(first.kernels) > 5
+    later = model_at(tmp_path / "ops.json")
+    again = cost.estimate(ir.trace(f, *args), hw=here_hardware(later))  # a new jaxpr
+    assert later.measured_now == 0 and {k.model for k in again.kernels} == {"cached"}
+    assert again.time_us == pytest.approx(first.time_us)
