@@ -20,7 +20,7 @@ import numpy as np
 
 from mlsys_jax import timing
 from mlsys_jax.remat import every_k, store_all
-from mlsys_jax.remat.jax_exec import chain_loss
+from mlsys_jax.remat.chain.jax_exec import chain_loss
 
 NAME = "remat"
 
@@ -67,7 +67,7 @@ def _milp_figures(sizes, repeats: int) -> tuple[dict, list[str]]:
 def _planner_scale(values: int) -> tuple[dict, list[str]]:
     """The segmented planner on a gated residual MLP of ``values`` values (10 per block)."""
     from experiments._s03_milp import gated_residual_mlp, graph_inputs
-    from mlsys_jax.remat.planner import problem
+    from mlsys_jax.remat.planner.segments import problem
 
     ws, x = graph_inputs(max(1, values // 10), width=16, batch=8)
     with jax.enable_x64(False):
@@ -94,8 +94,8 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
     import os
     import sys
 
-    from mlsys_jax.remat.frontier import Frontier
-    from mlsys_jax.remat.policies import versus_policies
+    from mlsys_jax.remat.planner.frontier import Frontier
+    from mlsys_jax.remat.planner.policies import versus_policies
 
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
     sys.path.insert(0, examples)

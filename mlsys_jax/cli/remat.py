@@ -50,9 +50,11 @@ def report(target: str, budget, repeats: int = 7) -> dict:
     """Plan at ``budget`` and measure it beside no remat and JAX's built-in policies."""
     import jax
 
-    from mlsys_jax.remat.compiled import grad_difference
-    from mlsys_jax.remat.frontier import Frontier, parse_budget, plan_key
-    from mlsys_jax.remat.policies import versus_policies
+    from mlsys_jax.remat.milp import plan_key
+    from mlsys_jax.remat.planner.measure import grad_difference
+    from mlsys_jax.remat.planner.budget import parse_budget
+    from mlsys_jax.remat.planner.frontier import Frontier
+    from mlsys_jax.remat.planner.policies import versus_policies
 
     if not isinstance(repeats, int) or repeats < 1:
         raise MlsysError(f"--repeats must be a positive int, got {repeats!r}")

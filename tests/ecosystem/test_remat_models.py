@@ -10,11 +10,11 @@ import flax_mlp
 import flax_scan
 import flax_transformer
 from mlsys_jax.remat import Frontier, apply, every_k, measure, optimal_chain, store_all
-from mlsys_jax.remat.compiled import compile_grad, grad_difference
-from mlsys_jax.remat.flat import flatten_loss
-from mlsys_jax.remat.frontier import plan_key
-from mlsys_jax.remat.planner import problem
-from mlsys_jax.remat.policies import BUILTIN_POLICIES, policy_programs
+from mlsys_jax.remat.milp import plan_key
+from mlsys_jax.remat.planner.flat import flatten_loss
+from mlsys_jax.remat.planner.measure import compile_grad, grad_difference
+from mlsys_jax.remat.planner.policies import BUILTIN_POLICIES, policy_programs
+from mlsys_jax.remat.planner.segments import problem
 
 pytest.importorskip("scipy")
 

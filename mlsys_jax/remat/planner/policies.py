@@ -14,8 +14,9 @@ from __future__ import annotations
 import jax
 
 from mlsys_jax import timing
-from mlsys_jax.remat.compiled import compile_grad
-from mlsys_jax.remat.frontier import Frontier, plan_key
+from mlsys_jax.remat.milp import plan_key
+from mlsys_jax.remat.planner.frontier import Frontier
+from mlsys_jax.remat.planner.measure import compile_grad
 
 BUILTIN_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
                     "dots_with_no_batch_dims_saveable", "checkpoint_dots")

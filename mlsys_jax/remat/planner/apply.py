@@ -1,4 +1,4 @@
-"""A plan applied to a user's loss, and what the compiled gradient really does (lecture §7.2).
+"""A plan applied to a user's loss: its segments as pinned ``custom_vjp``s (lecture §7.2).
 
 ``apply`` evaluates the loss's jaxpr segment by segment. A segment without recomputation is plain
 JAX code (JAX keeps its residuals, as without remat). A segment with recomputation is one
@@ -7,8 +7,6 @@ values and JVP intermediates; its backward re-runs the plan's recomputed equatio
 ``xla_remat.pinned`` so XLA neither merges them with the forward nor runs them early (the plan's
 ``pin`` says whether the pullbacks run inside the pin too) — then runs each equation's pullback
 in reverse order. A plan without recomputation returns the user's function.
-``measure`` compiles ``jax.grad`` with respect to the parameters only and reads the compiler's own
-figures: ``memory_analysis().temp_size_in_bytes`` and ``cost_analysis()['flops']``.
 """
 from __future__ import annotations
 
@@ -18,9 +16,9 @@ import numpy as np
 
 from mlsys_jax.compat import DropVar, Literal, bind_equation
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.flat import FlatLoss, flatten_loss
-from mlsys_jax.remat.graph import LossGraph, eqn_vjp, loss_graph
-from mlsys_jax.remat.planner import Plan
+from mlsys_jax.remat.milp import Plan
+from mlsys_jax.remat.planner.flat import flatten_loss
+from mlsys_jax.remat.planner.graph import LossGraph, eqn_vjp, loss_graph
 from mlsys_jax.remat.xla_remat import pinned
 
 
@@ -96,12 +94,10 @@ class _Segment:
     def _backward(self, res, ct):
         """What the plan's ``pin`` says runs inside ``xla_remat.pinned``: only the recomputation
         (the pullbacks then run outside the conditional, where XLA fuses them into the rest of
-        the backward as for plain ``jax.grad``), or the segment's whole backward (its
-        linearization too, so residuals exist only while the segment's backward runs).
-        Measured on the flax transformer: pinning only the recomputation ran 1.00–1.03× no
-        remat's step where the whole backward ran 1.08–1.13×; pinning the whole backward reached
-        the least temp bytes (0.85 MB against 1.16 MB). ``Frontier`` compiles both and keeps the
-        Pareto points."""
+        the backward as for plain ``jax.grad``: the faster of the two), or the segment's whole
+        backward (its linearization too, so residuals exist only while the segment's backward
+        runs: the fewer temp bytes at tight budgets). ``Frontier`` compiles both where either
+        may win and keeps the Pareto points; docs/remat.md has the measurements."""
         if self.pin == "backward":
             return pinned(lambda r, c: self._backward_from(r, c, self._recompute(r, c)), res, ct)
         return self._backward_from(res, ct, pinned(self._recompute, res, ct))
@@ -133,7 +129,7 @@ class _Segment:
                      for v in self.ins)
 
 
-def _check_plan(graph: LossGraph, the_plan) -> None:
+def check_plan(graph: LossGraph, the_plan) -> None:
     if not isinstance(the_plan, Plan):
         raise MlsysError(f"apply: expected a Plan from remat.plan, got {type(the_plan).__name__}")
     if the_plan.n_values != graph.n_values or the_plan.segments[-1] >= max(graph.n_eqns, 1) \
@@ -144,7 +140,7 @@ def _check_plan(graph: LossGraph, the_plan) -> None:
 
 def flat_applied(graph: LossGraph, the_plan: Plan):
     """``fn(diff, batch_leaves)``: the loss with the plan's segments, saves and recomputation."""
-    _check_plan(graph, the_plan)
+    check_plan(graph, the_plan)
     jaxpr = graph.closed.jaxpr
     eqns = jaxpr.eqns
     last_read = {}
@@ -189,7 +185,7 @@ def apply(loss_fn, the_plan: Plan, params, batch):
     """``loss_fn`` (same signature) whose gradient saves and recomputes as ``the_plan`` says."""
     flat = flatten_loss(loss_fn, params, batch, "apply")
     graph = loss_graph(flat)
-    _check_plan(graph, the_plan)
+    check_plan(graph, the_plan)
     if not the_plan.recomputed:
         return loss_fn                  # nothing recomputed: the user's own function, bit for bit
     run = flat_applied(graph, the_plan)
@@ -197,33 +193,3 @@ def apply(loss_fn, the_plan: Plan, params, batch):
     def applied(params, batch):
         return run(*flat.split(params, batch))
     return applied
-
-
-def compile_grad(fn, flat: FlatLoss):
-    """``jax.jit(jax.grad(fn))`` compiled for the parameters only: (compiled, temp, flops)."""
-    compiled = jax.jit(jax.grad(fn, argnums=0)).lower(flat.diff, flat.batch).compile()
-    flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
-    return compiled, int(compiled.memory_analysis().temp_size_in_bytes), float(flops)
-
-
-def grad_difference(grads, reference) -> tuple[float, float]:
-    """Max |Δ| over all leaves, and that over the reference's max |g| (relative)."""
-    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-             for a, b in zip(grads, reference)]
-    scale = max(float(np.max(np.abs(np.asarray(b)), initial=0.0)) for b in reference)
-    worst = max(diffs, default=0.0)
-    return worst, worst / scale if scale else worst
-
-
-def measure(loss_fn, the_plan: Plan, params, batch) -> dict:
-    """Compiled temp bytes and FLOPs of the plan's gradient, and its distance to ``jax.grad``."""
-    flat = flatten_loss(loss_fn, params, batch, "measure")
-    graph = loss_graph(flat)
-    _check_plan(graph, the_plan)
-    fn = flat_applied(graph, the_plan) if the_plan.recomputed else flat.fn
-    compiled, temp, flops = compile_grad(fn, flat)
-    grads = compiled(flat.diff, flat.batch)
-    reference = jax.jit(jax.grad(flat.fn, argnums=0))(flat.diff, flat.batch)
-    max_abs, rel = grad_difference(grads, reference)
-    return {"compiled_temp_bytes": temp, "compiled_flops": flops, "grads_max_abs_diff": max_abs,
-            "grads_max_rel_diff": rel, "grads": flat.unflatten(grads), "compiled": compiled}

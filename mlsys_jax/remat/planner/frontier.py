@@ -1,10 +1,10 @@
 """Plans chosen on the compiled program: a budget is XLA's temp bytes (lecture §7.2).
 
 The MILP predicts the bytes the backward holds; XLA then fuses, reuses buffers and adds its own
-working set, so compiled temp bytes differ from the prediction (measured on the flax transformer
-example: no remat predicts 4.25 MB of residuals and compiles to 2.95 MB of temp, since XLA fuses
-masks and cheap elementwise work into the backward; a plan that recomputes a few values can
-compile to *more* than no remat, because a custom_vjp boundary stops that fusion). So ``plan``
+working set, so compiled temp bytes differ from the prediction (no remat compiles to fewer temp
+bytes than its predicted residuals, since XLA fuses masks and cheap elementwise work into the
+backward; a plan that recomputes a few values can compile to *more* than no remat, because a
+custom_vjp boundary stops that fusion; docs/remat.md has the figures). So ``plan``
 solves the MILP on a ladder of predicted budgets, compiles each plan's gradient, and keeps the
 Pareto frontier of (compiled temp bytes, compiled FLOPs), no remat included. For a budget it
 returns the frontier point with the fewest FLOPs whose compiled temp fits — on a frontier also
@@ -15,36 +15,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.compiled import compile_grad, flat_applied
-from mlsys_jax.remat.flat import flatten_loss
-from mlsys_jax.remat.graph import loss_graph
-from mlsys_jax.remat.planner import Plan, Problem
+from mlsys_jax.remat.milp import Plan, plan_key
+from mlsys_jax.remat.planner.apply import flat_applied
+from mlsys_jax.remat.planner.budget import parse_budget
+from mlsys_jax.remat.planner.flat import flatten_loss
+from mlsys_jax.remat.planner.graph import loss_graph
+from mlsys_jax.remat.planner.measure import compile_grad
+from mlsys_jax.remat.planner.segments import SegmentedProblem
 
 # predicted budgets tried: min + f·(store-all − min); above ~0.75 plans compile to more than no
 # remat on the examples (the boundary costs more than the few values it frees)
 LADDER = (0.0, 0.05, 0.1, 0.2, 0.3, 0.45, 0.65)
-# where plans are also compiled with the whole segment backward pinned (compiled._Segment): on the
+# where plans are also compiled with the whole segment backward pinned (planner.apply): on the
 # flax transformer that reaches the least temp bytes, while pinning only the recomputation runs
 # faster everywhere and compiles to fewer temp bytes near no remat
 PIN_BACKWARD_UP_TO = 0.1
-
-
-def parse_budget(budget) -> tuple[float, bool]:
-    """``2000000`` -> (2000000, False); ``'60%'`` -> (60.0, True); anything else: MlsysError."""
-    text = str(budget).strip().replace("_", "").replace(",", "")
-    try:
-        value = float(text[:-1]) if text.endswith("%") else int(text)
-    except ValueError:
-        value = -1
-    if not value > 0 or isinstance(budget, bool):
-        raise MlsysError(f"budget must be a positive byte count (e.g. 2000000) or a percentage "
-                         f"of no remat's compiled temp bytes (e.g. 60%); got {budget!r}")
-    return value, text.endswith("%")
-
-
-def plan_key(p: Plan) -> tuple:
-    """What makes two plans the same program: segments, saved and recomputed values, the pin."""
-    return p.segments, p.saved, p.recomputed, p.pin
 
 
 def pareto(plans: list[Plan]) -> list[Plan]:
@@ -62,7 +47,7 @@ class Frontier:
     def __init__(self, loss_fn, params, batch, ladder=LADDER, time_limit_s: float = 20.0):
         self.flat = flatten_loss(loss_fn, params, batch, "plan")
         self.graph = loss_graph(self.flat)
-        self.problem = Problem(self.graph, time_limit_s)
+        self.problem = SegmentedProblem(self.graph, time_limit_s)
         self.compiled = {}                      # plan_key -> compiled gradient
         base, temp, flops = compile_grad(self.flat.fn, self.flat)
         self.no_remat = replace(self.problem.solve(self.problem.store_all_bytes),
