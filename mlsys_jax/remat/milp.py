@@ -19,7 +19,10 @@ planners here use one reduction of it, with one recompute stage per part of the 
 with binary s, r. Experiment 03's two-stage view (``two_stage``) is one stage whose units are the
 values themselves (l = 0, offset = the arguments); the users' planner (``planner.segments``) has one
 stage per segment, equations as units and JVP intermediates among the items. Without a budget the
-MILP minimises P instead (the least peak). Both return a ``Plan``: the decision, what it predicts,
+MILP minimises P instead (the least peak). Bytes enter the rows in units of the items' total, so
+that HiGHS's tolerances (about 1e-7, absolute) see coefficients of order one: with rows in raw
+bytes a peak objective's coefficient (1/total bytes) falls below them and HiGHS stops at any P,
+up to twice the store-all peak. Both return a ``Plan``: the decision, what it predicts,
 and (filled by the planner) what the compiled program measured.
 """
 from __future__ import annotations
@@ -71,10 +74,10 @@ class StagedMILP:
         return float((held + np.bincount(self.unit_stage[r], self.unit_bytes[r], minlength=k)).max())
 
     def _matrix(self):
-        """Rows over the columns s (items) | r (units) | H (stages) | P."""
+        """Rows over the columns s (items) | r (units) | H (stages) | P; bytes in total units."""
         sparse = solver()[0]
         nx, ne, k = len(self.item_bytes), len(self.unit_flops), self.n_stages
-        r0, h0, scale = nx, nx + ne, 1.0
+        r0, h0, scale = nx, nx + ne, 1.0 / self.total_bytes
         rows, cols, vals, lo, hi = [], [], [], [], []
 
         def row(entries, low, high):
@@ -105,12 +108,12 @@ class StagedMILP:
         nx, ne, k = len(self.item_bytes), len(self.unit_flops), self.n_stages
         total = self.total_bytes
         if budget_bytes is None:
-            cost = np.concatenate([np.zeros(nx + ne + k), [1.0 / total]])
+            cost = np.concatenate([np.zeros(nx + ne + k), [1.0]])
             top = np.inf
         else:
             cost = np.concatenate([TIE * self.item_bytes / total, self.unit_flops + 1.0,
-                                   np.zeros(k), [TIE / total]])
-            top = budget_bytes - self.offset_bytes
+                                   np.zeros(k), [TIE]])
+            top = (budget_bytes - self.offset_bytes) / total
         matrix, lo, hi = self._matrix()
         low = np.concatenate([self.forced.astype(np.float64), np.zeros(ne + k + 1)])
         high = np.concatenate([np.ones(nx + ne), np.full(k, np.inf), [top]])
