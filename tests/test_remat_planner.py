@@ -74,10 +74,11 @@ def test_bad_plans_and_budgets_are_named(case):
     other = problem(gated_residual_mlp, ws, batch["x"]).solve(10**9)
     with pytest.raises(MlsysError, match="made for another function"):
         apply(labelled_loss, other, ws, batch)
-    for bad in ("12x", "-5", "0%", True, "abc%"):
+    for bad in ("12x", "-5", True, "abc%"):
         with pytest.raises(MlsysError, match="budget must be a positive byte count"):
             parse_budget(bad)
-    assert parse_budget("60%") == (60.0, True) and parse_budget("2_000_000") == (2000000, False)
+    assert parse_budget("60%").value == 60.0 and parse_budget("2_000_000").value == 2000000
+    assert parse_budget("0%").kind == "min"            # 0% asks for the least any plan reaches
     fr = Frontier(labelled_loss, ws, batch, ladder=(0.0,))
     with pytest.raises(MlsysError, match=f"below the minimum {fr.min_budget_bytes} bytes"):
         fr.plan(fr.min_budget_bytes - 1)

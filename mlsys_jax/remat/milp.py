@@ -122,7 +122,7 @@ class StagedMILP:
         res = milp(cost, integrality=np.concatenate([np.full(nx + ne, 0 if relax else 1),
                                                      np.zeros(k + 1)]),
                    bounds=Bounds(low, high), constraints=LinearConstraint(matrix, lo, hi),
-                   options={"mip_rel_gap": gap if budget_bytes is not None else 1e-4,
+                   options={"mip_rel_gap": gap,
                             **({} if time_limit_s is None else {"time_limit": time_limit_s})})
         if res.x is None:
             return Solution(None, None, np.inf if res.status == 2 else None, res.status, 1.0,
@@ -159,7 +159,7 @@ class Plan:
     recomputed: tuple[str, ...]      # values whose equations re-run in the backward
     predicted_peak_bytes: int        # two_stage: arguments + saved; planner: backward's residuals
     recompute_flops: int
-    min_budget_bytes: int            # in the same unit as budget_bytes
+    min_budget_bytes: int | None     # in the same unit as budget_bytes (None: not computed)
     store_all_bytes: int             # every residual saved: the predicted peak without remat
     n_values: int
     solve_seconds: float

@@ -1,4 +1,5 @@
-"""What a plan's compiled gradient really does: XLA's own figures, and the distance to ``jax.grad``.
+"""What a plan's compiled gradient really does: XLA's own figures, and the distance to ``jax.grad``
+(``measure``, for one plan; a frontier reuses its compiled programs instead, ``programs``).
 
 ``compile_grad`` compiles ``jax.grad`` with respect to the parameters only and reads the
 compiler's figures, ``memory_analysis().temp_size_in_bytes`` and ``cost_analysis()['flops']``.
@@ -6,12 +7,12 @@ compiler's figures, ``memory_analysis().temp_size_in_bytes`` and ``cost_analysis
 from __future__ import annotations
 
 import jax
-import numpy as np
 
 from mlsys_jax.remat.milp import Plan
 from mlsys_jax.remat.planner.apply import check_plan, flat_applied
 from mlsys_jax.remat.planner.flat import FlatLoss, flatten_loss
 from mlsys_jax.remat.planner.graph import loss_graph
+from mlsys_jax.remat.planner.programs import grad_difference
 
 
 def compile_grad(fn, flat: FlatLoss):
@@ -19,15 +20,6 @@ def compile_grad(fn, flat: FlatLoss):
     compiled = jax.jit(jax.grad(fn, argnums=0)).lower(flat.diff, flat.batch).compile()
     flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
     return compiled, int(compiled.memory_analysis().temp_size_in_bytes), float(flops)
-
-
-def grad_difference(grads, reference) -> tuple[float, float]:
-    """Max |Δ| over all leaves, and that over the reference's max |g| (relative)."""
-    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-             for a, b in zip(grads, reference)]
-    scale = max(float(np.max(np.abs(np.asarray(b)), initial=0.0)) for b in reference)
-    worst = max(diffs, default=0.0)
-    return worst, worst / scale if scale else worst
 
 
 def measure(loss_fn, the_plan: Plan, params, batch) -> dict:

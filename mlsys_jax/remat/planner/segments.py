@@ -185,8 +185,8 @@ class SegmentedProblem:
         lower = {b: self._solve(b, budget, relax=True) for b in self.cuts}
         best = None
         for b in sorted(self.cuts, key=lambda b: (lower[b], len(b))):
-            if lower[b] == np.inf or best is not None and lower[b] >= best.objective:
-                break
+            if lower[b] == np.inf or best is not None and lower[b] >= best.objective * (1 - MIP_GAP):
+                break               # no segmentation left can beat the best by more than the gap
             found = self._solve(b, budget)
             if found is not None and (best is None or found.objective < best.objective):
                 best = found
@@ -194,30 +194,63 @@ class SegmentedProblem:
 
     @property
     def min_budget_bytes(self) -> int:
-        """The least predicted peak over every segmentation (everything else recomputed)."""
+        """The least predicted peak over every segmentation (everything else recomputed); never
+        above store-all's, which every segmentation can reach."""
         if self._least is None:
-            self._least = self._best(None)
+            found = self._best(None)
+            every = self._heuristic((0,), keep_all=True)
+            self._least = every if found is None or found.peak > every.peak else found
         return int(np.ceil(self._least.peak))
 
     def solve(self, budget_bytes: int) -> Plan:
         """The plan with the fewest recompute FLOPs whose predicted peak fits ``budget_bytes``."""
         g, t0 = self.graph, time.perf_counter()
-        least = self.min_budget_bytes
         if budget_bytes >= self.store_all_bytes:
             best = self._heuristic((0,), keep_all=True)
-        elif budget_bytes < least:
-            raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
-                             f"{least} bytes (every segmentation tried, everything recomputed); "
-                             f"raise the budget to at least {least}")
         else:
-            best = self._best(float(budget_bytes)) or self._least
+            best = self._best(float(budget_bytes))
+            if best is None:            # no segmentation fits: is the budget below the least?
+                least = self.min_budget_bytes
+                if budget_bytes < least:
+                    raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum "
+                                     f"feasible {least} bytes (every segmentation tried, "
+                                     f"everything recomputed); raise the budget to at least "
+                                     f"{least}")
+                best = self._least
         eqns = g.closed.jaxpr.eqns
         names = np.array(list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp"
                                           for e in self.tmp_eqns])
         recomputed = [n for n, e in zip(g.names, g.eqn_of) if best.r[e]]
+        least = None if self._least is None else self.min_budget_bytes
         return Plan(int(budget_bytes), best.bounds, tuple(names[best.s]), tuple(recomputed),
                     int(np.ceil(best.peak)), int(best.flops), least, self.store_all_bytes,
                     g.n_values, time.perf_counter() - t0, best.method, best.gap)
+
+
+    def timeline(self, plan: Plan) -> tuple[list[float], list[float]]:
+        """The planner's model of activation bytes held over the step, as (position, bytes):
+        the forward (equation by equation, saved values accumulating), then each segment's
+        backward, last to first (its saved bytes and recomputed values live, then freed)."""
+        g = self.graph
+        eqns = g.closed.jaxpr.eqns
+        names = list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp" for e in self.tmp_eqns]
+        saved = np.isin(np.array(names), np.array(plan.saved, dtype=object))
+        recomputed = set(plan.recomputed)
+        r = np.zeros(g.n_eqns, bool)
+        r[[e for n, e in zip(g.names, g.eqn_of) if n in recomputed]] = True
+        model = self._model(plan.segments)
+        made = np.concatenate([g.eqn_of, self.tmp_eqns])
+        held = np.cumsum(np.bincount(made[saved], model.item_bytes[saved], minlength=g.n_eqns))
+        xs, ys = list(range(g.n_eqns)), [float(b) for b in held]
+        per_stage = np.cumsum(np.bincount(model.item_stage[saved], model.item_bytes[saved],
+                                          minlength=model.n_stages))
+        live = np.bincount(model.unit_stage[r], model.unit_bytes[r], minlength=model.n_stages)
+        ends = list(plan.segments[1:]) + [g.n_eqns]
+        for j in range(model.n_stages - 1, -1, -1):
+            x0, x1 = 2 * g.n_eqns - ends[j], 2 * g.n_eqns - plan.segments[j]
+            xs += [x0, x1]
+            ys += [float(per_stage[j] + live[j])] * 2
+        return xs + [2 * g.n_eqns], ys + [0.0]
 
 
 def problem(loss_fn, params, batch, time_limit_s: float = 20.0) -> SegmentedProblem:
