@@ -12,20 +12,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mlsys_jax.compat import DropVar, Literal, bind_equation
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat.milp import Plan
 from mlsys_jax.remat.planner.flat import flatten_loss
-from mlsys_jax.remat.planner.graph import LossGraph, eqn_vjp, loss_graph
+from mlsys_jax.remat.planner.graph import LossGraph, loss_graph
 from mlsys_jax.remat.xla_remat import pinned
-
-
-def _zero_cotangent(aval):
-    if jnp.issubdtype(aval.dtype, jnp.inexact):
-        return jnp.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, jax.dtypes.float0)
 
 
 class _Segment:
@@ -46,13 +39,13 @@ class _Segment:
         env.update(zip(self.ins, ins))
         return env
 
-    def _step(self, i, eqn, env, closures):
+    def _step(self, i, eqn, env, residuals):
         invals = [self.graph.read(env, v) for v in eqn.invars]
         info = self.graph.vjps[i]
         if info is None:
             outs = bind_equation(eqn, invals)
         else:
-            outs, closures[i] = eqn_vjp(eqn, invals, info.active)
+            outs, residuals[i] = info.linearize(eqn, invals)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, DropVar))
 
     def _plain(self, *ins):
@@ -61,25 +54,24 @@ class _Segment:
         return tuple(env[v] for v in self.outs)
 
     def _forward(self, *ins):
-        env, closures = self._env(ins), {}
+        env, residuals = self._env(ins), {}
         for i, eqn in self.eqns:
-            self._step(i, eqn, env, closures)
-        tmp = [self._tmp_leaves(i, closures[i]) for i in self.saved_tmp]
+            self._step(i, eqn, env, residuals)
+        tmp = [self._tmp_leaves(i, residuals[i]) for i in self.saved_tmp]
         res = (list(ins), [env[v] for v in self.saved], tmp)
         return tuple(env[v] for v in self.outs), res
 
-    def _tmp_leaves(self, i, closure):
+    def _tmp_leaves(self, i, leaves):
         kinds = self.graph.vjps[i].leaves
-        return [x for x, (kind, _) in zip(jax.tree_util.tree_leaves(closure), kinds)
-                if kind == "tmp"]
+        return [x for x, (kind, _) in zip(leaves, kinds) if kind == "tmp"]
 
-    def _pullback(self, i, eqn, env, closures, tmp):
-        if i in closures:
-            return closures[i]
+    def _residual_leaves(self, i, eqn, env, residuals, tmp):
+        """The leaves of equation ``i``'s pullback: linearized here, or saved and recomputed."""
+        if i in residuals:
+            return residuals[i]
         info = self.graph.vjps[i]
-        leaves = [self.graph.read(env, eqn.invars[j]) if kind == "in" else
-                  env[eqn.outvars[j]] if kind == "out" else tmp[i][j] for kind, j in info.leaves]
-        return jax.tree_util.tree_unflatten(info.treedef, leaves)
+        return [self.graph.read(env, eqn.invars[j]) if kind == "in" else
+                env[eqn.outvars[j]] if kind == "out" else tmp[i][j] for kind, j in info.leaves]
 
     def _recompute(self, res, ct):
         """The plan's recomputed values (run inside the pin)."""
@@ -104,7 +96,7 @@ class _Segment:
 
     def _backward_from(self, res, ct, outs):
         ins, saved, tmp_leaves = res
-        env, closures = self._env(ins), {}
+        env, residuals = self._env(ins), {}
         env.update(zip(self.saved, saved))
         jaxpr = self.graph.closed.jaxpr
         for i, vals in zip(self.recomputed, outs):
@@ -113,15 +105,14 @@ class _Segment:
             info = self.graph.vjps[i]
             if info is not None:
                 invals = [self.graph.read(env, v) for v in eqn.invars]
-                closures[i] = eqn_vjp(eqn, invals, info.active)[1]
+                residuals[i] = info.linearize(eqn, invals)[1]
         tmp = dict(zip(self.saved_tmp, tmp_leaves))
         cts = {v: c for v, c in zip(self.outs, ct) if jnp.issubdtype(c.dtype, jnp.inexact)}
         for i, eqn in reversed(self.eqns):
             info = self.graph.vjps[i]
             if info is None or not any(v in cts for v in eqn.outvars):
                 continue
-            pull = self._pullback(i, eqn, env, closures, tmp)
-            back = pull([cts[v] if v in cts else _zero_cotangent(v.aval) for v in eqn.outvars])
+            back = info.pull(eqn, self._residual_leaves(i, eqn, env, residuals, tmp), cts)
             for j, c in zip(info.active, back):
                 w = eqn.invars[j]
                 cts[w] = cts[w] + c if w in cts else c
