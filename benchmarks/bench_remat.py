@@ -1,6 +1,6 @@
 """Rematerialization (lecture §7.2): K = √N checkpointing vs store-all, MILP solve times, the
 planner against JAX's built-in policies on a user's model, and `remat` at GPT-2 small's size beside
-one compile of its step (``_remat_gpt2``).
+one compile of its step (``_remat_gpt2``); the least-memory plans of third-party nets as shipped.
 
 Step time (jitted gradient) of the N = 64 tanh chain with every-√N checkpoints over store-all is a
 paired ratio from one interleaved comparison (lecture §7.2: about one extra forward, ≈ 1.3× a
@@ -129,6 +129,44 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
     return figures, notes
 
 
+def _least_on_shipped(quick: bool) -> tuple[dict, list[str]]:
+    """`--budget min` on third-party nets as shipped (examples/shipped_nets.py): the planner's
+    minimum against store-all, and the least-memory plan compiled beside no remat."""
+    import os
+    import sys
+
+    from mlsys_jax.remat.planner.frontier import Frontier
+
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    sys.path.insert(0, examples)
+    try:
+        import shipped_nets
+        nets = ("equinox_vit",) if quick else ("keras_mobilenet_v2", "equinox_vit")
+        figures, notes = {}, []
+        for name in nets:
+            with jax.enable_x64(False):
+                t0 = time.perf_counter()
+                fr = Frontier(*getattr(shipped_nets, name)(), repeats=3, timing_budget_s=5.0)
+                least = fr.plan("min")
+                seconds = time.perf_counter() - t0
+            prob, base = fr.problem, fr.no_remat.compiled_temp_bytes
+            rel = fr.program(least).grads_max_rel_diff
+            figures[name] = {
+                "min_over_store_all_predicted_ratio": prob.min_budget_bytes / prob.store_all_bytes,
+                "least_over_no_remat_temp_ratio": least.compiled_temp_bytes / base,
+                "least_step_time_ratio": fr.step_time_ratio(least),
+                "least_grads_max_rel_diff": rel}
+            notes.append(f"{name} ({fr.graph.n_eqns} equations): predicted minimum "
+                         f"{prob.min_budget_bytes} B of store-all's {prob.store_all_bytes} B; "
+                         f"the least-memory plan ({len(least.recomputed)} recomputed, "
+                         f"{least.pin} pinned) compiles to {least.compiled_temp_bytes} B of no "
+                         f"remat's {base} B; {len(fr.measured)} programs compiled, "
+                         f"{seconds:.0f} s in all")
+    finally:
+        sys.path.remove(examples)
+    return figures, notes
+
+
 def run(quick: bool = False) -> dict:
     figures, notes = _chain_figures(64, 64 if quick else 256, 32 if quick else 128,
                                     5 if quick else 11)
@@ -143,6 +181,7 @@ def run(quick: bool = False) -> dict:
     for part, args in ((_planner_scale, (500 if quick else 5000,)),
                        (_versus_builtins, ("flax_mlp" if quick else "flax_transformer",
                                            5 if quick else 9)),
+                       (_least_on_shipped, (quick,)),
                        (gpt2_figures, (quick,))):
         more, more_notes = part(*args)
         figures.update(more)
