@@ -10,16 +10,9 @@ from mlsys_jax import timing
 from mlsys_jax.remat.milp import plan_key
 from mlsys_jax.remat.planner.frontier import MAX_PROBES, Frontier
 from mlsys_jax.remat.planner.policies import verdict
+from tests.remat_cases import labelled_loss
 
 pytest.importorskip("scipy")
-
-
-def labelled_loss(ws, batch):
-    h = batch["x"]
-    for i in range(ws.shape[0]):
-        h = h + jnp.tanh(h @ ws[i, 0]) * jax.nn.sigmoid(h @ ws[i, 1])
-    logp = jax.nn.log_softmax(h)
-    return -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], axis=1))
 
 
 def _frontier():

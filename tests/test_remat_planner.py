@@ -11,18 +11,9 @@ from mlsys_jax.remat import apply, measure
 from mlsys_jax.remat.planner.budget import parse_budget
 from mlsys_jax.remat.planner.frontier import Frontier
 from mlsys_jax.remat.planner.segments import HEURISTIC, problem
+from tests.remat_cases import labelled_loss
 
 pytest.importorskip("scipy")
-
-
-def labelled_loss(ws, batch):
-    """The gated residual MLP with a cross-entropy on integer labels and a boolean mask."""
-    h = batch["x"]
-    for i in range(ws.shape[0]):
-        h = h + jnp.tanh(h @ ws[i, 0]) * jax.nn.sigmoid(h @ ws[i, 1])
-    logp = jax.nn.log_softmax(h)
-    picked = jnp.take_along_axis(logp, batch["y"][:, None], axis=1)[:, 0]
-    return -jnp.sum(jnp.where(batch["mask"], picked, 0.0)) / jnp.sum(batch["mask"])
 
 
 @pytest.fixture(scope="module")
