@@ -89,8 +89,9 @@ def markdown(report: dict, names: list[str]) -> str:
            f"{m['python']}, jax {m['jax']}, {m['platform']} ({m['device_kind']} ×{m['devices']} "
            f"simulated devices); {report['seconds']} s in all.", "",
            "Every figure is a ratio measured side by side in one run (median of repeats after "
-           "warm-up, [min–max] or the named percentiles over paired rounds) or carries its unit. The machine is shared, so "
-           "absolute times vary from run to run; the ratios are what the issues' targets speak of.",
+           "warm-up, [min–max] or the named percentiles over paired rounds) or carries its unit. "
+           "The machine is shared, so absolute times vary from run to run; targets are stated "
+           "as ratios.",
            ""]
     for name, res in report["benchmarks"].items():
         flat: dict = {}

@@ -97,39 +97,30 @@ def parameter_count(variables) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(variables))
 
 
-def _inspect(config):
+def inspect(config: Config = GPT2_SMALL):
+    """``(f, args)``: the forward pass on the example tokens."""
     model, variables, batch = setup(config)
     return model.apply, (variables, batch["tokens"])
 
 
-def _loss(config):
+def loss(config: Config = GPT2_SMALL):
+    """``(loss_fn, params, batch)``: mean next-token cross-entropy."""
     model, variables, batch = setup(config)
     return loss_of(model), variables, batch
 
 
-def _train(config):
-    return (*_loss(config), optax.adamw(1e-4))
-
-
-def inspect():
-    return _inspect(GPT2_SMALL)
-
-
-def loss():
-    return _loss(GPT2_SMALL)
-
-
-def train():
-    return _train(GPT2_SMALL)
+def train(config: Config = GPT2_SMALL):
+    """``(loss_fn, params, batch, optimizer)`` with AdamW."""
+    return (*loss(config), optax.adamw(1e-4))
 
 
 def inspect_tiny():
-    return _inspect(TINY)
+    return inspect(TINY)
 
 
 def loss_tiny():
-    return _loss(TINY)
+    return loss(TINY)
 
 
 def train_tiny():
-    return _train(TINY)
+    return train(TINY)

@@ -17,7 +17,7 @@ from mlsys_jax import models
 def f32(a) -> jax.Array:
     """A float32 device array from host data, cast on the host and transferred with device_put:
     a device-side cast (float64 → float32 under x64), and jnp.asarray itself in JAX 0.10, compile
-    a program per shape (~0.1 s each on this shared machine)."""
+    a program per shape (docs/jax-notes.md, "Dispatch")."""
     return jax.device_put(np.asarray(a, dtype=np.float32))
 
 
@@ -33,8 +33,8 @@ def f64(a) -> jax.Array:
 
 def normal(rng, shape, scale=1.0) -> jax.Array:
     """float32 normal draws × ``scale`` from a NumPy generator."""
-    # NumPy draws, not jax.random: each jax.random shape compiles a program (1–4 s on this
-    # shared 2-core machine), which would dominate a ~5 s experiment.
+    # NumPy draws, not jax.random: each jax.random shape compiles a program, which would
+    # dominate an experiment's time (docs/jax-notes.md, "Dispatch").
     return f32(rng.standard_normal(shape) * scale)
 
 
