@@ -12,7 +12,10 @@ compiled temp bytes and FLOPs, and paired step time ratios to no remat, timed si
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 
 import jax
@@ -91,34 +94,37 @@ def _planner_scale(values: int) -> tuple[dict, list[str]]:
     return figures, notes
 
 
-def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
-    """The planner's compiled frontier against jax.checkpoint(loss, policy) for each built-in."""
-    import os
-    import sys
-
-    from mlsys_jax.remat.planner.frontier import LADDER, Frontier
-    from mlsys_jax.remat.planner.policies import versus_policies
-
+@contextlib.contextmanager
+def _examples_on_path():
+    """``examples/`` importable (its factories are modules of that folder, not a package)."""
     examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
     sys.path.insert(0, examples)
     try:
-        module = __import__(module_name)
-        with jax.enable_x64(False):
-            t0 = time.perf_counter()
-            frontier = Frontier(*module.loss(), ladder=LADDER)
-            build = time.perf_counter() - t0
-            versus = versus_policies(frontier, repeats=repeats)
+        yield
     finally:
         sys.path.remove(examples)
+
+
+def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
+    """The planner's compiled frontier against jax.checkpoint(loss, policy) for each built-in."""
+    from mlsys_jax.remat.planner.frontier import LADDER, Frontier
+    from mlsys_jax.remat.planner.policies import versus_policies
+
+    with _examples_on_path(), jax.enable_x64(False):
+        module = __import__(module_name)
+        t0 = time.perf_counter()
+        frontier = Frontier(*module.loss(), ladder=LADDER)
+        build = time.perf_counter() - t0
+        versus = versus_policies(frontier, repeats=repeats)
     figures = {}
     for m in versus["matched"]:
         figures[f"{module_name}.{m['policy']}"] = {
             k: m[k] for k in ("policy_temp_bytes", "policy_flops", "policy_step_time_ratio",
                               "plan_temp_bytes", "plan_flops", "plan_step_time_ratio",
                               "plan_over_policy_step_time_ratio", "not_dominated")}
-    figures[f"{module_name}.frontier"] = [
-        {k: q[k] for k in ("compiled_temp_bytes", "compiled_flops", "step_time_ratio")}
-        for q in versus["frontier"]]
+    figures[f"{module_name}.frontier"] = [      # the timed frontier: none larger and slower
+        {"compiled_temp_bytes": p.compiled_temp_bytes, "compiled_flops": p.compiled_flops,
+         "step_time_ratio": frontier.step_time_ratio(p)} for p in frontier.points]
     notes = [f"{module_name}: {len(frontier.measured)} plans compiled in {build:.0f} s, "
              f"{len(frontier.points)} on the timed frontier (compiled temp bytes, measured step "
              f"time); policies as jax.checkpoint(loss_fn, policy=...), timed in the same rounds; "
@@ -132,38 +138,30 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
 def _least_on_shipped(quick: bool) -> tuple[dict, list[str]]:
     """`--budget min` on third-party nets as shipped (examples/shipped_nets.py): the planner's
     minimum against store-all, and the least-memory plan compiled beside no remat."""
-    import os
-    import sys
-
     from mlsys_jax.remat.planner.frontier import Frontier
 
-    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-    sys.path.insert(0, examples)
-    try:
+    figures, notes = {}, []
+    with _examples_on_path():
         import shipped_nets
-        nets = ("equinox_vit",) if quick else ("keras_mobilenet_v2", "equinox_vit")
-        figures, notes = {}, []
-        for name in nets:
-            with jax.enable_x64(False):
-                t0 = time.perf_counter()
-                fr = Frontier(*getattr(shipped_nets, name)(), repeats=3, timing_budget_s=5.0)
-                least = fr.plan("min")
-                seconds = time.perf_counter() - t0
-            prob, base = fr.problem, fr.no_remat.compiled_temp_bytes
-            rel = fr.program(least).grads_max_rel_diff
-            figures[name] = {
-                "min_over_store_all_predicted_ratio": prob.min_budget_bytes / prob.store_all_bytes,
-                "least_over_no_remat_temp_ratio": least.compiled_temp_bytes / base,
-                "least_step_time_ratio": fr.step_time_ratio(least),
-                "least_grads_max_rel_diff": rel}
-            notes.append(f"{name} ({fr.graph.n_eqns} equations): predicted minimum "
-                         f"{prob.min_budget_bytes} B of store-all's {prob.store_all_bytes} B; "
-                         f"the least-memory plan ({len(least.recomputed)} recomputed, "
-                         f"{least.pin} pinned) compiles to {least.compiled_temp_bytes} B of no "
-                         f"remat's {base} B; {len(fr.measured)} programs compiled, "
-                         f"{seconds:.0f} s in all")
-    finally:
-        sys.path.remove(examples)
+    for name in ("equinox_vit",) if quick else ("keras_mobilenet_v2", "equinox_vit"):
+        with jax.enable_x64(False):
+            t0 = time.perf_counter()
+            fr = Frontier(*getattr(shipped_nets, name)(), repeats=3, timing_budget_s=5.0)
+            least = fr.plan("min")
+            seconds = time.perf_counter() - t0
+        prob, base = fr.problem, fr.no_remat.compiled_temp_bytes
+        rel = fr.program(least).grads_max_rel_diff
+        figures[name] = {
+            "min_over_store_all_predicted_ratio": prob.min_budget_bytes / prob.store_all_bytes,
+            "least_over_no_remat_temp_ratio": least.compiled_temp_bytes / base,
+            "least_step_time_ratio": fr.step_time_ratio(least),
+            "least_grads_max_rel_diff": rel}
+        notes.append(f"{name} ({fr.graph.n_eqns} equations): predicted minimum "
+                     f"{prob.min_budget_bytes} B of store-all's {prob.store_all_bytes} B; "
+                     f"the least-memory plan ({len(least.recomputed)} recomputed, "
+                     f"{least.pin} pinned) compiles to {least.compiled_temp_bytes} B of no "
+                     f"remat's {base} B; {len(fr.measured)} programs compiled, "
+                     f"{seconds:.0f} s in all")
     return figures, notes
 
 

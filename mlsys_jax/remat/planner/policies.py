@@ -59,8 +59,9 @@ def compare_policies(frontier: Frontier, built: dict, times: dict, plans) -> dic
     """The policies ``built`` (name -> Program) beside the fastest of ``plans`` within each one's
     compiled temp bytes, from one timing session's ``times`` (label -> Timing).
 
-    Returns ``{"policies": [...], "frontier": [...], "matched": [...]}`` with compiled temp
-    bytes, compiled FLOPs and step time ratios (to no remat, paired) for every program.
+    Returns ``{"policies": [...], "plans": [...], "matched": [...]}`` with compiled temp bytes,
+    compiled FLOPs and step time ratios (to no remat, paired) for every program (``plans``: each
+    of ``plans``, dominated ones included; ``Frontier.points`` is the frontier).
     """
     base = times[frontier.programs.reference.label]
     policies = [{"name": name, "compiled_temp_bytes": prog.temp_bytes,
@@ -86,4 +87,4 @@ def compare_policies(frontier: Frontier, built: dict, times: dict, plans) -> dic
             "plan_over_policy_step_time_ratio": ratio and ratio.median,
             "plan_recomputed": q and len(q["plan"].recomputed),
             "not_dominated": ok, "why": why})
-    return {"policies": policies, "frontier": points, "matched": matched}
+    return {"policies": policies, "plans": points, "matched": matched}

@@ -6,9 +6,10 @@ module and compiles it only if no program with the same module was compiled alre
 policies can be one program: ``checkpoint_dots`` is ``dots_saveable``). The reference's first
 call warms the process up and keeps its gradients; ``time`` measures step times side by side:
 interleaved rounds in a shuffled order, every program as often per round, as paired ratios to the
-reference (``timing.compare``, ``timing.ratio``). A program's first timed result is compared with
-the reference's gradients right away and dropped, so no second set of gradients is kept (at GPT-2
-size a set is 0.5 GB) and no call is spent on a separate warm-up.
+reference (``timing.compare``, ``timing.ratio``). Each program runs once untimed first (a cold
+first call would count against it beside the warmed reference); its first timed result is
+compared with the reference's gradients right away and dropped, so no second set of gradients is
+held beside the steps' buffers.
 Rounds are as many as fit a time budget (at least two, so there is a spread; at most
 ``repeats``): at GPT-2 size on 2 cores one step takes longer than its compile.
 """
@@ -133,26 +134,26 @@ class Programs:
              ) -> tuple[dict, dict]:
         """Time ``progs`` and the reference side by side. Returns (label -> step time over the
         reference's, paired: ``timing.Ratio``; label -> ``timing.Timing``), with as many rounds
-        as fit ``budget_s`` (2 ≤ rounds ≤ ``repeats``; one if ``repeats`` is 1). A program's first
-        timed batch is also its gradient check."""
+        as fit ``budget_s`` (2 ≤ rounds ≤ ``repeats``; one if ``repeats`` is 1), after one
+        untimed call each. A program's first timed batch is also its gradient check."""
         progs = [self.reference] + [p for p in progs if p is not self.reference]
         distinct = list({id(p.executable): p for p in progs}.values())
-        self.progress.stage(f"timing {len(distinct)} programs side by side (their first calls "
-                            "also check the gradients against no remat's)")
+        self.progress.stage(f"timing {len(distinct)} programs side by side (their first timed "
+                            "calls also check the gradients against no remat's)")
         step_s = self.run_reference()            # an estimate for every program (a first call)
         number = max(1, math.ceil(MIN_ROUND_S / max(step_s, 1e-9)))
         round_s = number * step_s * len(distinct)
         best_of = BEST_OF if round_s * BEST_OF * 2 <= budget_s else 1
         rounds = int(min(repeats, max(2, budget_s // (round_s * best_of)))) if repeats > 1 else 1
-        self.progress.item(1, 1, f"{rounds} interleaved rounds, about "
-                                 f"{rounds * round_s * best_of:.0f} s")
+        self.progress.item(1, 1, f"a warm-up call each, then {rounds} interleaved rounds, "
+                                 f"about {(1 + rounds * best_of) * round_s:.0f} s")
         args, by_label = self.args, {p.label: p for p in distinct}
 
         def first(label, grads):
             if by_label[label] is not self.reference:
                 self.check(by_label[label], grads)
         fns = {p.label: (lambda e=p.executable: e(*args)) for p in distinct}
-        times = timing.compare(fns, repeats=rounds, warmup=0, best_of=best_of,
+        times = timing.compare(fns, repeats=rounds, warmup=1, best_of=best_of,
                                number={label: number for label in fns}, shuffle=True,
                                first_result=first)
         for p in progs:                          # programs that are another's module
