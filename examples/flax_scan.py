@@ -62,7 +62,7 @@ def train():
 
 def scheduled(schedule):
     """The loss of ``loss()`` with the 16 blocks run by ``remat.chain(schedule, block)``."""
-    from mlsys_jax.remat.stack import chain
+    from mlsys_jax.remat import chain
 
     model, variables, batch = _setup()
     block = Block(model.hidden)

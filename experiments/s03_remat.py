@@ -83,7 +83,7 @@ def schedule_rows(n: int, ks, x, ws, use_jax: bool) -> tuple[list[dict], dict]:
 
 
 def _jax_columns(sched, x, ws, cache: dict, numpy_grads) -> dict:
-    from mlsys_jax.remat.jax_exec import run_jax
+    from mlsys_jax.remat.chain.jax_exec import run_jax
 
     key = sched.jax_plan
     if key not in cache:
@@ -98,7 +98,7 @@ def _jax_columns(sched, x, ws, cache: dict, numpy_grads) -> dict:
 
 def jax_input_only_row(n: int, cfg) -> dict:
     """Input-only in JAX on a short chain: layer_N ∘ remat(layer_{N-1} ∘ remat(…))."""
-    from mlsys_jax.remat.jax_exec import run_jax
+    from mlsys_jax.remat.chain.jax_exec import run_jax
 
     x, ws = chain_inputs(n, cfg["width"], cfg["batch"], cfg["seed"])
     io, base = run_jax(input_only(n), x, ws), run_jax(store_all(n), x, ws)

@@ -97,14 +97,17 @@ def percentile(values, p: float) -> float:
         ordered[i] + (ordered[i + 1] - ordered[i]) * (at - i)
 
 
-def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter
-         ) -> float:
+def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter,
+         keep: list | None = None) -> float:
     out = None
     t0 = clock()
     for _ in range(number):
         out = fn()
     jax.block_until_ready(out)
-    return clock() - t0
+    elapsed = clock() - t0
+    if keep is not None:
+        keep.append(out)
+    return elapsed
 
 
 def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
@@ -129,7 +132,8 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
 def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 2,
             number: int | Mapping[str, int] | None = None, min_time_s: float = 5e-3,
             max_number: int = 10_000, shuffle: bool = False, best_of: int = 1,
-            clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+            clock: Callable[[], float] = time.perf_counter,
+            first_result: Callable[[str, Any], None] | None = None) -> dict[str, Timing]:
     """Time zero-argument callables side by side; returns seconds per call for each.
 
     Each callable first runs ``warmup`` times (compilation, caches), then ``repeats`` rounds run
@@ -144,6 +148,9 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
     stretch by descheduling it. ``best_of``: each round runs every callable's batch that many
     times, interleaved, and keeps each one's fastest batch — another job only ever makes a batch
     slower, so the round's ratios measure the code, not the moment (as ``timeit`` advises).
+    ``first_result(name, result)`` is called with each callable's first result once its first
+    timed batch has been measured (outside the timing), e.g. to check values without spending a
+    separate warm-up call on it.
     """
     if repeats < 1 or warmup < 0 or best_of < 1:
         raise MlsysError(f"timing.compare: repeats and best_of must be ≥ 1 and warmup ≥ 0, got "
@@ -158,14 +165,18 @@ def compare(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 7, warmup: i
         given = number.get(name) if isinstance(number, Mapping) else number
         numbers[name] = given or _calibrate(fn, min_time_s, max_number, warm, clock)
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    order, rng = list(fns.items()), random.Random(0)
+    order, rng, seen = list(fns.items()), random.Random(0), set()
     for _ in range(repeats):
         best = {name: math.inf for name in fns}
         for _ in range(best_of):
             if shuffle:
                 rng.shuffle(order)
             for name, fn in order:
-                best[name] = min(best[name], _run(fn, numbers[name], clock) / numbers[name])
+                keep = [] if first_result is not None and name not in seen else None
+                best[name] = min(best[name], _run(fn, numbers[name], clock, keep) / numbers[name])
+                if keep:
+                    seen.add(name)
+                    first_result(name, keep.pop())
         for name in fns:
             samples[name].append(best[name])
     return {name: Timing(statistics.median(s), min(s), max(s), repeats, numbers[name], tuple(s))

@@ -27,11 +27,17 @@ USER_FILE = textwrap.dedent("""
         return _loss, _params(), _batch()
     def pair():
         return _loss, _params()
+    def train():
+        import optax
+        return _loss, _params(), _batch(), optax.adam(1e-3)
     def int_leaf():
         return _loss, dict(_params(), steps=jnp.arange(3)), _batch()
     def raises():
         raise RuntimeError("no data here")
 """)
+
+
+PROGRESS = re.compile(r"mlsys-jax remat: \[ *\d+\.\d s\] .+")
 
 
 @pytest.fixture
@@ -54,7 +60,8 @@ def test_json_has_exactly_the_documented_keys(user_file, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fn, budget, message", [
-    ("pair", "50%", r"must return \(loss_fn, params, batch\); got a tuple of 2"),
+    ("pair", "50%", r"must return \(loss_fn, params, batch\[, optimizer\[, rules\]\]\); got "
+                    r"a tuple of 2"),
     ("int_leaf", "50%", r"parameter leaf params\['steps'\] is int32\[3\]"),
     ("raises", "50%", r"factory .*:raises failed: RuntimeError: no data here"),
     ("loss", "12x", "budget must be a positive byte count"),
@@ -62,6 +69,43 @@ def test_json_has_exactly_the_documented_keys(user_file, capsys):
 ])
 def test_bad_input_is_one_line(user_file, capsys, fn, budget, message):
     assert cli.main(["remat", f"{user_file}:{fn}", "--budget", budget, "--repeats", "1"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("mlsys-jax: error: ")
-    assert re.search(message, err), err
+    *progress, err = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("mlsys-jax: error: ") and re.search(message, err), err
+    assert all(PROGRESS.fullmatch(line) for line in progress), progress   # the work done before
+
+
+@pytest.mark.parametrize("budget, why", [("inf", "not a finite number"),
+                                         ("inf%", "not a finite number"),
+                                         ("NaN", "not a finite number"), ("-5", "negative"),
+                                         ("-1%", "negative")])
+def test_budgets_that_mean_nothing_are_one_line(user_file, capsys, budget, why):
+    assert cli.main(["remat", f"{user_file}:loss", f"--budget={budget}"]) == 2
+    err = capsys.readouterr().err.strip()           # refused before any work: no progress
+    assert len(err.splitlines()) == 1 and err.startswith("mlsys-jax: error: budget must be")
+    assert why in err
+
+
+@pytest.mark.slow
+def test_the_shard_factory_with_progress_a_note_and_json_only_on_stdout(user_file, capfd):
+    assert cli.main(["remat", f"{user_file}:train", "--budget", "100%", "--json",
+                     "--no-policies", "--repeats", "1"]) == 0
+    out, err = capfd.readouterr()
+    assert list(json.loads(out)) == list(JSON_KEYS) and json.loads(out)["policies"] == []
+    lines = err.splitlines()
+    first = re.fullmatch(r"mlsys-jax remat: \[ *(\d+\.\d) s\] loading .*", lines[0])
+    assert first and float(first.group(1)) < 5          # printed before the factory runs: ~0.0 s
+    assert any("optimizer is ignored" in ln for ln in lines)
+    assert any("compiling no remat" in ln for ln in lines)
+
+
+@pytest.mark.slow
+def test_min_zero_and_zero_percent_ask_for_the_least(user_file, capfd):
+    outs = []
+    for budget in ("min", "0", "0%"):
+        assert cli.main(["remat", f"{user_file}:loss", "--budget", budget, "--json", "--quiet",
+                         "--no-policies", "--repeats", "1"]) == 0
+        out, err = capfd.readouterr()
+        assert err == ""                                   # --quiet: no progress
+        outs.append(json.loads(out))
+    assert outs[0]["budget_bytes"] == outs[0]["compiled_temp_bytes"]    # the least, reported
+    assert all(o["compiled_temp_bytes"] == outs[0]["compiled_temp_bytes"] for o in outs)

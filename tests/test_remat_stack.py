@@ -6,7 +6,7 @@ import pytest
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import every_k, optimal_chain, sqrt_n, store_all
-from mlsys_jax.remat.stack import chain
+from mlsys_jax.remat.chain.stack import chain
 
 WIDTHS = (16, 32, 32, 16, 16, 32, 16)          # a list of 6 layers of different shapes
 

@@ -72,3 +72,17 @@ def test_shuffled_rounds_run_every_callable_once_per_round_in_changing_orders():
     rounds = [tuple(seen[i:i + 3]) for i in range(0, 90, 3)]
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds) and len(set(rounds)) > 1
     assert all(len(x.samples) == 30 for x in t.values())
+
+
+def test_first_results_are_handed_over_once_each_outside_the_timing():
+    calls, handed = {"a": 0, "b": 0}, []
+
+    def make(name):
+        def fn():
+            calls[name] += 1
+            return (name, calls[name])
+        return fn
+    timing.compare({n: make(n) for n in "ab"}, repeats=3, warmup=0, number=2,
+                   first_result=lambda name, out: handed.append((name, out)))
+    assert sorted(handed) == [("a", ("a", 2)), ("b", ("b", 2))]     # the first batch's last call
+    assert calls == {"a": 6, "b": 6}                                 # no extra call for it

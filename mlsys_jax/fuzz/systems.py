@@ -14,7 +14,7 @@ import numpy as np
 def remat_case(seed: int) -> list:
     """Failures (strings) of one random remat case; [] when it holds."""
     from mlsys_jax.remat import chain_inputs, every_k, run_reference, store_all
-    from mlsys_jax.remat.jax_exec import run_jax
+    from mlsys_jax.remat.chain.jax_exec import run_jax
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 9))

@@ -1,23 +1,27 @@
 """Rematerialization (lecture §7.2): schedules as data, executors, planners that survive XLA.
 
-``schedule``: store_all / every_k / sqrt_n / input_only as action programs; ``reference``: the
-NumPy executor that counts; ``jax_exec``: the same schedules through jax.checkpoint, measured;
-``optimal``: the budgeted chain DP (Revolve/rotor style); ``stack``: any schedule on a user's
-layer stack (a list of layers, or one layer scanned over stacked parameters); ``planner``: the
-segmented MILP over a user's loss (scipy's HiGHS, the ``solver`` extra); ``frontier``: plans
-chosen on the compiled program (``plan``), ``compiled``: ``apply`` and ``measure``; ``policies``:
-JAX's built-in policies beside the planner; ``two_stage``: the residual MILP of experiment 03.
+Three sub-systems share one MILP and one ``Plan`` (``milp``):
+
+* ``chain/`` — the lecture's N-layer chain: schedules as action programs (``schedule``: store_all,
+  every_k, sqrt_n, input_only), the budgeted chain DP (``optimal``, Revolve/rotor style), the NumPy
+  reference executor that counts (``reference``), the same schedules through ``jax.checkpoint``
+  (``jax_exec``) and on a user's layer stack (``stack``: a list of layers, or one layer scanned
+  over stacked parameters);
+* ``two_stage`` — experiment 03's view: each value saved or recomputed once, applied with
+  ``jax.checkpoint``'s names policy and checked against JAX's own residuals;
+* ``planner/`` — plans for a user's loss that survive XLA: the loss as flat arrays (``flat``) and
+  as a recomputation graph (``graph``), the MILP over segments (``segments``), plans applied as
+  pinned ``custom_vjp`` segments (``apply``, with ``xla_remat``), compiled and measured
+  (``measure``), chosen on the compiled frontier (``frontier``) beside JAX's built-in policies
+  (``policies``).
 """
-from mlsys_jax.remat.compiled import apply, measure
-from mlsys_jax.remat.frontier import Frontier, plan
-from mlsys_jax.remat.optimal import optimal_chain, revolve_advances, solve_chain
-from mlsys_jax.remat.planner import Plan
-from mlsys_jax.remat.reference import ReferenceRun, chain_inputs, run_reference
-from mlsys_jax.remat.schedule import (Counts, Schedule, every_k, input_only, plan_length,
-                                      sqrt_n, store_all)
-from mlsys_jax.remat.stack import chain
+from mlsys_jax.remat.chain import (Counts, ReferenceRun, Schedule, chain, chain_inputs, every_k,
+                                   input_only, optimal_chain, plan_length, revolve_advances,
+                                   run_jax, run_reference, solve_chain, sqrt_n, store_all)
+from mlsys_jax.remat.milp import Plan
+from mlsys_jax.remat.planner import Frontier, apply, measure, plan
 
 __all__ = ["Counts", "Schedule", "every_k", "input_only", "plan_length", "sqrt_n", "store_all",
-           "ReferenceRun", "chain_inputs", "run_reference",
+           "ReferenceRun", "chain_inputs", "run_reference", "run_jax",
            "optimal_chain", "revolve_advances", "solve_chain",
            "Frontier", "Plan", "apply", "chain", "measure", "plan"]

@@ -3,12 +3,12 @@
 This is the lecture's two-stage view, checked by JAX's own residual count. It does not change
 the compiled program on XLA:CPU (the recomputation of one whole-function ``jax.checkpoint`` is
 merged back into the forward); plans for users' models that survive the compiler are
-``planner`` (segments) and ``frontier`` (chosen on compiled temp bytes).
+``planner`` (segments, chosen on the compiled program).
 
 Checkmate (Jain et al. 2020) decides, per stage, which values to recompute, store or free. JAX's
 mechanism — ``jax.checkpoint`` with ``save_only_these_names`` — can express one decision per
 value: *save it* for the backward, or *recompute it* (once, from saved values and the arguments)
-before the backward. The MILP here is Checkmate's formulation reduced to those two stages:
+before the backward. That is the MILP of ``milp`` with one stage whose units are the values:
 
     minimise   Σ_v (flops_v + 1)·r_v  (+ a tie-break of < 1 for saved bytes)
     subject to s_u + r_u ≥ 1                 every value u the backward reads (JAX's residuals)
@@ -31,23 +31,9 @@ import numpy as np
 from mlsys_jax import cost, ir
 from mlsys_jax.compat import DropVar, Literal, bind_equation, saved_residuals
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.remat.milp import Plan, StagedMILP, solver
 
 _PREFIX = "remat_v"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A MILP plan: which named values are saved, which recomputed, and what it predicts."""
-
-    budget_bytes: int
-    saved: tuple[str, ...]
-    recomputed: tuple[str, ...]
-    predicted_peak_bytes: int      # arguments + saved values, held from forward to backward
-    recompute_flops: int
-    min_budget_bytes: int          # arguments only: everything else recomputed
-    store_all_bytes: int           # what JAX keeps without remat
-    n_values: int
-    solve_seconds: float
 
 
 def _check_differentiable(fn, args) -> "ir.Traced":
@@ -95,28 +81,22 @@ def _residuals(fn, args) -> tuple[dict[str, int], int, int]:
     return named, arg_bytes, other
 
 
-def milp_solver():
-    try:
-        from scipy import sparse
-        from scipy.optimize import Bounds, LinearConstraint, milp
-    except ImportError:
-        raise MlsysError("plan: scipy is not installed; the MILP planner needs the 'solver' extra "
-                         "(pip install -e '.[solver]')") from None
-    return sparse, Bounds, LinearConstraint, milp
-
-
 @dataclass(frozen=True)
-class Problem:
-    """The MILP's data for one function: values, FLOPs, bytes, constraints (budget left open)."""
+class ResidualProblem:
+    """The MILP of one function: its named values and JAX's residuals as one stage (``milp``)."""
 
     names: tuple[str, ...]
-    flops: np.ndarray
-    nbytes: np.ndarray
-    matrix: object                 # sparse constraint rows over (s, r); the budget row is last
-    lo: np.ndarray
-    hi: np.ndarray
+    milp: StagedMILP               # items and units are the values; offset: the arguments
     arg_bytes: int
     store_all_bytes: int
+
+    @property
+    def flops(self) -> np.ndarray:
+        return self.milp.unit_flops
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        return self.milp.item_bytes
 
     def solve(self, budget_bytes: int) -> Plan:
         """The plan minimising recompute FLOPs with at most ``budget_bytes`` held for backward."""
@@ -124,27 +104,22 @@ class Problem:
             raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
                              f"{self.arg_bytes} bytes (the arguments the backward reads, every "
                              f"other value recomputed); raise the budget to at least {self.arg_bytes}")
-        _, Bounds, LinearConstraint, milp = milp_solver()
-        n = len(self.names)
-        hi = self.hi.copy()
-        hi[-1] = budget_bytes - self.arg_bytes
-        tie = 0.5 * self.nbytes / max(self.nbytes.sum(), 1.0)   # < 1: never worth a recompute
         t0 = time.perf_counter()
-        res = milp(np.concatenate([tie, self.flops + 1.0]), integrality=np.ones(2 * n),
-                   constraints=LinearConstraint(self.matrix, self.lo, hi), bounds=Bounds(0, 1))
+        sol = self.milp.solve(budget_bytes)
         seconds = time.perf_counter() - t0
-        if res.x is None:
-            raise MlsysError(f"plan: no plan within {budget_bytes} bytes ({res.message})")
-        s, r = res.x[:n] > 0.5, res.x[n:] > 0.5
-        return Plan(int(budget_bytes), tuple(np.asarray(self.names)[s]),
-                    tuple(np.asarray(self.names)[r]), int(self.arg_bytes + self.nbytes[s].sum()),
-                    int(self.flops[r].sum()), int(self.arg_bytes), int(self.store_all_bytes), n,
-                    seconds)
+        if not sol.found:
+            raise MlsysError(f"plan: no plan within {budget_bytes} bytes (HiGHS status "
+                             f"{sol.status})")
+        s, r, names = sol.s, sol.r, np.asarray(self.names)
+        return Plan(int(budget_bytes), (0,), tuple(names[s]), tuple(names[r]),
+                    int(self.arg_bytes + self.nbytes[s].sum()), int(self.flops[r].sum()),
+                    int(self.arg_bytes), int(self.store_all_bytes), len(self.names), seconds,
+                    optimality_gap=sol.gap, pin=None)
 
 
-def problem(fn, *args) -> Problem:
+def problem(fn, *args) -> ResidualProblem:
     """Trace ``fn``, find the values its backward reads, and build the MILP (budget left open)."""
-    sparse = milp_solver()[0]
+    solver()                                         # a missing scipy fails before any work
     traced = _check_differentiable(fn, args)
     closed = traced.closed
     named_fn = _named(closed)
@@ -163,24 +138,14 @@ def problem(fn, *args) -> Problem:
     n = len(values)
     flops = np.array([cost.eqn_cost(e).flops for _, e, _ in values], dtype=np.float64)
     nbytes = np.array([ir.aval_bytes(v.aval) for _, _, v in values], dtype=np.float64)
-    # columns: s_0..s_{n-1} (save), r_0..r_{n-1} (recompute)
-    ri, ci, val, lo, hi = [], [], [], [], []
-
-    def add_row(entries, low, high):
-        row = len(lo)
-        for col, coef in entries:
-            ri.append(row), ci.append(col), val.append(coef)
-        lo.append(low), hi.append(high)
-
-    for k, (name, eqn, _) in enumerate(values):
-        if name in residuals:                                   # s_u + r_u >= 1
-            add_row([(k, 1), (n + k, 1)], 1, np.inf)
-        for w in {w for w in eqn.invars if not isinstance(w, Literal) and w in producer}:
-            add_row([(n + k, 1), (producer[w], -1), (n + producer[w], -1)], -np.inf, 0)
-    add_row([(k, nbytes[k]) for k in range(n)], 0, np.inf)     # saved bytes (budget set in solve)
-    matrix = sparse.csr_array((val, (ri, ci)), shape=(len(lo), 2 * n))
-    return Problem(tuple(name for name, _, _ in values), flops, nbytes, matrix, np.array(lo),
-                   np.array(hi, dtype=np.float64), int(arg_bytes), int(store_all))
+    covers = tuple((k, k) for k, (name, _, _) in enumerate(values) if name in residuals)
+    needs = tuple((k, producer[w], producer[w]) for k, (_, eqn, _) in enumerate(values)
+                  for w in {w for w in eqn.invars if not isinstance(w, Literal) and w in producer})
+    one_stage = np.zeros(n, dtype=np.int64)
+    model = StagedMILP(nbytes, one_stage, np.zeros(n, bool), flops, np.zeros(n), one_stage,
+                       covers, needs, offset_bytes=float(arg_bytes))
+    return ResidualProblem(tuple(name for name, _, _ in values), model, int(arg_bytes),
+                           int(store_all))
 
 
 def plan(fn, *args, budget_bytes: int) -> Plan:

@@ -19,7 +19,7 @@ import jax
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import xla_remat
-from mlsys_jax.remat.schedule import Schedule, plan_length
+from mlsys_jax.remat.chain.schedule import Schedule, plan_length
 
 
 def _rows(params, start: int, stop: int):

@@ -1,4 +1,4 @@
-"""A plan applied to a user's loss, and what the compiled gradient really does (lecture §7.2).
+"""A plan applied to a user's loss: its segments as pinned ``custom_vjp``s (lecture §7.2).
 
 ``apply`` evaluates the loss's jaxpr segment by segment. A segment without recomputation is plain
 JAX code (JAX keeps its residuals, as without remat). A segment with recomputation is one
@@ -7,27 +7,18 @@ values and JVP intermediates; its backward re-runs the plan's recomputed equatio
 ``xla_remat.pinned`` so XLA neither merges them with the forward nor runs them early (the plan's
 ``pin`` says whether the pullbacks run inside the pin too) — then runs each equation's pullback
 in reverse order. A plan without recomputation returns the user's function.
-``measure`` compiles ``jax.grad`` with respect to the parameters only and reads the compiler's own
-figures: ``memory_analysis().temp_size_in_bytes`` and ``cost_analysis()['flops']``.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mlsys_jax.compat import DropVar, Literal, bind_equation
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.flat import FlatLoss, flatten_loss
-from mlsys_jax.remat.graph import LossGraph, eqn_vjp, loss_graph
-from mlsys_jax.remat.planner import Plan
+from mlsys_jax.remat.milp import Plan
+from mlsys_jax.remat.planner.flat import flatten_loss
+from mlsys_jax.remat.planner.graph import LossGraph, loss_graph
 from mlsys_jax.remat.xla_remat import pinned
-
-
-def _zero_cotangent(aval):
-    if jnp.issubdtype(aval.dtype, jnp.inexact):
-        return jnp.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, jax.dtypes.float0)
 
 
 class _Segment:
@@ -48,13 +39,13 @@ class _Segment:
         env.update(zip(self.ins, ins))
         return env
 
-    def _step(self, i, eqn, env, closures):
+    def _step(self, i, eqn, env, residuals):
         invals = [self.graph.read(env, v) for v in eqn.invars]
         info = self.graph.vjps[i]
         if info is None:
             outs = bind_equation(eqn, invals)
         else:
-            outs, closures[i] = eqn_vjp(eqn, invals, info.active)
+            outs, residuals[i] = info.linearize(eqn, invals)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, DropVar))
 
     def _plain(self, *ins):
@@ -63,25 +54,24 @@ class _Segment:
         return tuple(env[v] for v in self.outs)
 
     def _forward(self, *ins):
-        env, closures = self._env(ins), {}
+        env, residuals = self._env(ins), {}
         for i, eqn in self.eqns:
-            self._step(i, eqn, env, closures)
-        tmp = [self._tmp_leaves(i, closures[i]) for i in self.saved_tmp]
+            self._step(i, eqn, env, residuals)
+        tmp = [self._tmp_leaves(i, residuals[i]) for i in self.saved_tmp]
         res = (list(ins), [env[v] for v in self.saved], tmp)
         return tuple(env[v] for v in self.outs), res
 
-    def _tmp_leaves(self, i, closure):
+    def _tmp_leaves(self, i, leaves):
         kinds = self.graph.vjps[i].leaves
-        return [x for x, (kind, _) in zip(jax.tree_util.tree_leaves(closure), kinds)
-                if kind == "tmp"]
+        return [x for x, (kind, _) in zip(leaves, kinds) if kind == "tmp"]
 
-    def _pullback(self, i, eqn, env, closures, tmp):
-        if i in closures:
-            return closures[i]
+    def _residual_leaves(self, i, eqn, env, residuals, tmp):
+        """The leaves of equation ``i``'s pullback: linearized here, or saved and recomputed."""
+        if i in residuals:
+            return residuals[i]
         info = self.graph.vjps[i]
-        leaves = [self.graph.read(env, eqn.invars[j]) if kind == "in" else
-                  env[eqn.outvars[j]] if kind == "out" else tmp[i][j] for kind, j in info.leaves]
-        return jax.tree_util.tree_unflatten(info.treedef, leaves)
+        return [self.graph.read(env, eqn.invars[j]) if kind == "in" else
+                env[eqn.outvars[j]] if kind == "out" else tmp[i][j] for kind, j in info.leaves]
 
     def _recompute(self, res, ct):
         """The plan's recomputed values (run inside the pin)."""
@@ -96,19 +86,17 @@ class _Segment:
     def _backward(self, res, ct):
         """What the plan's ``pin`` says runs inside ``xla_remat.pinned``: only the recomputation
         (the pullbacks then run outside the conditional, where XLA fuses them into the rest of
-        the backward as for plain ``jax.grad``), or the segment's whole backward (its
-        linearization too, so residuals exist only while the segment's backward runs).
-        Measured on the flax transformer: pinning only the recomputation ran 1.00–1.03× no
-        remat's step where the whole backward ran 1.08–1.13×; pinning the whole backward reached
-        the least temp bytes (0.85 MB against 1.16 MB). ``Frontier`` compiles both and keeps the
-        Pareto points."""
+        the backward as for plain ``jax.grad``: the faster of the two), or the segment's whole
+        backward (its linearization too, so residuals exist only while the segment's backward
+        runs: the fewer temp bytes at tight budgets). ``Frontier`` compiles both where either
+        may win and keeps the Pareto points; docs/remat.md has the measurements."""
         if self.pin == "backward":
             return pinned(lambda r, c: self._backward_from(r, c, self._recompute(r, c)), res, ct)
         return self._backward_from(res, ct, pinned(self._recompute, res, ct))
 
     def _backward_from(self, res, ct, outs):
         ins, saved, tmp_leaves = res
-        env, closures = self._env(ins), {}
+        env, residuals = self._env(ins), {}
         env.update(zip(self.saved, saved))
         jaxpr = self.graph.closed.jaxpr
         for i, vals in zip(self.recomputed, outs):
@@ -117,15 +105,14 @@ class _Segment:
             info = self.graph.vjps[i]
             if info is not None:
                 invals = [self.graph.read(env, v) for v in eqn.invars]
-                closures[i] = eqn_vjp(eqn, invals, info.active)[1]
+                residuals[i] = info.linearize(eqn, invals)[1]
         tmp = dict(zip(self.saved_tmp, tmp_leaves))
         cts = {v: c for v, c in zip(self.outs, ct) if jnp.issubdtype(c.dtype, jnp.inexact)}
         for i, eqn in reversed(self.eqns):
             info = self.graph.vjps[i]
             if info is None or not any(v in cts for v in eqn.outvars):
                 continue
-            pull = self._pullback(i, eqn, env, closures, tmp)
-            back = pull([cts[v] if v in cts else _zero_cotangent(v.aval) for v in eqn.outvars])
+            back = info.pull(eqn, self._residual_leaves(i, eqn, env, residuals, tmp), cts)
             for j, c in zip(info.active, back):
                 w = eqn.invars[j]
                 cts[w] = cts[w] + c if w in cts else c
@@ -133,7 +120,7 @@ class _Segment:
                      for v in self.ins)
 
 
-def _check_plan(graph: LossGraph, the_plan) -> None:
+def check_plan(graph: LossGraph, the_plan) -> None:
     if not isinstance(the_plan, Plan):
         raise MlsysError(f"apply: expected a Plan from remat.plan, got {type(the_plan).__name__}")
     if the_plan.n_values != graph.n_values or the_plan.segments[-1] >= max(graph.n_eqns, 1) \
@@ -144,7 +131,7 @@ def _check_plan(graph: LossGraph, the_plan) -> None:
 
 def flat_applied(graph: LossGraph, the_plan: Plan):
     """``fn(diff, batch_leaves)``: the loss with the plan's segments, saves and recomputation."""
-    _check_plan(graph, the_plan)
+    check_plan(graph, the_plan)
     jaxpr = graph.closed.jaxpr
     eqns = jaxpr.eqns
     last_read = {}
@@ -189,7 +176,7 @@ def apply(loss_fn, the_plan: Plan, params, batch):
     """``loss_fn`` (same signature) whose gradient saves and recomputes as ``the_plan`` says."""
     flat = flatten_loss(loss_fn, params, batch, "apply")
     graph = loss_graph(flat)
-    _check_plan(graph, the_plan)
+    check_plan(graph, the_plan)
     if not the_plan.recomputed:
         return loss_fn                  # nothing recomputed: the user's own function, bit for bit
     run = flat_applied(graph, the_plan)
@@ -197,33 +184,3 @@ def apply(loss_fn, the_plan: Plan, params, batch):
     def applied(params, batch):
         return run(*flat.split(params, batch))
     return applied
-
-
-def compile_grad(fn, flat: FlatLoss):
-    """``jax.jit(jax.grad(fn))`` compiled for the parameters only: (compiled, temp, flops)."""
-    compiled = jax.jit(jax.grad(fn, argnums=0)).lower(flat.diff, flat.batch).compile()
-    flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
-    return compiled, int(compiled.memory_analysis().temp_size_in_bytes), float(flops)
-
-
-def grad_difference(grads, reference) -> tuple[float, float]:
-    """Max |Δ| over all leaves, and that over the reference's max |g| (relative)."""
-    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-             for a, b in zip(grads, reference)]
-    scale = max(float(np.max(np.abs(np.asarray(b)), initial=0.0)) for b in reference)
-    worst = max(diffs, default=0.0)
-    return worst, worst / scale if scale else worst
-
-
-def measure(loss_fn, the_plan: Plan, params, batch) -> dict:
-    """Compiled temp bytes and FLOPs of the plan's gradient, and its distance to ``jax.grad``."""
-    flat = flatten_loss(loss_fn, params, batch, "measure")
-    graph = loss_graph(flat)
-    _check_plan(graph, the_plan)
-    fn = flat_applied(graph, the_plan) if the_plan.recomputed else flat.fn
-    compiled, temp, flops = compile_grad(fn, flat)
-    grads = compiled(flat.diff, flat.batch)
-    reference = jax.jit(jax.grad(flat.fn, argnums=0))(flat.diff, flat.batch)
-    max_abs, rel = grad_difference(grads, reference)
-    return {"compiled_temp_bytes": temp, "compiled_flops": flops, "grads_max_abs_diff": max_abs,
-            "grads_max_rel_diff": rel, "grads": flat.unflatten(grads), "compiled": compiled}

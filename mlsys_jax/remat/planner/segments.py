@@ -1,12 +1,13 @@
-"""Recomputation plans for a user's loss, as a MILP over segments (lecture §7.2; Checkmate).
+"""Recomputation plans for a user's loss, as the MILP (``remat.milp``) over segments (§7.2).
 
 A plan cuts the loss's equations (in order) into segments. Every residual the backward reads —
 an equation's input or output, or the intermediates of its JVP — is either *saved* (held from
 the forward until its segment's backward) or *recomputed* (its equation re-run in the segment's
 backward, from saved values and the segment's inputs). Segments with recomputation run as one
-pinned ``custom_vjp`` each (``compiled.apply``), so the compiled program recomputes a segment only
-when the backward reaches it. For a fixed segmentation (σ: segment, b: bytes, c: FLOPs) the MILP
-is Checkmate's with one recompute stage per segment; x ranges over values and JVP intermediates:
+pinned ``custom_vjp`` each (``planner.apply``), so the compiled program recomputes a segment only
+when the backward reaches it. For a fixed segmentation (σ: segment, b: bytes, c: FLOPs) this is
+``remat.milp`` with one stage per segment, equations as units; x ranges over values and JVP
+intermediates:
 
     minimise   Σ_e (c_e + 1)·r_e + ε·(P + Σ_x b_x·s_x)
     subject to s_x + r_{eqn(x)} ≥ 1             x a residual of an equation's backward
@@ -32,33 +33,12 @@ import numpy as np
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.flat import flatten_loss
-from mlsys_jax.remat.graph import LossGraph, loss_graph
-from mlsys_jax.remat.two_stage import milp_solver
+from mlsys_jax.remat.milp import Plan, StagedMILP
+from mlsys_jax.remat.planner.flat import flatten_loss
+from mlsys_jax.remat.planner.graph import LossGraph, loss_graph
 
 MIP_GAP = 1e-2       # HiGHS stops within 1% of the optimum; the gap reached is reported
 HEURISTIC = "heuristic: save segment inputs, recompute all else the backward reads"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Which values are saved and which recomputed, in which segments, and what it predicts."""
-
-    budget_bytes: int                # XLA temp bytes (Frontier.plan); predicted peak (solve)
-    segments: tuple[int, ...]        # first equation of each segment
-    saved: tuple[str, ...]           # values, and JVP intermediates (``tanh_12.jvp``)
-    recomputed: tuple[str, ...]      # values whose equations re-run in the backward
-    predicted_peak_bytes: int
-    recompute_flops: int
-    min_budget_bytes: int            # in the same unit as budget_bytes
-    store_all_bytes: int             # every residual saved: the predicted peak without remat
-    n_values: int
-    solve_seconds: float
-    method: str
-    optimality_gap: float            # (plan − lower bound) / plan, in the MILP's objective
-    compiled_temp_bytes: int | None = None   # measured by ``frontier`` (XLA's temp buffers)
-    compiled_flops: float | None = None
-    pin: str = "recomputation"       # what runs inside the pin: "recomputation" or "backward"
 
 
 @dataclass(frozen=True)
@@ -99,7 +79,7 @@ def segmentations(g: LossGraph, max_k: int = 64) -> list[tuple[int, ...]]:
     return out
 
 
-class Problem:
+class SegmentedProblem:
     """The MILP data of one loss; ``solve(budget)`` plans, ``min_budget_bytes`` is the least P."""
 
     def __init__(self, graph: LossGraph, time_limit_s: float = 20.0):
@@ -138,82 +118,44 @@ class Problem:
         nxt = np.append(np.asarray(bounds[1:]), g.n_eqns)[seg_e[g.eqn_of]]
         return seg_e, g.last_use >= nxt            # crossing: read by a later segment
 
-    def _model(self, bounds):
-        """Rows over the columns s (values, then JVP bundles) | r (equations) | H | P."""
+    def _model(self, bounds) -> StagedMILP:
+        """The MILP for one segmentation: items are values then JVP bundles, units equations."""
         g = self.graph
-        nv, ne, k = g.n_values, g.n_eqns, len(bounds)
+        nv = g.n_values
         seg_e, crossing = self._segments(bounds)
-        r0, h0 = self.n_saveable, self.n_saveable + ne
-        rows, lo, hi = [], [], []
-
-        def row(entries, low, high):
-            rows.append(entries), lo.append(low), hi.append(high)
-
+        covers = []
         for e, leaves in self.reads:
-            for v in set(leaves):
-                if not crossing[v]:
-                    row([(v, 1), (r0 + g.eqn_of[v], 1)], 1, np.inf)
+            covers += [(v, g.eqn_of[v]) for v in set(leaves) if not crossing[v]]
             if e in self.tmp_col:
-                row([(nv + self.tmp_col[e], 1), (r0 + e, 1)], 1, np.inf)
-        for e in range(ne):
-            for v in self.inputs[e]:
-                if not crossing[v]:
-                    row([(r0 + e, 1), (v, -1), (r0 + g.eqn_of[v], -1)], -np.inf, 0)
-        seg_v, seg_t = seg_e[g.eqn_of], seg_e[self.tmp_eqns]
-        for j in range(k):
-            held = [(v, -g.nbytes[v]) for v in np.flatnonzero(seg_v == j)]
-            held += [(nv + t, -self.tmp_bytes[t]) for t in np.flatnonzero(seg_t == j)]
-            row([(h0 + j, 1)] + ([(h0 + j - 1, -1)] if j else []) + held, 0, 0)
-            live = [(r0 + e, self.eqn_bytes[e]) for e in np.flatnonzero(seg_e == j)]
-            row([(h0 + j, 1), (h0 + k, -1)] + live, -np.inf, 0)
-        return seg_e, crossing, rows, np.array(lo), np.array(hi)
+                covers.append((nv + self.tmp_col[e], e))
+        needs = [(e, v, g.eqn_of[v]) for e in range(g.n_eqns) for v in self.inputs[e]
+                 if not crossing[v]]
+        return StagedMILP(np.concatenate([g.nbytes, self.tmp_bytes]),
+                          np.concatenate([seg_e[g.eqn_of], seg_e[self.tmp_eqns]]),
+                          np.concatenate([crossing, np.zeros(len(self.tmp_eqns), bool)]),
+                          g.eqn_flops, self.eqn_bytes, seg_e, tuple(covers), tuple(needs),
+                          n_stages=len(bounds))
 
     def _solve(self, bounds, budget: float | None, relax: bool = False):
         """Fewest recompute FLOPs within ``budget`` (None: the least peak) for one segmentation;
         with ``relax``, the LP relaxation's objective (a lower bound; inf if infeasible)."""
-        sparse, Bounds, LinearConstraint, milp = milp_solver()
-        g, ns, ne, k = self.graph, self.n_saveable, self.graph.n_eqns, len(bounds)
-        seg_e, crossing, rows, lo, hi = self._model(bounds)
-        where = ([i for i, r in enumerate(rows) for _ in r], [c for r in rows for c, _ in r])
-        matrix = sparse.csr_array(([x for r in rows for _, x in r], where),
-                                  shape=(len(rows), ns + ne + k + 1))
-        total = max(float(g.nbytes.sum() + self.tmp_bytes.sum()), 1.0)
-        sizes = np.concatenate([g.nbytes, self.tmp_bytes])
-        if budget is None:
-            cost = np.concatenate([np.zeros(ns + ne + k), [1.0 / total]])
-        else:
-            cost = np.concatenate([0.25 * sizes / total, g.eqn_flops + 1.0, np.zeros(k),
-                                   [0.25 / total]])
-        low = np.concatenate([crossing, np.zeros(ns - g.n_values + ne + k + 1)])
-        high = np.concatenate([np.ones(ns + ne), np.full(k, np.inf),
-                               [np.inf if budget is None else budget]])
-        res = milp(cost, integrality=np.concatenate([np.full(ns + ne, 0 if relax else 1),
-                                                     np.zeros(k + 1)]),
-                   bounds=Bounds(low, high), constraints=LinearConstraint(matrix, lo, hi),
-                   options={"time_limit": self.time_limit_s,
-                            "mip_rel_gap": MIP_GAP if budget is not None else 1e-4})
+        model = self._model(bounds)
+        sol = model.solve(budget, self.time_limit_s, MIP_GAP, relax)
         if relax:                      # infeasible: inf; out of time: no bound (0)
-            return float(res.fun) if res.x is not None else np.inf if res.status == 2 else 0.0
-        if res.x is None:                                  # time limit without a plan
+            return sol.objective if sol.objective is not None else 0.0
+        if not sol.found:                                  # time limit without a plan
             heur = self._heuristic(bounds)
             if budget is not None and heur.peak > budget:
                 return None
-            value = heur.objective if budget is not None else heur.peak / total
-            bound = getattr(res, "mip_dual_bound", None)
-            gap = 1.0 if bound is None or value <= 0 else max(0.0, (value - bound) / value)
+            value = heur.objective if budget is not None else heur.peak / model.total_bytes
+            gap = 1.0 if sol.bound is None or value <= 0 else max(0.0, (value - sol.bound) / value)
             return _Candidate(bounds, heur.s, heur.r, heur.peak, heur.flops, value, HEURISTIC, gap)
-        s, r = res.x[:ns] > 0.5, res.x[ns:ns + ne] > 0.5
-        method = "MILP (HiGHS)" if res.status == 0 else "MILP (HiGHS), time limit: best found"
-        return _Candidate(bounds, s, r, self._peak(bounds, s, r), float(g.eqn_flops[r].sum()),
-                          float(res.fun), method, float(getattr(res, "mip_gap", 0.0) or 0.0))
+        method = "MILP (HiGHS)" if sol.status == 0 else "MILP (HiGHS), time limit: best found"
+        return _Candidate(bounds, sol.s, sol.r, model.peak(sol.s, sol.r),
+                          float(self.graph.eqn_flops[sol.r].sum()), sol.objective, method, sol.gap)
 
     def _peak(self, bounds, s, r) -> float:
-        seg_e, _ = self._segments(bounds)
-        k, g = len(bounds), self.graph
-        seg_x = np.concatenate([seg_e[g.eqn_of], seg_e[self.tmp_eqns]])
-        sizes = np.concatenate([g.nbytes, self.tmp_bytes])
-        held = np.cumsum(np.bincount(seg_x[s], sizes[s], minlength=k))
-        return float((held + np.bincount(seg_e[r], self.eqn_bytes[r], minlength=k)).max())
+        return self._model(bounds).peak(s, r)
 
     def _heuristic(self, bounds, keep_all: bool = False) -> _Candidate:
         """Save segment inputs and recompute the rest (``keep_all``: save every residual)."""
@@ -243,8 +185,8 @@ class Problem:
         lower = {b: self._solve(b, budget, relax=True) for b in self.cuts}
         best = None
         for b in sorted(self.cuts, key=lambda b: (lower[b], len(b))):
-            if lower[b] == np.inf or best is not None and lower[b] >= best.objective:
-                break
+            if lower[b] == np.inf or best is not None and lower[b] >= best.objective * (1 - MIP_GAP):
+                break               # no segmentation left can beat the best by more than the gap
             found = self._solve(b, budget)
             if found is not None and (best is None or found.objective < best.objective):
                 best = found
@@ -252,32 +194,66 @@ class Problem:
 
     @property
     def min_budget_bytes(self) -> int:
-        """The least predicted peak over every segmentation (everything else recomputed)."""
+        """The least predicted peak over every segmentation (everything else recomputed); never
+        above store-all's, which every segmentation can reach."""
         if self._least is None:
-            self._least = self._best(None)
+            found = self._best(None)
+            every = self._heuristic((0,), keep_all=True)
+            self._least = every if found is None or found.peak > every.peak else found
         return int(np.ceil(self._least.peak))
 
     def solve(self, budget_bytes: int) -> Plan:
         """The plan with the fewest recompute FLOPs whose predicted peak fits ``budget_bytes``."""
         g, t0 = self.graph, time.perf_counter()
-        least = self.min_budget_bytes
         if budget_bytes >= self.store_all_bytes:
             best = self._heuristic((0,), keep_all=True)
-        elif budget_bytes < least:
-            raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
-                             f"{least} bytes (every segmentation tried, everything recomputed); "
-                             f"raise the budget to at least {least}")
         else:
-            best = self._best(float(budget_bytes)) or self._least
+            best = self._best(float(budget_bytes))
+            if best is None:            # no segmentation fits: is the budget below the least?
+                least = self.min_budget_bytes
+                if budget_bytes < least:
+                    raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum "
+                                     f"feasible {least} bytes (every segmentation tried, "
+                                     f"everything recomputed); raise the budget to at least "
+                                     f"{least}")
+                best = self._least
         eqns = g.closed.jaxpr.eqns
         names = np.array(list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp"
                                           for e in self.tmp_eqns])
         recomputed = [n for n, e in zip(g.names, g.eqn_of) if best.r[e]]
+        least = None if self._least is None else self.min_budget_bytes
         return Plan(int(budget_bytes), best.bounds, tuple(names[best.s]), tuple(recomputed),
                     int(np.ceil(best.peak)), int(best.flops), least, self.store_all_bytes,
                     g.n_values, time.perf_counter() - t0, best.method, best.gap)
 
 
-def problem(loss_fn, params, batch, time_limit_s: float = 20.0) -> Problem:
+    def timeline(self, plan: Plan) -> tuple[list[float], list[float]]:
+        """The planner's model of activation bytes held over the step, as (position, bytes):
+        the forward (equation by equation, saved values accumulating), then each segment's
+        backward, last to first (its saved bytes and recomputed values live, then freed)."""
+        g = self.graph
+        eqns = g.closed.jaxpr.eqns
+        names = list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp" for e in self.tmp_eqns]
+        saved = np.isin(np.array(names), np.array(plan.saved, dtype=object))
+        recomputed = set(plan.recomputed)
+        r = np.zeros(g.n_eqns, bool)
+        r[[e for n, e in zip(g.names, g.eqn_of) if n in recomputed]] = True
+        model = self._model(plan.segments)
+        made = np.concatenate([g.eqn_of, self.tmp_eqns])
+        held = np.cumsum(np.bincount(made[saved], model.item_bytes[saved], minlength=g.n_eqns))
+        xs, ys = list(range(g.n_eqns)), [float(b) for b in held]
+        per_stage = np.cumsum(np.bincount(model.item_stage[saved], model.item_bytes[saved],
+                                          minlength=model.n_stages))
+        live = np.bincount(model.unit_stage[r], model.unit_bytes[r], minlength=model.n_stages)
+        ends = list(plan.segments[1:]) + [g.n_eqns]
+        for j in range(model.n_stages - 1, -1, -1):
+            x0, x1 = 2 * g.n_eqns - ends[j], 2 * g.n_eqns - plan.segments[j]
+            xs += [x0, x1]
+            ys += [float(per_stage[j] + live[j])] * 2
+        return xs + [2 * g.n_eqns], ys + [0.0]
+
+
+def problem(loss_fn, params, batch, time_limit_s: float = 20.0) -> SegmentedProblem:
     """Trace ``loss_fn(params, batch)`` and build its MILP (the budget is left open)."""
-    return Problem(loss_graph(flatten_loss(loss_fn, params, batch, "plan")), time_limit_s)
+    return SegmentedProblem(loss_graph(flatten_loss(loss_fn, params, batch, "plan")),
+                            time_limit_s)

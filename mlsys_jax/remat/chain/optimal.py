@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.schedule import Action, Schedule
+from mlsys_jax.remat.chain.schedule import Action, Schedule
 
 INF = np.inf
 

@@ -7,7 +7,7 @@ import pytest
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, optimal_chain, revolve_advances,
                              run_reference, solve_chain, sqrt_n, store_all)
-from mlsys_jax.remat.jax_exec import run_jax
+from mlsys_jax.remat.chain.jax_exec import run_jax
 
 
 @pytest.mark.parametrize("sched, stored, forwards", [
@@ -44,7 +44,7 @@ def test_reference_gradients_bitwise_equal_and_correct():
 
 
 def test_reference_rejects_a_program_that_reads_a_freed_value():
-    from mlsys_jax.remat.schedule import Schedule
+    from mlsys_jax.remat.chain.schedule import Schedule
 
     bad = Schedule("bad", 2, (("fwd", 1), ("free", 1), ("fwd", 2), ("bwd", 2)), (2,))
     x, ws = chain_inputs(2)

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.ir.walk import bodies
-from mlsys_jax.remat.schedule import Schedule
-from mlsys_jax.remat.stack import run_scanned
+from mlsys_jax.remat.chain.schedule import Schedule
+from mlsys_jax.remat.chain.stack import run_scanned
 
 
 def tanh_layer(w, h):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.schedule import Schedule
+from mlsys_jax.remat.chain.schedule import Schedule
 
 
 @dataclass(frozen=True)

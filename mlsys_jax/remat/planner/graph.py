@@ -8,30 +8,59 @@ one of its inputs, one of its outputs, or an intermediate of its JVP (tanh's 1 �
 mask). Reverse mode composes per equation, so running these pullbacks in reverse order is the
 gradient, and a plan may save or recompute any residual — JVP intermediates included, which a
 names policy cannot name (under ``save_only_these_names`` JAX recomputes tanh itself to get
-1 − y²: measured +5.7 MFLOP, 4.6%, on the flax transformer example with every value saved).
+1 − y², even with every value saved: docs/remat.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax import cost, ir
-from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, bind_equation
+from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, bind_equation, eval_jaxpr
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.remat.flat import FlatLoss
+from mlsys_jax.remat.planner.flat import FlatLoss
 
 
 @dataclass(frozen=True)
 class EqnVjp:
-    """How an equation's backward reads its residuals."""
+    """How an equation's backward reads its residuals, and its linearization as two jaxprs.
+
+    ``forward`` and ``backward`` are what ``jax.vjp`` of the equation traces, traced once per
+    kind of equation: a plan's segments re-bind them instead of calling ``jax.vjp`` per equation
+    (at GPT-2 size, tracing a plan took as long as compiling it)."""
 
     active: tuple[int, ...]               # inputs differentiated (they depend on the parameters)
     leaves: tuple[tuple[str, int], ...]   # per VJP residual: ("in", i), ("out", j) or ("tmp", k)
     tmp_bytes: int                        # its JVP intermediates, saved or recomputed together
     flops: float                          # cost-model FLOPs of the equation and intermediates
-    treedef: object                       # residual leaves -> the VJP closure (the pullback)
+    forward: ClosedJaxpr                  # non-literal inputs -> outputs, then residual leaves
+    backward: ClosedJaxpr                 # residual leaves, float outputs' cotangents -> active
+    #                                       inputs' cotangents
+
+    def linearize(self, eqn, invals) -> tuple[list, list]:
+        """(outputs, residual leaves) of ``eqn`` at ``invals`` (one value per invar)."""
+        args = [x for v, x in zip(eqn.invars, invals) if not isinstance(v, Literal)]
+        out = eval_jaxpr(self.forward.jaxpr, self.forward.consts, *args)
+        return out[:len(eqn.outvars)], out[len(eqn.outvars):]
+
+    def pull(self, eqn, leaves, cotangents: dict) -> list:
+        """Cotangents of the active inputs, from the residual leaves and ``cotangents`` of the
+        outputs (var -> value; a float output without one is zero)."""
+        cts = [cotangents[v] if v in cotangents else jnp.zeros(v.aval.shape, v.aval.dtype)
+               for v in eqn.outvars if _is_float(v.aval)]
+        return eval_jaxpr(self.backward.jaxpr, self.backward.consts, *leaves, *cts)
+
+
+def _is_float(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _zero_cotangent(aval):
+    return jnp.zeros(aval.shape, aval.dtype) if _is_float(aval) else \
+        np.zeros(aval.shape, jax.dtypes.float0)
 
 
 def eqn_vjp(eqn, invals, active):
@@ -71,7 +100,19 @@ def _analyse(eqn, active) -> EqnVjp:
             kinds.append(("tmp", sum(k == "tmp" for k, _ in kinds)))
             tmp += ir.aval_bytes(leaf.aval)
     flops = sum(cost.eqn_cost(e).flops for e in jaxpr.eqns)
-    return EqnVjp(tuple(active), tuple(kinds), tmp, float(flops), store["treedef"])
+    n_leaves = len(jaxpr.outvars) - len(eqn.outvars)
+    floats = [j for j, v in enumerate(eqn.outvars) if _is_float(v.aval)]
+
+    def back(*args):
+        pull = jax.tree_util.tree_unflatten(store["treedef"], list(args[:n_leaves]))
+        cts = [_zero_cotangent(v.aval) for v in eqn.outvars]
+        for j, c in zip(floats, args[n_leaves:]):
+            cts[j] = c
+        return pull(cts)
+    struct = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)  # noqa: E731
+    backward = jax.make_jaxpr(back)(*[struct(v.aval) for v in jaxpr.outvars[len(eqn.outvars):]],
+                                    *[struct(eqn.outvars[j].aval) for j in floats])
+    return EqnVjp(tuple(active), tuple(kinds), tmp, float(flops), closed, backward)
 
 
 @dataclass(frozen=True)
