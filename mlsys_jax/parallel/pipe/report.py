@@ -69,16 +69,15 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
     _progress(f"compiling the {plan.stages}-stage program and the one-device references")
     compiled = plan.compile(options)
-    refs_fn = jax.jit(references(plan.loss, opt, groups)).lower(t0, s0, plan.batch).compile(
-        options)
-    update = jax.jit(lambda g, s, t: update_function(opt)(g, s, t)[0]).lower(
-        t0, s0, t0).compile(options)
+    refs_fn = jax.jit(references(plan.loss, groups)).lower(t0, plan.batch).compile(options)
+    update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
     verdict, t, s = Verdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
-        refs = jax.device_get(refs_fn(t, s, plan.batch))
+        refs = {k: (*v, *jax.device_get(update(v[1], s, t)))
+                for k, v in jax.device_get(refs_fn(t, plan.batch)).items()}
         got = plan.step(t, s, options)
-        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t)))
+        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])
         ref = refs["A" if verdict.separable_steps[0] else "B"]
         t, s = ref[2], ref[3]
     free_t, free_s = t0, s0

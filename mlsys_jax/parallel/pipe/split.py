@@ -4,16 +4,17 @@ Given the units (``units.py``) and a stage per unit, every top-level equation ge
 unit's, or later if one of its inputs is computed later (an equation never runs before what it
 reads; a head tied to the embedding runs on the last stage). A stack scan is cut into *pieces*,
 one per stage holding some of its iterations, each a scan of fewer iterations over its slice of
-the stacked parameters, the carry handed from piece to piece. Equations that read only the batch
-and constants (a causal mask, one-hot labels) are recomputed by each stage that needs them: the
-microbatch is on every stage, so only parameter-dependent values cross a boundary.
+the stacked parameters, the carry handed from piece to piece. The microbatch is on every stage.
 
 A value computed on stage a and read on stage b > a crosses boundaries a, ..., b-1: stage a
 sends it, the stages between pass it on. Those values are the point-to-point traffic.
 
-Each parameter leaf is *owned* by the one stage that reads it, split by *rows* when a stack's
-pieces read its slices, or *replicated* on every stage when several stages read it whole (a tied
-embedding) or it is a scalar; a replicated leaf's gradient is summed over the stages.
+Only values that depend on both the parameters and the batch are staged: what the batch alone
+or the parameters alone determine (a causal mask, a tied weight's transpose) is recomputed by
+each stage that reads it. Each parameter leaf is *owned* by the one stage that reads it, split
+by *rows* when a stack's pieces read its slices, or *replicated* on every stage when several
+stages read it whole (a tied embedding) or it is a scalar; a replicated leaf's gradient is
+summed over the stages.
 """
 from __future__ import annotations
 
@@ -91,12 +92,13 @@ def build_split(closed, n_params: int, units: Units, stage_of_unit) -> Split:
     jaxpr = closed.jaxpr
     stages = max(stage_of_unit) + 1
     params = set(jaxpr.invars[:n_params])
-    dep = set(params)            # values that depend on the parameters
-    made: dict = {}              # key -> stage that computes it (parameter-dependent values)
+    on_params, on_batch = set(params), set(jaxpr.invars[n_params:])
+    dep = set()                  # staged values: they depend on the parameters and the batch
+    made: dict = {}              # key -> stage that computes it (staged values)
     ops: list[list] = [[] for _ in range(stages)]
     free: list[int] = []
     avals: dict = {}
-    reads_at: list[tuple] = []   # (stage, key) for every parameter-dependent read
+    reads_at: list[tuple] = []   # (stage, key) for every read of a staged value
 
     def producer(v) -> int:
         return made.get(v, 0)
@@ -104,7 +106,10 @@ def build_split(closed, n_params: int, units: Units, stage_of_unit) -> Split:
     for i in sorted(units.live):
         e = jaxpr.eqns[i]
         ins = reads(e)
-        if not any(v in dep for v in ins):
+        p = any(v in on_params or v in dep for v in ins)
+        b = any(v in on_batch or v in dep for v in ins)
+        if not (p and b):  # parameters alone (a tied weight transposed) or the batch alone
+            (on_params if p else on_batch if b else set()).update(e.outvars)
             free.append(i)
             continue
         dep.update(e.outvars)
@@ -115,17 +120,16 @@ def build_split(closed, n_params: int, units: Units, stage_of_unit) -> Split:
                 nc, nk = e.params["num_consts"], e.params["num_carry"]
                 operands = [v for v in e.invars[:nc] + e.invars[nc + nk:]
                             if not isinstance(v, Literal)] + list(piece.carry_in)
-                reads_at += [(s, v) for v in operands
-                             if (v in dep and v not in params) or isinstance(v, tuple)]
+                reads_at += [(s, v) for v in operands if isinstance(v, tuple) or v in dep]
                 for j, k in enumerate(piece.carry_out):
                     made[k] = s
                     avals[k] = e.outvars[j].aval
             continue
         u = units.unit_of[i]
         s = max([stage_of_unit[u] if u is not None else 0] +
-                [producer(v) for v in ins if v in dep and v not in params])
+                [producer(v) for v in ins if v in dep])
         ops[s].append(i)
-        reads_at += [(s, v) for v in ins if v in dep and v not in params]
+        reads_at += [(s, v) for v in ins if v in dep]
         for v in e.outvars:
             made[v] = s
     loss = jaxpr.outvars[0]
@@ -189,7 +193,7 @@ def _part(jaxpr, s, own, free, inputs, outputs, params) -> StagePart:
     order = sorted([(op.eqn if isinstance(op, Piece) else op, k, op) for k, op in
                     enumerate(own)] + [(i, -1, i) for i in extra], key=lambda t: t[:2])
     whole, rows = set(), {}
-    for op in own:
+    for op in list(own) + sorted(extra):
         e = jaxpr.eqns[op.eqn if isinstance(op, Piece) else op]
         stacked = _stacked_positions(e) if isinstance(op, Piece) else ()
         for j, v in enumerate(e.invars):

@@ -8,6 +8,7 @@ and builds the SPMD program. :class:`PipelinePlan` then runs steps from any one-
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,6 +66,13 @@ class PipelinePlan:
     @property
     def microbatches(self) -> int:
         return self.schedule.microbatches
+
+    def with_schedule(self, schedule: str) -> "PipelinePlan":
+        """The same split and layouts under another schedule (a new program)."""
+        sched = make_schedule(schedule, self.stages, self.microbatches)
+        program = PipelineProgram(self.split, self.leaves, self.popt, sched, self.program.mesh,
+                                  self.remat)
+        return dataclasses.replace(self, schedule=sched, program=program, compiled={})
 
     def place(self, trainable, opt_state) -> tuple:
         """Host arrays of a one-device state (parameters, optax state) laid out per stage."""

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mlsys_jax.parallel.pipe.optim import update_function
 
 QUANTITIES = ("loss", "grads", "params")
 NOISE_MARGIN = 4.0
@@ -34,27 +33,22 @@ RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 _BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
 
 
-def references(loss, optimizer, groups: int):
-    """``f(trainable, opt_state, batch) -> {A, B, C: (loss, grads, params, opt_state)}``."""
+def references(loss, groups: int):
+    """``f(trainable, batch) -> {A, B, C: (loss, grads)}`` (the optimizer is applied to each
+    by one separately compiled update)."""
     vg = jax.value_and_grad(loss)
-    update = update_function(optimizer)
 
-    def finish(value, grads, s, t):
-        params, state = update(grads, s, t)
-        return value, grads, params, state
-
-    def f(t, s, batch):
+    def f(t, batch):
         mbs = jax.tree.map(lambda x: x.reshape((groups, x.shape[0] // groups) + x.shape[1:]),
                            batch)
-        a = vg(t, batch)
         bv, bg = jax.vmap(vg, in_axes=(None, 0))(t, mbs)
-        b = (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg))
 
         def body(acc, mb):
             return jax.tree.map(jnp.add, acc, vg(t, mb)), None
+        a = vg(t, batch)
         total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs)
-        c = jax.tree.map(lambda x: x / groups, total)
-        return {k: finish(*v, s, t) for k, v in (("A", a), ("B", b), ("C", c))}
+        return {"A": a, "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
+                "C": jax.tree.map(lambda x: x / groups, total)}
     return f
 
 
@@ -91,7 +85,8 @@ class Verdict:
 
 
 def judge_step(verdict: Verdict, refs: dict, got: dict, own_update) -> bool:
-    """Record one teacher-forced step; returns whether the loss was separable at it."""
+    """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
+    one-device computations A, B, C); returns whether the loss was separable at it."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
     noise_bc = {q: leaf_diffs(B[q], C[q]) for q in QUANTITIES}
     ab = {q: leaf_diffs(A[q], B[q]) for q in ("loss", "grads")}
