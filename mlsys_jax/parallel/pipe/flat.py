@@ -82,11 +82,17 @@ class FlatLayout:
             out[key] = chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks)
         return out
 
-    def unpack(self, buffers: dict) -> list:
-        """Traced: the values read back from their buffers (static slices), weak types kept."""
-        return [weak_as(buffers[key][off: off + math.prod(shape)].reshape(shape)
-                        if math.prod(shape) else jnp.zeros(shape, np.dtype(key)), weak)
-                for key, off, shape, weak in self.entries]
+    def unpack(self, buffers: dict, empty=None) -> list:
+        """Traced: the values read back from their buffers (static slices), weak types kept;
+        a value with no elements is ``empty(aval)`` if given (else zeros)."""
+        out = []
+        for a, (key, off, shape, weak) in zip(self.avals, self.entries):
+            if not math.prod(shape):
+                out.append(empty(a) if empty else jnp.zeros(shape, np.dtype(key)))
+            else:
+                out.append(weak_as(buffers[key][off: off + math.prod(shape)].reshape(shape),
+                                   weak))
+        return out
 
     def pack_host(self, values: Sequence) -> dict:
         """NumPy: the same layout on the host (to place a state on the mesh)."""

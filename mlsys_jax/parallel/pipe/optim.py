@@ -29,6 +29,7 @@ from jax import lax
 from mlsys_jax.compat import Literal, bind_equation
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.primitives import ELEMENTWISE
+from mlsys_jax.parallel.pipe.branches import stage_switch
 from mlsys_jax.parallel.pipe.flat import FlatLayout, padded_family
 from mlsys_jax.parallel.pipe.placement import StageLeaves
 
@@ -254,25 +255,27 @@ class PartitionedOptimizer:
         its parameter, gradient and state buffers."""
         leaves, n = self.leaves, len(self.leaves.avals)
 
-        def inputs(s):
-            g = leaves.views(s, gown, grep)
-            st = self.state_layouts[s].unpack(state)
-            p = leaves.views(s, own, rep)
+        def inputs(s, own, rep, gown, grep, state):  # another stage's part is never materialised
+            g = leaves.views(s, gown, grep, _Empty)
+            st = self.state_layouts[s].unpack(state, _Empty)
+            p = leaves.views(s, own, rep, _Empty)
             return g + st + p
 
+        buffers = (own, rep, gown, grep, state)
         exchanged: dict = {}
         for r in range(self.rounds):
             ids = [i for i in self.exchange if self.round_of[i] == r + 1]
 
-            def part(s, r=r):
-                return self._evaluate(s, inputs(s), exchanged, r, True)
-            vals = lax.switch(stage, [lambda s=s: part(s) for s in range(self.stages)])
+            def part(s, bufs, done, r=r):
+                return self._evaluate(s, inputs(s, *bufs), done, r, True)
+            vals = stage_switch(stage, [lambda b, d, s=s: part(s, b, d)
+                                        for s in range(self.stages)], buffers, exchanged)
             for i, x in zip(ids, vals):
                 exchanged[i] = self.exchange[i](x, "pipe")
 
-        def final(s):
-            outs = self._evaluate(s, inputs(s), exchanged, self.rounds, False)
+        def final(s, bufs, done):
+            outs = self._evaluate(s, inputs(s, *bufs), done, self.rounds, False)
             new_own, new_rep = leaves.pack_views(s, outs[:n])
-            new_state = self.state_layouts[s].pack(outs[n:])
-            return new_own, new_rep, new_state
-        return lax.switch(stage, [lambda s=s: final(s) for s in range(self.stages)])
+            return new_own, new_rep, self.state_layouts[s].pack(outs[n:])
+        return stage_switch(stage, [lambda b, d, s=s: final(s, b, d) for s in range(self.stages)],
+                            buffers, exchanged)

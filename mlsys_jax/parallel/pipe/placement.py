@@ -57,12 +57,13 @@ class StageLeaves:
                 out.append(a.update(shape=_rows(a.shape, 0)))
         return out
 
-    def views(self, s: int, own: dict, rep: dict) -> list:
-        """Traced: every leaf's view on stage s from its buffers (empty arrays for the others)."""
+    def views(self, s: int, own: dict, rep: dict, empty=None) -> list:
+        """Traced: every leaf's view on stage s from its buffers; another stage's leaf is
+        ``empty(aval)`` if given, else an empty array."""
         mine = dict(zip([l for l, _, _ in self.own_entries[s]], self.own[s].unpack(own)))
         mine.update(zip(self.rep_leaves, self.rep.unpack(rep)))
-        return [mine[i] if i in mine else jnp.zeros(a.shape, a.dtype)
-                for i, a in enumerate(self.view_avals(s))]
+        make = empty or (lambda a: jnp.zeros(a.shape, a.dtype))
+        return [mine[i] if i in mine else make(a) for i, a in enumerate(self.view_avals(s))]
 
     def pack_views(self, s: int, views) -> tuple[dict, dict]:
         """Traced: stage s's buffers from views of every leaf (the inverse of :meth:`views`)."""

@@ -31,6 +31,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.parallel.pipe import flat
+from mlsys_jax.parallel.pipe.branches import stage_switch
 from mlsys_jax.parallel.pipe.flat import FlatLayout, padded_family
 from mlsys_jax.parallel.pipe.optim import PartitionedOptimizer
 from mlsys_jax.parallel.pipe.placement import StageLeaves
@@ -90,16 +91,19 @@ class PipelineProgram:
         self._jitted = None
 
     # -- per device ---------------------------------------------------------------------------
-    def _branches(self, own, rep, mbatch):
+    def _branches(self):
+        """Per branch ``f(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch)
+        -> (message, cotangent message, residual row, gown, grep, loss)``: idle, then each
+        stage's forward, then each stage's backward."""
         P_, M = self.stages, self.microbatches
-        msg0 = self.msg[0].zeros() if self.msg else {}
-        cot0 = self.cot[0].zeros() if self.cot else {}
-        res0 = self.res_layouts[0].zeros() if self.res_layouts else {}
 
-        def idle(stash_row, cot_row, res_row, mb, gown, grep, loss):
-            return msg0, cot0, res0, gown, grep, loss
+        def zeros(layouts):
+            return layouts[0].zeros() if layouts else {}
 
-        def inputs(s, stash_row, mb):
+        def idle(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+            return zeros(self.msg), zeros(self.cot), zeros(self.res_layouts), gown, grep, loss
+
+        def inputs(s, stash_row, mb, own, rep, mbatch):
             acts = self.msg[s - 1].unpack(stash_row) if s else []
             batch = [lax.dynamic_index_in_dim(x, mb, keepdims=False) for x in mbatch]
             return self.leaves.read(s, self.io[s].leaves, own, rep), acts, batch
@@ -107,8 +111,9 @@ class PipelineProgram:
         def forward(s):
             io = self.io[s]
 
-            def f(stash_row, cot_row, res_row, mb, gown, grep, loss):
-                leaf_vals, acts, batch = inputs(s, stash_row, mb)
+            def f(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+                leaf_vals, acts, batch = inputs(s, stash_row, mb, own, rep, mbatch)
+                msg0, cot0, res0 = zeros(self.msg), zeros(self.cot), zeros(self.res_layouts)
                 if self.remat:
                     fo, other = differentiable(self.split, s, io, acts, batch)(
                         tuple(leaf_vals), tuple(acts[i] for i in io.float_in))
@@ -127,8 +132,9 @@ class PipelineProgram:
         def backward(s):
             io = self.io[s]
 
-            def b(stash_row, cot_row, res_row, mb, gown, grep, loss):
-                leaf_vals, acts, batch = inputs(s, stash_row, mb)
+            def b(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+                leaf_vals, acts, batch = inputs(s, stash_row, mb, own, rep, mbatch)
+                msg0, cot0, res0 = zeros(self.msg), zeros(self.cot), zeros(self.res_layouts)
                 if s == P_ - 1:
                     a = io.out_avals[0]
                     cot_out = (jnp.asarray(1.0 / M, a.dtype),)
@@ -162,7 +168,7 @@ class PipelineProgram:
         own, rep, state = (jax.tree.map(lambda x: x[0], t) for t in (own, rep, state))
         stage = lax.axis_index("pipe")
         mbatch = [x.reshape((M, x.shape[0] // M) + x.shape[1:]) for x in batch]
-        branches = self._branches(own, rep, mbatch)
+        branches = self._branches()
 
         def rows_of(layout):
             return {k: jnp.zeros((self.rows, n), np.dtype(k)) for k, n in layout.sizes.items()}
@@ -182,9 +188,9 @@ class PipelineProgram:
             stash, cot, res, gown, grep, loss, idle, sends = carry
             (op, mb, slot, recv_act, recv_grad), fa, ba = [c[0] for c in xs[0]], xs[1], xs[2]
             branch = jnp.where(op == IDLE, 0, jnp.where(op == FORWARD, 1 + stage, 1 + P_ + stage))
-            msg, back, saved, gown, grep, loss = lax.switch(
+            msg, back, saved, gown, grep, loss = stage_switch(
                 branch, branches, row(stash, slot), row(cot, slot), row(res, slot), mb,
-                gown, grep, loss)
+                gown, grep, loss, own, rep, mbatch)
             if res:
                 res = write(res, jnp.where(op == FORWARD, slot + 1, 0), saved)
             got_f, got_b = jax.tree.map(jnp.zeros_like, msg), jax.tree.map(jnp.zeros_like, back)

@@ -83,9 +83,10 @@ class PipelinePlan:
     def compile(self, options: dict | None = None):
         key = repr(sorted((options or {}).items()))
         if key not in self.compiled:
-            own, rep, state = self.place(self.trainable, self.optimizer.init(self.trainable))
-            self.compiled[key] = self.program.compile(own, rep, state,
-                                                      jax.tree.leaves(self.batch), options)
+            lead = (self.stages,)
+            self.compiled[key] = self.program.compile(
+                self.leaves.own[0].structs(lead), self.leaves.rep.structs(lead),
+                self.popt.state_layouts[0].structs(lead), jax.tree.leaves(self.batch), options)
         return self.compiled[key]
 
     def step(self, trainable, opt_state, options: dict | None = None) -> dict:
