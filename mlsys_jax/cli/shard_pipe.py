@@ -105,7 +105,7 @@ def render(target: str, out: dict, devices: int) -> str:
         f"stage is {out['balance']['max_over_mean']:.3f}x the mean")
     lines.append(wrap(f"{len(out['units'])} units from {out['unit_source']}; {len(stages)} "
                       f"stages {how}", first=""))
-    mem = {r["stage"]: r for r in out["memory"].get("stages", [])}
+    mem = {r["stage"]: r for r in out["memory"]["stages"]}
     rows = []
     for s, st in enumerate(stages):
         units = st["units"][0] if len(st["units"]) == 1 else \
@@ -146,14 +146,13 @@ def render(target: str, out: dict, devices: int) -> str:
                                           f"collective-permutes x the sends that ran; formula: "
                                           f"bytes x M forward + cotangents x M backward): "
                                           f"measured / formula = {fmt(p2p['ratio'])}", first=""))]
-    if out["memory"]:
-        pm, pad = out["memory"]["program"], out["memory"]["padded"]
-        lines += ["", wrap(f"the SPMD program per device (XLA memory_analysis): arguments "
-                           f"{_b(pm['arguments'])} B, outputs {_b(pm['outputs'])} B, temp "
-                           f"{_b(pm['temp'])} B; every device holds the largest stage's buffers: "
-                           f"parameters {_b(pad['params'])} B, optimizer state "
-                           f"{_b(pad['optimizer_state'])} B, stash {pad['stash_rows']} rows x "
-                           f"{_b(pad['stash_row'])} B", first="")]
+    pm, pad = out["memory"]["program"], out["memory"]["padded"]
+    lines += ["", wrap(f"the SPMD program per device (XLA memory_analysis): arguments "
+                       f"{_b(pm['arguments'])} B, outputs {_b(pm['outputs'])} B, temp "
+                       f"{_b(pm['temp'])} B; every device holds the largest stage's buffers: "
+                       f"parameters {_b(pad['params'])} B, optimizer state "
+                       f"{_b(pad['optimizer_state'])} B, stash {pad['stash_rows']} rows x "
+                       f"{_b(pad['stash_row'])} B", first="")]
     if out["stacked"]:
         st = out["stacked"]
         lines.append(wrap(f"stacked layers cut by rows: {_b(st['total'])} B in all; per stage "

@@ -4,32 +4,37 @@ in float32, 3 AdamW steps against one device.
 Each (model, mesh, schedule) is planned, compiled and run once per module; the assertions read
 the report.
 """
+import contextlib
+import io
+import json
+import os
 from fractions import Fraction
 
 import jax
 import pytest
 
 import pipeline_stacks
+from mlsys_jax import cli
 from mlsys_jax.parallel.comm import QUICK_COMPILE
 from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
 MODELS = {
     "flax_transformer": lambda: pipeline_stacks.transformer(d_model=16, heads=2, hidden=32,
                                                             vocab=32, seq=4),
-    "haiku_mlp": pipeline_stacks.haiku_mlp,
     "equinox_mlp": pipeline_stacks.equinox_mlp,
     "scan_mlp": pipeline_stacks.scan_mlp,
     "batchnorm_mlp": pipeline_stacks.batchnorm_mlp,
 }
 _REPORTS: dict = {}
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "examples")
 
 
-def run(model, mesh, schedule, remat=False, microbatches=8, stage_memory=False):
+def run(model, mesh, schedule, remat=False, microbatches=8):
     key = (model, tuple(mesh.items()), schedule, remat)
     if key not in _REPORTS:
         plan = plan_pipeline(*MODELS[model](), mesh, microbatches, schedule, remat=remat)
-        _REPORTS[key] = (plan, run_pipeline(plan, 3, options=QUICK_COMPILE,
-                                            stage_memory=stage_memory))
+        _REPORTS[key] = (plan, run_pipeline(plan, 3, options=QUICK_COMPILE, stage_memory=False))
     return _REPORTS[key]
 
 
@@ -65,23 +70,47 @@ def test_flax_transformer_stages_hold_a_quarter_of_the_blocks():
         assert 0 <= extra <= 0.2 * s["params_bytes"]
 
 
-def test_haiku_mlp_gpipe_is_exact_and_holds_every_microbatch():
-    plan, r = run("haiku_mlp", {"pipe": 4}, "gpipe", stage_memory=True)
-    assert r.exact, r.reason
-    assert r.units == [f"linear_{i}" for i in range(13)] and r.unit_source == "name stack"
-    assert r.in_flight["executed"] == [8, 8, 8, 8] and r.in_flight["buffer_rows"] == 8
-    assert r.bubble["executed"] == Fraction(3, 11) and r.p2p["ratio"] == 1.0
-    assert r.balance["max_over_mean"] <= 1.15
-    mem = r.memory["stages"]
-    assert [m["in_flight"] for m in mem] == [8, 8, 8, 8]
+@pytest.fixture(scope="module")
+def haiku_cli(tmp_path_factory):
+    """haiku's MLP through the command line: GPipe at given split points, JSON and a plot."""
+    plot = tmp_path_factory.mktemp("plot") / "timeline.png"
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = cli.main(["shard", f"{EXAMPLES}/pipeline_stacks.py:haiku_mlp", "--mesh",
+                         "pipe=4", "--microbatches", "8", "--schedule", "gpipe", "--split",
+                         "linear_4,linear_7,linear_10", "--json", "--plot", str(plot)])
+    return code, json.loads(out.getvalue()), plot
+
+
+def test_haiku_mlp_gpipe_from_the_command_line(haiku_cli):
+    code, r, plot = haiku_cli
+    assert code == 0 and r["exact"], r["reason"]
+    assert r["units"] == [f"linear_{i}" for i in range(13)] and r["unit_source"] == "name stack"
+    assert [s["units"][0] for s in r["stages"]] == ["linear_0", "linear_4", "linear_7",
+                                                    "linear_10"] and r["split_given"]
+    assert r["bubble"]["executed"] == {"fraction": "3/11", "value": 3 / 11}
+    assert r["in_flight"]["executed"] == [8, 8, 8, 8] and r["in_flight"]["buffer_rows"] == 8
+    assert r["p2p"]["ratio"] == 1.0
+    mem = r["memory"]["stages"]
     assert all(m["compiled_temp"] > 0 for m in mem)
-    assert [m["params"] for m in mem] == [s["params_bytes"] for s in r.stages]
+    assert [m["params"] for m in mem] == [s["params_bytes"] for s in r["stages"]]
     # Adam's state is two parameter-shaped trees and a step count per stage
     assert all(m["optimizer_state"] == 2 * m["params"] + 4 for m in mem)
     # one SPMD program: every device holds the largest stage's parameters and the M stash rows
-    assert r.memory["padded"]["params"] == max(m["params"] for m in mem)
-    assert r.memory["padded"]["stash_rows"] == 8
-    assert r.memory["program"]["arguments"] >= 3 * r.memory["padded"]["params"]
+    assert r["memory"]["padded"]["params"] == max(m["params"] for m in mem)
+    assert r["memory"]["padded"]["stash_rows"] == 8
+    assert plot.stat().st_size > 0
+
+
+def test_the_text_report_fits_120_columns(haiku_cli):
+    from mlsys_jax.cli.shard_pipe import render
+
+    _, r, _ = haiku_cli
+    text = render("examples/pipeline_stacks.py:haiku_mlp", r, 8)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert text.startswith("examples/pipeline_stacks.py:haiku_mlp: mesh pipe=4, gpipe, 8 "
+                           "microbatches")
+    assert "exact: yes" in text and "bubble (executed): 3/11 = 27.3%" in text
+    assert "measured / formula = 1" in text
 
 
 def test_equinox_mlp_stages_follow_its_parameter_paths():

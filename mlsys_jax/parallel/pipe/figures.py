@@ -92,8 +92,9 @@ def point_to_point(hlo: str, sends: np.ndarray, split, microbatches: int, stages
             "ratio": measured / formula if formula else None}
 
 
-def stage_memory(plan, in_flight, compiled, options=None) -> dict:
-    """Per-stage bytes (exact) beside the SPMD program's memory_analysis (padded)."""
+def stage_memory(plan, in_flight, compiled, options=None, compile_stages=True) -> dict:
+    """Per-stage bytes (exact; ``compile_stages``: with each stage's forward and backward
+    compiled alone) beside the SPMD program's memory_analysis (padded)."""
     prog = plan.program
     rows = []
     for s in range(plan.stages):
@@ -103,7 +104,8 @@ def stage_memory(plan, in_flight, compiled, options=None) -> dict:
                      "optimizer_state": plan.popt.state_layouts[s].nbytes,
                      "stash_per_microbatch": act + res, "in_flight": in_flight[s],
                      "stash": in_flight[s] * (act + res),
-                     "compiled_temp": _stage_temp_bytes(plan, s, options)})
+                     "compiled_temp": _stage_temp_bytes(plan, s, options) if compile_stages
+                     else None})
     ma = compiled.memory_analysis()
     padded = {"params": plan.leaves.own[0].padded_bytes + plan.leaves.rep.padded_bytes,
               "optimizer_state": plan.popt.state_layouts[0].padded_bytes,

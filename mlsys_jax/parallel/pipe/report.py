@@ -63,7 +63,11 @@ def _progress(msg: str) -> None:
 
 def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None,
                  stage_memory: bool = True) -> PipelineReport:
-    """S teacher-forced and S free-running steps of ``plan``, against one device."""
+    """S teacher-forced and S free-running steps of ``plan``, against one device.
+
+    ``options``: XLA compile options for every program (the pipeline's and the one-device
+    references alike); ``stage_memory``: also compile each stage alone for its temp bytes.
+    """
     opt, t0 = plan.optimizer, plan.trainable
     s0 = jax.jit(opt.init)(t0)
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
@@ -96,7 +100,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     _progress("reading the compiled program's point-to-point traffic and memory")
     p2p = figures.point_to_point(compiled.as_text(), last["sends"], plan.split,
                                  plan.microbatches, plan.stages, data)
-    memory = figures.stage_memory(plan, in_flight, compiled, options) if stage_memory else {}
+    memory = figures.stage_memory(plan, in_flight, compiled, options, stage_memory)
     times = plan.stage_times_us
     mean = sum(times) / len(times)
     stages = [{"units": [plan.units.units[k].name for k in range(lo, hi)],

@@ -195,8 +195,8 @@ def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     n = len(paths)
     units = find_units(closed, n, paths, stages)
     check_stage_count(units, stages)
-    costs = unit_costs(closed, n, units, hw)
     given = split is not None
+    costs = [] if given else unit_costs(closed, n, units, hw)
     stage_of_unit = at_split_points(units, split, stages) if given else balanced(costs, stages)
     cut = build_split(closed, n, units, stage_of_unit)
     leaves = StageLeaves([jax.typeof(jnp.asarray(x)) for _, x in path_leaves], cut.placements,
