@@ -83,8 +83,8 @@ class BatchNormMLP(nn.Module):
         return nn.Dense(10)(x)
 
 
-def batchnorm_mlp():
-    model = BatchNormMLP()
+def batchnorm_mlp(depth=6):
+    model = BatchNormMLP(depth)
     batch = batch_of(16, 32, 10)
     variables = model.init(jax.random.key(0), batch["x"])
 

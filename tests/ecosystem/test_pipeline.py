@@ -23,7 +23,7 @@ MODELS = {
                                                             vocab=32, seq=4),
     "equinox_mlp": pipeline_stacks.equinox_mlp,
     "scan_mlp": pipeline_stacks.scan_mlp,
-    "batchnorm_mlp": pipeline_stacks.batchnorm_mlp,
+    "batchnorm_mlp": lambda: pipeline_stacks.batchnorm_mlp(depth=2),
 }
 _REPORTS: dict = {}
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
