@@ -269,18 +269,42 @@ def test_an_optimizer_working_along_cut_rows_is_refused():
 
 # --- a whole run -------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_a_two_stage_run_is_exact_and_its_figures_come_from_what_ran():
+@pytest.fixture(scope="module")
+def two_stages():
     loss, params, batch = mlp(layers=4, rows=8)
     opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2))
     plan = plan_pipeline(loss, params, batch, opt, {"pipe": 2}, 4, "1f1b", hw="h100")
-    r = run_pipeline(plan, steps=2, options=QUICK_COMPILE, stage_memory=False)
+    return plan, run_pipeline(plan, steps=2, options=QUICK_COMPILE, stage_memory=False)
+
+
+@pytest.mark.slow
+def test_a_two_stage_run_is_exact_and_its_figures_come_from_what_ran(two_stages):
+    _, r = two_stages
     assert r.exact, r.reason
     assert r.bubble["executed"] == r.bubble["formula"] == r.bubble["table"] == Fraction(1, 5)
     assert r.in_flight["executed"] == [2, 1]
     assert r.p2p["ratio"] == 1.0 and r.p2p["measured"] == 4 * 2 * (2 * 8 * 8)
     assert r.p2p["boundaries"][0]["sends"] == [4, 4]
     assert [s["units"] for s in r.stages] == [["[0]", "[1]"], ["[2]", "[3]"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantity, factor, named", [
+    ("grads", 1 + 1e-9, "grads"), ("params", 1 + 1e-11, "params")])
+def test_the_verdict_sees_a_pipeline_off_by_a_little(two_stages, monkeypatch, quantity,
+                                                     factor, named):
+    """The same run with the pipeline's gradients (or new parameters) scaled by 1 + 1e-9 (or
+    1 + 1e-11): far above float64's rounding (this run's dtype), yet caught."""
+    plan, _ = two_stages
+    step = type(plan).step
+
+    def off(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        out[quantity] = jax.tree.map(lambda x: x * factor, out[quantity])
+        return out
+    monkeypatch.setattr(type(plan), "step", off)
+    r = run_pipeline(plan, steps=1, options=QUICK_COMPILE, stage_memory=False)
+    assert not r.exact and f"max |Δ{named}|" in r.reason, r.reason
 
 
 @pytest.mark.parametrize("mesh, m, match", [

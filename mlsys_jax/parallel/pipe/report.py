@@ -16,7 +16,8 @@ from mlsys_jax.parallel.pipe import figures
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
-from mlsys_jax.parallel.pipe.verdict import QUANTITIES, Verdict, causes, judge_step, references
+from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, Verdict, causes, judge_step,
+                                             references)
 
 
 @dataclass
@@ -75,11 +76,15 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     compiled = plan.compile(options)
     refs_fn = jax.jit(references(plan.loss, groups)).lower(t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
+    twin = Float64Twin(plan.loss, t0, plan.batch, options)
     verdict, t, s = Verdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
-        refs = {k: (*v, *jax.device_get(update(v[1], s, t)))
-                for k, v in jax.device_get(refs_fn(t, plan.batch)).items()}
+        refs = jax.device_get(refs_fn(t, plan.batch))
+        refs.update({k: (*refs[k], *jax.device_get(update(refs[k][1], s, t))) for k in "ABC"})
+        wide = twin(t, plan.batch)
+        if wide is not None:
+            refs["A64"] = {"loss": wide[0], "grads": wide[1]}
         got = plan.step(t, s, options)
         judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])
         ref = refs["A" if verdict.separable_steps[0] else "B"]
@@ -92,6 +97,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     free = {"params": max(_diffs(free_t, t))}
     separable = all(verdict.separable_steps)
     exact, reason = _reason(plan, verdict, separable)
+    notes = [twin.note] if twin.note else []
     log, log_mb = last["log"], last["log_mb"]
     in_flight = figures.executed_in_flight(log)
     bubble = figures.executed_bubble(log, plan.microbatches)
@@ -121,7 +127,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
                    "buffer_rows": plan.program.rows},
         p2p=p2p, memory=memory, stacked=figures.stacked_share(plan),
         replica_spread=last["replica_spread"],
-        timeline=figures.timeline_table(log, log_mb))
+        timeline=figures.timeline_table(log, log_mb), notes=notes)
 
 
 def _diffs(a, b) -> list[float]:

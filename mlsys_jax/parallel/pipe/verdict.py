@@ -2,19 +2,23 @@
 
 On one device, at the same state and compiler settings as the pipeline, three computations of
 the step: **A** the whole batch; **B** the mean over the pipeline's microbatches of each
-microbatch's loss (a ``vmap``); **C** the same as B in a ``lax.scan`` loop. B and C compute
-the same thing in two ways, so their difference is rounding noise, whatever the loss. A equals
-B in exact arithmetic only if the loss is *separable* over microbatches: a loss that mixes the
-examples of a batch (training BatchNorm's statistics, a mask drawn for the whole batch)
-computes something else per microbatch, and the pipeline can only compute B.
+microbatch's loss (a ``vmap``); **C** the same sum accumulated microbatch by microbatch in the
+opposite order (a reversed ``lax.scan``). B and C compute the same thing with the sums in other
+orders, so their difference is rounding noise, whatever the loss. A equals B in exact
+arithmetic only if the loss is *separable* over microbatches: a loss that mixes the examples of
+a batch (training BatchNorm's statistics, a mask drawn for the whole batch) computes something
+else per microbatch, and the pipeline can only compute B.
 
 So per step, from one device's state (teacher forcing): the loss is separable if A - B is within
-the noise; the pipeline's loss, gradients and new parameters are then compared with A's (else
-with B's, and the report says why it is not exact), each parameter leaf on its own, against
-``NOISE_MARGIN`` x the measured noise (max(|A - B|, |B - C|) when separable, |B - C| when not)
-plus ``FLOOR_EPS`` eps of the leaf's magnitude (where both computations happen to round alike).
-Separately, the pipeline's new parameters must equal what optax makes of the pipeline's own
-gradients on one device, within ``FLOOR_EPS`` eps: the optimizer ran on the whole tree.
+the noise; the pipeline's loss and gradients are then compared with A's (else with B's, and the
+report says why it is not exact), each parameter leaf on its own, against ``NOISE_MARGIN`` x
+the measured noise (when separable the largest of |A - B|, |B - C| and |A - A64|, A's distance
+from the same step in float64 (:class:`Float64Twin`); |B - C| when not) plus ``FLOOR_EPS`` eps
+of the magnitude the sums add up (the largest microbatch's loss or gradient). The new
+parameters are compared against what one device's optimizer makes of gradients anywhere within
+that bound (each element moved by the bound both ways) plus their own rounding. Separately, the
+pipeline's new parameters must equal what optax makes of the pipeline's own gradients on one
+device, within ``FLOOR_EPS`` eps: the optimizer ran on the whole tree.
 """
 from __future__ import annotations
 
@@ -34,8 +38,9 @@ _BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
 
 
 def references(loss, groups: int):
-    """``f(trainable, batch) -> {A, B, C: (loss, grads)}`` (the optimizer is applied to each
-    by one separately compiled update)."""
+    """``f(trainable, batch) -> {A, B, C: (loss, grads), "terms": (loss, grads)}``; ``terms``
+    holds the largest |loss| and, per leaf, |gradient| of a single microbatch (the scale of what
+    the sums add). The optimizer is applied to A, B and C by one separately compiled update."""
     vg = jax.value_and_grad(loss)
 
     def f(t, batch):
@@ -46,10 +51,45 @@ def references(loss, groups: int):
         def body(acc, mb):
             return jax.tree.map(jnp.add, acc, vg(t, mb)), None
         a = vg(t, batch)
-        total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs)
+        total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
+        terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
         return {"A": a, "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
-                "C": jax.tree.map(lambda x: x / groups, total)}
+                "C": jax.tree.map(lambda x: x / groups, total), "terms": terms}
     return f
+
+
+def _as64(tree):
+    return jax.tree.map(lambda x: np.asarray(x, np.float64)
+                        if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x, tree)
+
+
+class Float64Twin:
+    """The whole-batch loss and gradient in float64 (the user's code with float64 parameters
+    and inputs): how far one device's float32 result is from the exact one. A gradient that is
+    mathematically zero (an attention key bias: softmax ignores a shift of every score) is pure
+    rounding in float32, on one device and on the mesh alike; only this shows it."""
+
+    def __init__(self, loss, trainable, batch, options=None):
+        self.fn, self.note = None, None
+        with jax.enable_x64(True):
+            try:
+                lowered = jax.jit(jax.value_and_grad(loss)).lower(_as64(trainable), _as64(batch))
+                wide = all(jnp.dtype(a.dtype) == jnp.float64 for a in jax.tree.leaves(
+                    lowered.out_info))
+                self.fn = lowered.compile(options) if wide else None
+                if not wide:
+                    self.note = ("float64 twin unavailable: the model computes in float32 with "
+                                 "float64 parameters; the noise is float32's alone")
+            except Exception as e:  # the user's code may not run in float64
+                self.note = (f"float64 twin unavailable ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''})"
+                             "; the noise is float32's alone")
+
+    def __call__(self, trainable, batch):
+        if self.fn is None:
+            return None
+        with jax.enable_x64(True):
+            return jax.device_get(self.fn(_as64(trainable), _as64(batch)))
 
 
 def leaf_diffs(a, b) -> list[float]:
@@ -57,12 +97,18 @@ def leaf_diffs(a, b) -> list[float]:
                          initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
 
 
-def leaf_bounds(noise, ref) -> list[float]:
+def leaf_magnitudes(tree) -> list[float]:
+    return [float(np.max(np.abs(np.asarray(x, np.float64)), initial=0.0))
+            for x in jax.tree.leaves(tree)]
+
+
+def leaf_bounds(noise, scale, like) -> list[float]:
+    """``NOISE_MARGIN`` x noise + ``FLOOR_EPS`` eps x scale, per leaf (eps of ``like``'s dtype)."""
     out = []
-    for n, r in zip(noise, jax.tree.leaves(ref)):
-        r = np.asarray(r)
-        eps = float(jnp.finfo(r.dtype).eps) if jnp.issubdtype(r.dtype, jnp.inexact) else 0.0
-        out.append(NOISE_MARGIN * n + FLOOR_EPS * eps * float(np.max(np.abs(r), initial=0.0)))
+    for n, m, r in zip(noise, scale, jax.tree.leaves(like)):
+        dtype = np.asarray(r).dtype
+        eps = float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.inexact) else 0.0
+        out.append(NOISE_MARGIN * n + FLOOR_EPS * eps * m)
     return out
 
 
@@ -86,24 +132,45 @@ class Verdict:
 
 def judge_step(verdict: Verdict, refs: dict, got: dict, own_update) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
-    one-device computations A, B, C); returns whether the loss was separable at it."""
+    one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]``, if there
+    is a float64 twin: its loss and gradients); ``own_update(grads)`` is the one-device
+    optimizer's new parameters from the step's state. Returns whether the loss was separable."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
+    scale = {"loss": leaf_magnitudes(refs["terms"][0]),
+             "grads": leaf_magnitudes(refs["terms"][1])}
     noise_bc = {q: leaf_diffs(B[q], C[q]) for q in QUANTITIES}
     ab = {q: leaf_diffs(A[q], B[q]) for q in ("loss", "grads")}
-    sep_bounds = {q: leaf_bounds(noise_bc[q], B[q]) for q in ab}
+    sep_bounds = {q: leaf_bounds(noise_bc[q], scale[q], B[q]) for q in ab}
     separable = all(d <= b for q in ab for d, b in zip(ab[q], sep_bounds[q]))
     for q in ab:
         verdict.record("separability", ab[q], noise_bc[q], sep_bounds[q])
     ref = A if separable else B
-    for q in QUANTITIES:
+    bounds = {}
+    for q in ("loss", "grads"):
         noise = noise_bc[q]
         if separable:
             noise = [max(x, y) for x, y in zip(noise, leaf_diffs(A[q], B[q]))]
-        verdict.record(q, leaf_diffs(got[q], ref[q]), noise, leaf_bounds(noise, ref[q]))
+            if "A64" in refs:  # how far one device's own float32 result is from float64's
+                noise = [max(x, y) for x, y in zip(noise, leaf_diffs(A[q], refs["A64"][q]))]
+        bounds[q] = leaf_bounds(noise, scale[q], ref[q])
+        verdict.record(q, leaf_diffs(got[q], ref[q]), noise, bounds[q])
+    # New parameters: what the optimizer makes of gradients anywhere within their bound (per
+    # element, both ways: Adam divides a gradient by its own magnitude, so a gradient that is
+    # rounding noise moves its parameter by up to the learning rate), plus their own rounding.
+    spread = [0.0] * len(bounds["grads"])
+    for sign in (1.0, -1.0):
+        shifted = jax.tree.unflatten(jax.tree.structure(ref["grads"]), [
+            np.asarray(g + sign * b, np.asarray(g).dtype)
+            for g, b in zip(jax.tree.leaves(ref["grads"]), bounds["grads"])])
+        spread = [max(x, y) for x, y in zip(spread, leaf_diffs(own_update(shifted),
+                                                                ref["params"]))]
+    floor = leaf_bounds([0.0] * len(spread), leaf_magnitudes(ref["params"]), ref["params"])
+    verdict.record("params", leaf_diffs(got["params"], ref["params"]), spread,
+                   [x + y for x, y in zip(spread, floor)])
     mine = own_update(got["grads"])
     zero = [0.0] * len(jax.tree.leaves(mine))
     verdict.record("optimizer", leaf_diffs(got["params"], mine), zero,
-                   leaf_bounds(zero, mine))
+                   leaf_bounds(zero, leaf_magnitudes(mine), mine))
     verdict.separable_steps.append(separable)
     return separable
 
