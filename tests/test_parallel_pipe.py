@@ -271,7 +271,8 @@ def test_an_optimizer_working_along_cut_rows_is_refused():
 
 @pytest.fixture(scope="module")
 def two_stages():
-    loss, params, batch = mlp(layers=4, rows=8)
+    """Four layers on two stages, the last tied to the first layer's weight (replicated)."""
+    loss, params, batch = mlp(layers=4, rows=8, tied=True)
     opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2))
     plan = plan_pipeline(loss, params, batch, opt, {"pipe": 2}, 4, "1f1b", hw="h100")
     return plan, run_pipeline(plan, steps=2, options=QUICK_COMPILE, stage_memory=False)
@@ -279,13 +280,15 @@ def two_stages():
 
 @pytest.mark.slow
 def test_a_two_stage_run_is_exact_and_its_figures_come_from_what_ran(two_stages):
-    _, r = two_stages
+    plan, r = two_stages
     assert r.exact, r.reason
     assert r.bubble["executed"] == r.bubble["formula"] == r.bubble["table"] == Fraction(1, 5)
     assert r.in_flight["executed"] == [2, 1]
     assert r.p2p["ratio"] == 1.0 and r.p2p["measured"] == 4 * 2 * (2 * 8 * 8)
     assert r.p2p["boundaries"][0]["sends"] == [4, 4]
     assert [s["units"] for s in r.stages] == [["[0]", "[1]"], ["[2]", "[3]"]]
+    tied = [p.kind for p in plan.split.placements]
+    assert tied.count("replicated") == 1 and r.replica_spread == 0.0  # its copies agree
 
 
 @pytest.mark.slow

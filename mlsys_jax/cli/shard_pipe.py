@@ -12,6 +12,7 @@ import json
 
 from mlsys_jax.errors import MlsysError
 
+FORM = "(loss_fn, params, batch, optimizer)"
 PIPE_ONLY = ("microbatches", "split", "remat", "plot")
 
 
@@ -55,13 +56,13 @@ def check_flags(args, mesh: dict) -> None:
 def main(args, mesh: dict) -> int:
     import jax
 
-    from mlsys_jax.cli.shard import load_factory
+    from mlsys_jax.cli.target import load_factory
     from mlsys_jax.parallel.comm import QUICK_COMPILE
     from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
     split = None if args.split is None else args.split.split(",")
     with jax.enable_x64(False):  # the user's model runs under JAX's defaults (float32)
-        loss_fn, params, batch, optimizer, _ = load_factory(args.target)
+        loss_fn, params, batch, optimizer = load_factory(args.target, FORM)
         plan = plan_pipeline(loss_fn, params, batch, optimizer, mesh, args.microbatches,
                              args.schedule, split, args.remat)
         report = run_pipeline(plan, args.steps, options=QUICK_COMPILE)
@@ -85,13 +86,17 @@ def write_plot(path: str, target: str, report) -> str:
     return f"plot written: {written}" if written else plots.unavailable_reason()
 
 
+def _b(x) -> str:
+    """Bytes with thousands separators (blank when not measured)."""
+    return "" if x is None else f"{x:,.0f}"
+
+
 def _frac(b: dict) -> str:
     return f"{b['fraction']} = {b['value']:.1%}"
 
 
 def render(target: str, out: dict, devices: int) -> str:
     """The text report (at most 120 columns)."""
-    from mlsys_jax.cli.shard import _b
     from mlsys_jax.tables import fmt, format_table, wrap
 
     mesh = ",".join(f"{k}={v}" for k, v in out["mesh"].items())

@@ -22,8 +22,6 @@ stage's inputs and the backward recomputes the stage's forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,22 +48,6 @@ def send_arrays(columns: dict) -> tuple[np.ndarray, np.ndarray]:
     fwd = (op[:, :-1] == FORWARD).astype(np.int32)
     bwd = np.isin(op[:, 1:], (BACKWARD, BACKWARD_LOSS)).astype(np.int32)
     return fwd, bwd
-
-
-@dataclass
-class StepOutputs:
-    """What one executed step returns (device arrays)."""
-
-    own: dict
-    rep: dict
-    state: dict
-    loss: object
-    gown: dict
-    grep: dict
-    idle: object      # [stages]: idle steps each stage executed
-    sends: object     # [2, stages - 1]: forward / backward sends per boundary that ran
-    log: object       # [steps, stages]: the branch each device took (op), and
-    log_mb: object    # [steps, stages]: its microbatch
 
 
 class PipelineProgram:

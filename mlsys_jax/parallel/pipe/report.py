@@ -16,7 +16,7 @@ from mlsys_jax.parallel.pipe import figures
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
-from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, Verdict, causes, judge_step,
+from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, PipelineVerdict, causes, judge_step,
                                              references)
 
 
@@ -77,7 +77,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     refs_fn = jax.jit(references(plan.loss, groups)).lower(t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
     twin = Float64Twin(plan.loss, t0, plan.batch, options)
-    verdict, t, s = Verdict(), t0, s0
+    verdict, t, s = PipelineVerdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
         refs = jax.device_get(refs_fn(t, plan.batch))
@@ -135,7 +135,7 @@ def _diffs(a, b) -> list[float]:
                          initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
 
 
-def _reason(plan: PipelinePlan, verdict: Verdict, separable: bool) -> tuple[bool, str]:
+def _reason(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool) -> tuple[bool, str]:
     w = verdict.worst
     worst = max(QUANTITIES, key=lambda q: w[q]["ratio"])
     off = (f"max |Δ{worst}| {w[worst]['diff']:.3g} > bound {w[worst]['bound']:.3g} "

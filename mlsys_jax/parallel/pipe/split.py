@@ -29,7 +29,7 @@ from mlsys_jax.parallel.pipe.units import Units, reads
 
 
 @dataclass(frozen=True)
-class Piece:
+class StackPiece:
     """Iterations [lo, hi) of the stack scan at equation ``eqn``, on one stage."""
 
     eqn: int
@@ -157,7 +157,7 @@ def build_split(closed, n_params: int, units: Units, stage_of_unit) -> Split:
                  placements)
 
 
-def _pieces(e, i: int, units: Units, stage_of_unit) -> list[Piece]:
+def _pieces(e, i: int, units: Units, stage_of_unit) -> list[StackPiece]:
     """The stack scan at equation i cut where its iterations change stage."""
     first, n = units.first[i], e.params["length"]
     nc, nk = e.params["num_consts"], e.params["num_carry"]
@@ -171,7 +171,7 @@ def _pieces(e, i: int, units: Units, stage_of_unit) -> list[Piece]:
         s = stage_of_unit[first + lo]
         out = tuple(e.outvars[:nk]) if r == len(runs) - 1 else \
             tuple(_carry_key(i, s, j) for j in range(nk))
-        pieces.append(Piece(i, lo, hi, carry, out))
+        pieces.append(StackPiece(i, lo, hi, carry, out))
         carry = out
     return pieces
 
@@ -180,7 +180,7 @@ def _part(jaxpr, s, own, free, inputs, outputs, params) -> StagePart:
     """Stage s's operations: its own plus the batch-only equations they need, in order."""
     need = set()
     for op in own:
-        e = jaxpr.eqns[op.eqn if isinstance(op, Piece) else op]
+        e = jaxpr.eqns[op.eqn if isinstance(op, StackPiece) else op]
         need.update(reads(e))
     made_by = {v: i for i in free for v in jaxpr.eqns[i].outvars}
     extra = set()
@@ -190,12 +190,12 @@ def _part(jaxpr, s, own, free, inputs, outputs, params) -> StagePart:
         if i not in extra:
             extra.add(i)
             stack += [v for v in reads(jaxpr.eqns[i]) if v in made_by]
-    order = sorted([(op.eqn if isinstance(op, Piece) else op, k, op) for k, op in
+    order = sorted([(op.eqn if isinstance(op, StackPiece) else op, k, op) for k, op in
                     enumerate(own)] + [(i, -1, i) for i in extra], key=lambda t: t[:2])
     whole, rows = set(), {}
     for op in list(own) + sorted(extra):
-        e = jaxpr.eqns[op.eqn if isinstance(op, Piece) else op]
-        stacked = _stacked_positions(e) if isinstance(op, Piece) else ()
+        e = jaxpr.eqns[op.eqn if isinstance(op, StackPiece) else op]
+        stacked = _stacked_positions(e) if isinstance(op, StackPiece) else ()
         for j, v in enumerate(e.invars):
             if not isinstance(v, Literal) and v in params:
                 if j in stacked:
@@ -249,7 +249,7 @@ def run_part(split: Split, s: int, leaves: dict, acts, batch, unrolled: bool = F
         return v.val if isinstance(v, Literal) else env[v]
 
     for op in part.ops:
-        if isinstance(op, Piece):
+        if isinstance(op, StackPiece):
             env.update(zip(op.carry_out, _run_piece(jaxpr.eqns[op.eqn], op, read, unrolled)))
             continue
         e = jaxpr.eqns[op]
@@ -257,7 +257,7 @@ def run_part(split: Split, s: int, leaves: dict, acts, batch, unrolled: bool = F
     return [read(v) for v in part.outputs]
 
 
-def _run_piece(e, op: Piece, read, unrolled: bool) -> list:
+def _run_piece(e, op: StackPiece, read, unrolled: bool) -> list:
     nc, nk = e.params["num_consts"], e.params["num_carry"]
     consts = [read(v) for v in e.invars[:nc]]
     carry = [read(v) for v in op.carry_in]

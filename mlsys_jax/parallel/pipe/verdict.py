@@ -112,7 +112,7 @@ def leaf_bounds(noise, scale, like) -> list[float]:
     return out
 
 
-class Verdict:
+class PipelineVerdict:
     """Accumulates, step by step, the worst difference / bound per quantity."""
 
     def __init__(self):
@@ -130,7 +130,7 @@ class Verdict:
         return self.worst[what]["ratio"] <= 1.0
 
 
-def judge_step(verdict: Verdict, refs: dict, got: dict, own_update) -> bool:
+def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
     one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]``, if there
     is a float64 twin: its loss and gradients); ``own_update(grads)`` is the one-device
