@@ -74,7 +74,8 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
     _progress(f"compiling the {plan.stages}-stage program and the one-device references")
     compiled = plan.compile(options)
-    refs_fn = jax.jit(references(plan.loss, groups)).lower(t0, plan.batch).compile(options)
+    refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss)).lower(
+        t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
     twin = Float64Twin(plan.loss, t0, plan.batch, options)
     verdict, t, s = PipelineVerdict(), t0, s0

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mlsys_jax.compat import jaxpr_as_fun
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipe.balance import (at_split_points, balanced, check_stage_count,
@@ -66,6 +67,12 @@ class PipelinePlan:
     @property
     def microbatches(self) -> int:
         return self.schedule.microbatches
+
+    def microbatch_loss(self, trainable, batch):
+        """The loss on one microbatch, evaluated from its traced jaxpr (what the stages run)."""
+        out = jaxpr_as_fun(self.split.closed)(*jax.tree.leaves(trainable),
+                                              *jax.tree.leaves(batch))
+        return out[0]
 
     def with_schedule(self, schedule: str) -> "PipelinePlan":
         """The same split and layouts under another schedule (a new program)."""

@@ -37,19 +37,21 @@ RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 _BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
 
 
-def references(loss, groups: int):
+def references(loss, groups: int, microbatch_loss=None):
     """``f(trainable, batch) -> {A, B, C: (loss, grads), "terms": (loss, grads)}``; ``terms``
     holds the largest |loss| and, per leaf, |gradient| of a single microbatch (the scale of what
-    the sums add). The optimizer is applied to A, B and C by one separately compiled update."""
-    vg = jax.value_and_grad(loss)
+    the sums add). ``microbatch_loss`` (the loss on one microbatch, e.g. its traced jaxpr as a
+    function: the user's Python is not traced again) serves B and C. The optimizer is applied to
+    A, B and C by one separately compiled update."""
+    vg, vg_mb = jax.value_and_grad(loss), jax.value_and_grad(microbatch_loss or loss)
 
     def f(t, batch):
         mbs = jax.tree.map(lambda x: x.reshape((groups, x.shape[0] // groups) + x.shape[1:]),
                            batch)
-        bv, bg = jax.vmap(vg, in_axes=(None, 0))(t, mbs)
+        bv, bg = jax.vmap(vg_mb, in_axes=(None, 0))(t, mbs)
 
         def body(acc, mb):
-            return jax.tree.map(jnp.add, acc, vg(t, mb)), None
+            return jax.tree.map(jnp.add, acc, vg_mb(t, mb)), None
         a = vg(t, batch)
         total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
         terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
