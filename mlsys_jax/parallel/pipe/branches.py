@@ -35,7 +35,8 @@ def distinct(fns: Sequence[Callable], operands) -> tuple[list, list, object]:
         c, shape = jax.make_jaxpr(lambda *a, f=f: f(*jax.tree.unflatten(tree, a)),
                                   return_shape=True)(*structs)
         out_tree = jax.tree.structure(shape)
-        k = structural_hash(c)
+        with jax.ensure_compile_time_eval():  # a PRNG key constant is keyed by its data, now
+            k = structural_hash(c)
         if k not in keys:
             keys[k] = len(closed)
             closed.append(c)

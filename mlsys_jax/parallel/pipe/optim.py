@@ -123,25 +123,22 @@ class PartitionedOptimizer:
                                  "branches on parameter shapes), so it cannot run per stage; use "
                                  "an optimizer such as optax.adamw or optax.sgd")
 
-    def _view_axes(self, i: int, j: int) -> tuple[frozenset, frozenset]:
-        """Axes of equation i's output j whose size differs between the whole tree and a view
-        (view axes), and those some stage holds only part of (cut axes)."""
-        full = self.whole.jaxpr.eqns[i].outvars[j].aval.shape
-        sizes = [v.jaxpr.eqns[i].outvars[j].aval.shape for v in self.views]
+    @staticmethod
+    def _axes(full, sizes) -> tuple[frozenset, frozenset]:
+        """Of a value whose shape is ``full`` on the whole tree and ``sizes`` on the views: the
+        axes whose size differs (view axes), and those some stage holds only part of (cut)."""
         view = frozenset(d for d in range(len(full)) if any(z[d] != full[d] for z in sizes))
-        cut = frozenset(d for d in view if any(0 < z[d] < full[d] for z in sizes))
-        return view, cut
+        return view, frozenset(d for d in view if any(0 < z[d] < full[d] for z in sizes))
+
+    def _view_axes(self, i: int, j: int) -> tuple[frozenset, frozenset]:
+        """:meth:`_axes` of equation i's output j."""
+        return self._axes(self.whole.jaxpr.eqns[i].outvars[j].aval.shape,
+                          [v.jaxpr.eqns[i].outvars[j].aval.shape for v in self.views])
 
     def _find_exchanges(self) -> None:
         w = self.whole.jaxpr
-        axes = {}
-        for v in list(w.invars):
-            axes[v] = (frozenset(), frozenset())
-        for k, v in enumerate(w.invars):
-            full = v.aval.shape
-            sizes = [x.jaxpr.invars[k].aval.shape for x in self.views]
-            view = frozenset(d for d in range(len(full)) if any(z[d] != full[d] for z in sizes))
-            axes[v] = (view, frozenset(d for d in view if any(0 < z[d] < full[d] for z in sizes)))
+        axes = {v: self._axes(v.aval.shape, [x.jaxpr.invars[k].aval.shape for x in self.views])
+                for k, v in enumerate(w.invars)}
         rnd = {v: 0 for v in w.invars}
         self.exchange, self.round_of = {}, []
         for i, e in enumerate(w.eqns):

@@ -38,7 +38,7 @@ from mlsys_jax.parallel.pipe.stagefn import (differentiable, forward_with_vjp, r
                                              residuals_of, stage_io)
 from mlsys_jax.parallel.pipeline import Schedule
 from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, COLUMNS, FORWARD, IDLE,
-                                             _write, action_arrays, buffer_rows)
+                                             action_arrays, buffer_rows, write_row)
 
 
 def send_arrays(columns: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +164,7 @@ class PipelineProgram:
             return {k: lax.dynamic_index_in_dim(v, r, keepdims=False) for k, v in buf.items()}
 
         def write(buf, index_plus_one, value):
-            return {k: _write(buf[k], index_plus_one, value[k]) for k in buf}
+            return {k: write_row(buf[k], index_plus_one, value[k]) for k in buf}
 
         def step(carry, xs):
             stash, cot, res, gown, grep, loss, idle, sends = carry
