@@ -31,6 +31,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.primitives import ELEMENTWISE
 from mlsys_jax.parallel.pipe.branches import stage_switch
 from mlsys_jax.parallel.pipe.flat import FlatLayout, padded_family
+from mlsys_jax.parallel.pipe.optim_batch import _input_kind, chain_groups, run_position
 from mlsys_jax.parallel.pipe.placement import StageLeaves
 
 EXCHANGES = {"reduce_sum": lax.psum, "dot_general": lax.psum, "reduce_max": lax.pmax,
@@ -107,6 +108,12 @@ class PartitionedOptimizer:
                             for i in range(len(self.state_avals))]
         self.state_layouts = padded_family([FlatLayout(vs) for vs in view_states])
         self._find_exchanges()
+        self.groups = [chain_groups(v.jaxpr, self._literal) for v in self.views]
+
+    def _literal(self, i: int, j: int):
+        """The literal equation i reads as input j: the whole tree's (a mean divides by the
+        whole leaf's size, not by a view's)."""
+        return self.whole.jaxpr.eqns[i].invars[j]
 
     # -- analysis -----------------------------------------------------------------------------
     def _check_aligned(self) -> None:
@@ -214,6 +221,23 @@ class PartitionedOptimizer:
                       if not isinstance(v, Literal) and v in made]
         return need
 
+    def _batched_positions(self, s: int, need: set) -> dict:
+        """``{equation: (group, k)}`` for the positions of stage s's chain groups that run
+        batched: needed by every member, and reading only batched earlier positions."""
+        eqns, at = self.views[s].jaxpr.eqns, {}
+        for group in self.groups[s]:
+            batched = set()
+            for k in range(len(group.chains[0])):
+                members = [c[k] for c in group.chains]
+                locals_ok = all(kind[0] != "local" or kind[1] in batched
+                                for kind in (_input_kind(group, k, j, eqns)
+                                             for j, v in enumerate(eqns[members[0]].invars)
+                                             if not isinstance(v, Literal)))
+                if all(i in need for i in members) and locals_ok:
+                    batched.add(k)
+                    at.update((i, (group, k)) for i in members)
+        return at
+
     def _evaluate(self, s: int, inputs, exchanged: dict, upto: int, partial: bool):
         view, whole = self.views[s], self.whole.jaxpr
         env = dict(zip(view.jaxpr.constvars, view.consts))
@@ -223,9 +247,15 @@ class PartitionedOptimizer:
                    [made[v] for v in view.jaxpr.outvars
                     if not isinstance(v, Literal) and v in made])
         need = self._needed(s, targets)
+        at, done = self._batched_positions(s, need), {}
         parts = []
         for i, (ev, ew) in enumerate(zip(view.jaxpr.eqns, whole.eqns)):
             if i not in need:
+                continue
+            if i in at:  # the same work for several leaves: once, on their concatenation
+                group, k = at[i]
+                if (id(group), k) not in done:
+                    run_position(group, k, view.jaxpr.eqns, self._literal, env, done)
                 continue
             this_round = partial and i in targets
             if i in self.exchange and not this_round:

@@ -2,9 +2,9 @@
 
 On one device, at the same state and compiler settings as the pipeline, three computations of
 the step: **A** the whole batch; **B** the mean over the pipeline's microbatches of each
-microbatch's loss (a ``vmap``); **C** the same sum accumulated microbatch by microbatch in the
-opposite order (a reversed ``lax.scan``). B and C compute the same thing with the sums in other
-orders, so their difference is rounding noise, whatever the loss. A equals B in exact
+microbatch's loss and gradients (a ``vmap``); **C** the same microbatch values summed one by one
+from the last (a reversed ``lax.scan``). B and C differ only in the order of the sum, so their
+difference is rounding noise, whatever the loss. A equals B in exact
 arithmetic only if the loss is *separable* over microbatches: a loss that mixes the examples of
 a batch (training BatchNorm's statistics, a mask drawn for the whole batch) computes something
 else per microbatch, and the pipeline can only compute B.
@@ -50,13 +50,13 @@ def references(loss, groups: int, microbatch_loss=None):
                            batch)
         bv, bg = jax.vmap(vg_mb, in_axes=(None, 0))(t, mbs)
 
-        def body(acc, mb):
-            return jax.tree.map(jnp.add, acc, vg_mb(t, mb)), None
-        a = vg(t, batch)
-        total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
+        def backwards(x):  # the microbatches' sum, one by one from the last
+            total, _ = lax.scan(lambda acc, y: (acc + y, None), jnp.zeros_like(x[0]), x,
+                                reverse=True)
+            return total / groups
         terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
-        return {"A": a, "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
-                "C": jax.tree.map(lambda x: x / groups, total), "terms": terms}
+        return {"A": vg(t, batch), "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
+                "C": jax.tree.map(backwards, (bv, bg)), "terms": terms}
     return f
 
 
