@@ -77,15 +77,13 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss)).lower(
         t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
-    twin = Float64Twin(plan.loss, t0, plan.batch, options)
+    twin = Float64Twin(plan.loss, t0, plan.batch, groups, options)
     verdict, t, s = PipelineVerdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
         refs = jax.device_get(refs_fn(t, plan.batch))
         refs.update({k: (*refs[k], *jax.device_get(update(refs[k][1], s, t))) for k in "ABC"})
-        wide = twin(t, plan.batch)
-        if wide is not None:
-            refs["A64"] = {"loss": wide[0], "grads": wide[1]}
+        refs.update(twin(t, plan.batch) or {})
         got = plan.step(t, s, options)
         judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])
         ref = refs["A" if verdict.separable_steps[0] else "B"]

@@ -10,7 +10,8 @@ a batch (training BatchNorm's statistics, a mask drawn for the whole batch) comp
 else per microbatch, and the pipeline can only compute B.
 
 So per step, from one device's state (teacher forcing): the loss is separable if A - B is within
-the noise; the pipeline's loss and gradients are then compared with A's (else with B's, and the
+the noise |B - C| (A - B in float64 when the model has a float64 twin: in float32 it is mostly
+rounding, as large as the mathematics' difference may be small); the pipeline's loss and gradients are then compared with A's (else with B's, and the
 report says why it is not exact), each parameter leaf on its own, against ``NOISE_MARGIN`` x
 the measured noise (when separable the largest of |A - B|, |B - C| and |A - A64|, A's distance
 from the same step in float64 (:class:`Float64Twin`); |B - C| when not) plus ``FLOOR_EPS`` eps
@@ -66,16 +67,18 @@ def _as64(tree):
 
 
 class Float64Twin:
-    """The whole-batch loss and gradient in float64 (the user's code with float64 parameters
-    and inputs): how far one device's float32 result is from the exact one. A gradient that is
-    mathematically zero (an attention key bias: softmax ignores a shift of every score) is pure
-    rounding in float32, on one device and on the mesh alike; only this shows it."""
+    """A, B and C in float64 (the user's code with float64 parameters and inputs, traced again):
+    how far one device's float32 results are from exact ones, and whether the loss is
+    separable. A gradient that is mathematically zero (an attention key bias: softmax ignores a
+    shift of every score) is pure rounding in float32, on one device and on the mesh alike; only
+    this shows it. And float32's A - B mixes rounding (a whole batch's contraction against
+    microbatch ones) with non-separability; float64's A - B is the non-separability alone."""
 
-    def __init__(self, loss, trainable, batch, options=None):
+    def __init__(self, loss, trainable, batch, groups: int, options=None):
         self.fn, self.note = None, None
         with jax.enable_x64(True):
             try:
-                lowered = jax.jit(jax.value_and_grad(loss)).lower(_as64(trainable), _as64(batch))
+                lowered = jax.jit(references(loss, groups)).lower(_as64(trainable), _as64(batch))
                 wide = all(jnp.dtype(a.dtype) == jnp.float64 for a in jax.tree.leaves(
                     lowered.out_info))
                 self.fn = lowered.compile(options) if wide else None
@@ -87,11 +90,13 @@ class Float64Twin:
                              f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''})"
                              "; the noise is float32's alone")
 
-    def __call__(self, trainable, batch):
+    def __call__(self, trainable, batch) -> dict | None:
+        """``{"A64": .., "B64": ..}``, each ``{"loss", "grads"}``; None without a twin."""
         if self.fn is None:
             return None
         with jax.enable_x64(True):
-            return jax.device_get(self.fn(_as64(trainable), _as64(batch)))
+            out = jax.device_get(self.fn(_as64(trainable), _as64(batch)))
+        return {f"{k}64": {"loss": out[k][0], "grads": out[k][1]} for k in "AB"}
 
 
 def leaf_diffs(a, b) -> list[float]:
@@ -134,8 +139,8 @@ class PipelineVerdict:
 
 def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
-    one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]``, if there
-    is a float64 twin: its loss and gradients); ``own_update(grads)`` is the one-device
+    one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]`` and
+    ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)`` is the one-device
     optimizer's new parameters from the step's state. Returns whether the loss was separable."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
     scale = {"loss": leaf_magnitudes(refs["terms"][0]),
@@ -143,6 +148,8 @@ def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> b
     noise_bc = {q: leaf_diffs(B[q], C[q]) for q in QUANTITIES}
     ab = {q: leaf_diffs(A[q], B[q]) for q in ("loss", "grads")}
     sep_bounds = {q: leaf_bounds(noise_bc[q], scale[q], B[q]) for q in ab}
+    if "B64" in refs:  # the mathematics' own A - B, against what float32 could distinguish
+        ab = {q: leaf_diffs(refs["A64"][q], refs["B64"][q]) for q in ab}
     separable = all(d <= b for q in ab for d, b in zip(ab[q], sep_bounds[q]))
     for q in ab:
         verdict.record("separability", ab[q], noise_bc[q], sep_bounds[q])
