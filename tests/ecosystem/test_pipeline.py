@@ -114,7 +114,7 @@ def test_the_text_report_fits_120_columns(haiku_cli):
 
 
 def test_equinox_mlp_stages_follow_its_parameter_paths():
-    _, r = run("equinox_mlp", {"pipe": 4}, "1f1b")
+    _, r = run("equinox_mlp", {"data": 2, "pipe": 4}, "1f1b")
     assert r.exact, r.reason
     assert r.unit_source == "parameter paths"
     assert r.units == [f"layers[{i}]" for i in range(13)]
