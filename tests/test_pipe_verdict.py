@@ -31,8 +31,8 @@ def refs_of(a, b, c, twin_gap=0.0):
            for i, (k, g) in enumerate(zip("ABC", (a, b, c)))}
     out["terms"] = (np.float32(2.5), {k: np.float32(np.abs(v).max()) for k, v in a.items()})
     exact = {k: v.astype(np.float64) for k, v in G.items()}
-    out["A64"] = {"loss": 2.5, "grads": exact}
-    out["B64"] = {"loss": 2.5, "grads": {k: v + twin_gap for k, v in exact.items()}}
+    out["A64"] = {"loss": 2.5, "grads": {k: v + twin_gap for k, v in exact.items()}}
+    out["B64"] = {"loss": 2.5, "grads": exact}
     return out
 
 

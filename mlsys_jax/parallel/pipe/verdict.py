@@ -13,8 +13,8 @@ So per step, from one device's state (teacher forcing): the loss is separable if
 the noise |B - C| (A - B in float64 when the model has a float64 twin: in float32 it is mostly
 rounding, as large as the mathematics' difference may be small); the pipeline's loss and gradients are then compared with A's (else with B's, and the
 report says why it is not exact), each parameter leaf on its own, against ``NOISE_MARGIN`` x
-the measured noise (when separable the largest of |A - B|, |B - C| and |A - A64|, A's distance
-from the same step in float64 (:class:`Float64Twin`); |B - C| when not) plus ``FLOOR_EPS`` eps
+the measured noise (the largest difference between any two of A, B, C and A64, the same step
+in float64 (:class:`Float64Twin`), when separable; of B, C and B64 when not) plus ``FLOOR_EPS`` eps
 of the magnitude the sums add up (the largest microbatch's loss or gradient). The new
 parameters are compared against what one device's optimizer makes of gradients anywhere within
 that bound (each element moved by the bound both ways) plus their own rounding. Separately, the
@@ -140,8 +140,8 @@ class PipelineVerdict:
 def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
     one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]`` and
-    ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)`` is the one-device
-    optimizer's new parameters from the step's state. Returns whether the loss was separable."""
+    ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)``
+    is the one-device optimizer's new parameters from the step's state. Returns whether the loss was separable."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
     scale = {"loss": leaf_magnitudes(refs["terms"][0]),
              "grads": leaf_magnitudes(refs["terms"][1])}
@@ -156,11 +156,14 @@ def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> b
     ref = A if separable else B
     bounds = {}
     for q in ("loss", "grads"):
-        noise = noise_bc[q]
-        if separable:
-            noise = [max(x, y) for x, y in zip(noise, leaf_diffs(A[q], B[q]))]
-            if "A64" in refs:  # how far one device's own float32 result is from float64's
-                noise = [max(x, y) for x, y in zip(noise, leaf_diffs(A[q], refs["A64"][q]))]
+        # the noise: the largest difference between any two equivalent one-device computations
+        # of what the pipeline computes (A, B, C and the twin's A64 = B64 when separable; B, C
+        # and B64 when not): float64's are how far each float32 result is from the exact one
+        same = [B[q], C[q]] + ([A[q]] if separable else [])
+        if "B64" in refs:
+            same.append(refs["A64" if separable else "B64"][q])
+        noise = [max(d) for d in zip(*(leaf_diffs(x, y) for i, x in enumerate(same)
+                                       for y in same[i + 1:]))]
         bounds[q] = leaf_bounds(noise, scale[q], ref[q])
         verdict.record(q, leaf_diffs(got[q], ref[q]), noise, bounds[q])
     # New parameters: what the optimizer makes of gradients anywhere within their bound (per
