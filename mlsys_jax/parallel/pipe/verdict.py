@@ -2,24 +2,27 @@
 
 On one device, at the same state and compiler settings as the pipeline, three computations of
 the step: **A** the whole batch; **B** the mean over the pipeline's microbatches of each
-microbatch's loss and gradients (a ``vmap``); **C** the same microbatch values summed one by one
-from the last (a reversed ``lax.scan``). B and C differ only in the order of the sum, so their
-difference is rounding noise, whatever the loss. A equals B in exact
-arithmetic only if the loss is *separable* over microbatches: a loss that mixes the examples of
-a batch (training BatchNorm's statistics, a mask drawn for the whole batch) computes something
-else per microbatch, and the pipeline can only compute B.
+microbatch's loss and gradients (a ``vmap``); **C** the same mean with each microbatch computed
+on its own, one at a time from the last (a reversed ``lax.scan``), as a pipeline stage computes
+them. B and C compute the same mathematics in other orders and fusions, so their difference is
+rounding noise, whatever the loss (C summing B's values would measure the rounding of the sum
+alone, narrower than what a stage's own compile of a microbatch rounds: docs/pipeline.md). A
+equals B in exact arithmetic only if the loss is *separable* over microbatches: a loss that
+mixes the examples of a batch (training BatchNorm's statistics, a mask drawn for the whole
+batch) computes something else per microbatch, and the pipeline can only compute B.
 
 So per step, from one device's state (teacher forcing): the loss is separable if A - B is within
 the noise |B - C| (A - B in float64 when the model has a float64 twin: in float32 it is mostly
-rounding, as large as the mathematics' difference may be small); the pipeline's loss and gradients are then compared with A's (else with B's, and the
-report says why it is not exact), each parameter leaf on its own, against ``NOISE_MARGIN`` x
-the measured noise (the largest difference between any two of A, B, C and A64, the same step
-in float64 (:class:`Float64Twin`), when separable; of B, C and B64 when not) plus ``FLOOR_EPS`` eps
-of the magnitude the sums add up (the largest microbatch's loss or gradient). The new
-parameters are compared against what one device's optimizer makes of gradients anywhere within
-that bound (each element moved by the bound both ways) plus their own rounding. Separately, the
-pipeline's new parameters must equal what optax makes of the pipeline's own gradients on one
-device, within ``FLOOR_EPS`` eps: the optimizer ran on the whole tree.
+rounding, as large as the mathematics' difference may be small); the pipeline's loss and
+gradients are then compared with A's (else with B's, and the report says why it is not exact),
+each parameter leaf on its own, against ``NOISE_MARGIN`` x the measured noise (the largest
+difference between any two of A, B, C and A64, the same step in float64 (:class:`Float64Twin`),
+when separable; of B, C and B64 when not) plus ``FLOOR_EPS`` eps of the magnitude the sums add
+up (the largest microbatch's loss or gradient). The new parameters are compared against what one
+device's optimizer makes of gradients anywhere within that bound (each element moved by the
+bound both ways) plus their own rounding. Separately, the pipeline's new parameters must equal
+what optax makes of the pipeline's own gradients on one device, within ``FLOOR_EPS`` eps: the
+optimizer ran on the whole tree.
 """
 from __future__ import annotations
 
@@ -51,13 +54,13 @@ def references(loss, groups: int, microbatch_loss=None):
                            batch)
         bv, bg = jax.vmap(vg_mb, in_axes=(None, 0))(t, mbs)
 
-        def backwards(x):  # the microbatches' sum, one by one from the last
-            total, _ = lax.scan(lambda acc, y: (acc + y, None), jnp.zeros_like(x[0]), x,
-                                reverse=True)
-            return total / groups
+        def body(acc, mb):  # one microbatch at a time, as a pipeline stage computes it
+            return jax.tree.map(jnp.add, acc, vg_mb(t, mb)), None
+        a = vg(t, batch)
+        total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
         terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
-        return {"A": vg(t, batch), "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
-                "C": jax.tree.map(backwards, (bv, bg)), "terms": terms}
+        return {"A": a, "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
+                "C": jax.tree.map(lambda x: x / groups, total), "terms": terms}
     return f
 
 
