@@ -10,14 +10,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import jax
-import numpy as np
 
 from mlsys_jax.parallel.pipe import figures
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
-from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, PipelineVerdict, causes, judge_step,
-                                             references)
+from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, PipelineVerdict, causes,
+                                             judge_step, leaf_diffs, references)
 
 
 @dataclass
@@ -93,7 +92,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         _progress(f"free-running step {k + 1}/{steps}")
         last = plan.step(free_t, free_s, options)
         free_t, free_s = last["params"], last["opt_state"]
-    free = {"params": max(_diffs(free_t, t))}
+    free = {"params": max(leaf_diffs(free_t, t))}
     separable = all(verdict.separable_steps)
     exact, reason = _reason(plan, verdict, separable)
     notes = [twin.note] if twin.note else []
@@ -127,11 +126,6 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         p2p=p2p, memory=memory, stacked=figures.stacked_share(plan),
         replica_spread=last["replica_spread"],
         timeline=figures.timeline_table(log, log_mb), notes=notes)
-
-
-def _diffs(a, b) -> list[float]:
-    return [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)),
-                         initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
 
 
 def _reason(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool) -> tuple[bool, str]:
