@@ -16,6 +16,8 @@
    the verifier checks only what changed, so they cost a small multiple of one walk.
 6. The fuzzer's CI tier (seed 0, every pass, gradients on every 2nd program) on a sample of
    programs: programs per second on this machine, and the share of its CPU time the passes take.
+7. Translation validation's cost: the default pipeline with every rewrite validated on its region
+   (``passes.run``'s default) and without, on the same program and on the §4.2 block.
 """
 from __future__ import annotations
 
@@ -175,7 +177,9 @@ def run(quick: bool = False) -> dict:
     f4, n4 = block_search_measured(quick)
     f5, n5 = _pass_speed.structural_vs_jax_dce(generated_program, quick)
     f6, n6 = _pass_speed.fuzz_rate(quick)
-    return {"figures": {**f1, **f2, **f3, **f4, **f5, **f6}, "notes": n1 + n2 + n3 + n4 + n5 + n6}
+    f7, n7 = _pass_speed.validation_cost(generated_program, lambda q: _block(q)[1]["original"], quick)
+    return {"figures": {**f1, **f2, **f3, **f4, **f5, **f6, **f7},
+            "notes": n1 + n2 + n3 + n4 + n5 + n6 + n7}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from jax import lax
 from mlsys_jax import cli, ir, passes
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.fuzz import Spec
-from mlsys_jax.fuzz.build import build
+from mlsys_jax.fuzz.program import build
 from mlsys_jax.fuzz.judge import check_program
 from mlsys_jax.fuzz.opaque import opaque
 from mlsys_jax.passes import registry

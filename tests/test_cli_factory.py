@@ -1,16 +1,13 @@
 """Targets as users write them: example factories (pytrees with static leaves, PRNG keys, Python
 scalars), JAX's float32 defaults unless --x64, the unfused and fused estimates side by side, and
-optimize's value check (verified only when the outputs agree, NaN never hidden)."""
+optimize's value check (verified only when the outputs agree; tests/test_value_check.py)."""
 import json
 import textwrap
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
-from mlsys_jax import cli, ir
-from mlsys_jax.cli import check as C
+from mlsys_jax import cli
 from mlsys_jax.cli.target import load_factory
 from mlsys_jax.passes import registry
 
@@ -145,10 +142,10 @@ def test_optimize_that_changes_values_is_not_verified(user_file, capsys, monkeyp
     monkeypatch.setattr(registry, "pipeline",
                         lambda spec=None, source="": registry.make("cse", param_blind=True))
     rc, out, _ = _run(["optimize", f"{user_file}:powers"], capsys)
-    assert rc == 1 and "verified: no — output 0: max |diff|" in out
+    assert rc == 1 and "verified: no — output 0 on input 0:" in out
     rc, out, _ = _run(["optimize", f"{user_file}:powers", "--json"], capsys)
     d = json.loads(out)
-    assert rc == 1 and not d["verified"] and d["max_abs_diff"] > d["tolerance"]
+    assert rc == 1 and not d["verified"] and d["wrong_elements"] > 0
 
 
 @pytest.mark.slow
@@ -159,41 +156,3 @@ def test_measure_reports_both_times_and_the_speedup(user_file, capsys):
     assert rc == 0 and set(m) == {"original_us", "optimized_us", "speedup", "speedup_min",
                                   "speedup_max", "rounds"}
     assert m["rounds"] == 2 and m["original_us"] > 0 and m["speedup_min"] <= m["speedup"]
-
-
-def _closed(fn, n=6):
-    return ir.trace(fn, jax.ShapeDtypeStruct((n,), jnp.float32))
-
-
-def test_value_check_sees_nan_inf_and_the_tolerance():
-    x = [jnp.linspace(0.5, 2.0, 6, dtype=jnp.float32)]
-    same = C.compare_outputs(_closed(jnp.sin), _closed(jnp.sin), x)
-    assert same.ok and same.max_abs_diff == 0
-    nan = C.compare_outputs(_closed(jnp.sin), _closed(lambda v: jnp.sin(v) / (v - v)), x)
-    assert not nan.ok and nan.new_nonfinite == 6 and "NaN/Inf" in nan.problems[0]
-    close = C.compare_outputs(_closed(jnp.sin), _closed(lambda v: jnp.sin(v) * (1 + 1e-6)), x)
-    assert close.ok and 0 < close.max_abs_diff <= close.tolerance
-    far = C.compare_outputs(_closed(jnp.sin), _closed(jnp.cos), x)
-    assert not far.ok and "above the float32 tolerance" in far.problems[0]
-    kept = C.compare_outputs(_closed(lambda v: v / 0), _closed(lambda v: v / 0), x)
-    assert kept.ok  # an Inf the original has is not a new one
-
-
-def test_a_float64_output_computed_through_float32_gets_the_float32_tolerance():
-    x = [jnp.linspace(0.5, 2.0, 6, dtype=jnp.float64)]
-    f64 = lambda fn: ir.trace(fn, jax.ShapeDtypeStruct((6,), jnp.float64))  # noqa: E731
-    through32 = f64(lambda v: jnp.sin(v.astype(jnp.float32)).astype(jnp.float64))
-    rounded = C.compare_outputs(through32, f64(jnp.sin), x)
-    assert rounded.ok and rounded.max_abs_diff > C.tolerance(np.dtype("float64"), 1.0)
-    assert not C.compare_outputs(f64(jnp.sin), f64(lambda v: jnp.sin(v) + 1e-7), x).ok
-
-
-def test_value_check_integers_and_keys_must_be_equal():
-    x = [jnp.arange(6, dtype=jnp.float32)]
-    ints = C.compare_outputs(_closed(lambda v: v.astype(jnp.int32)),
-                             _closed(lambda v: (v + 1).astype(jnp.int32)), x)
-    assert not ints.ok and "differs in 6 of 6" in ints.problems[0]
-    keys = lambda s: _closed(lambda v: jax.random.split(jax.random.key(s), 6))  # noqa: E731
-    assert C.compare_outputs(keys(0), keys(0), x).ok
-    assert not C.compare_outputs(keys(0), keys(1), x).ok
-    assert C.tolerance(np.dtype("float64"), 1.0) < 1e-8 < C.tolerance(np.dtype("float32"), 1.0)

@@ -1,8 +1,10 @@
 """The CI-tier campaign: 300 programs through every pass at a fixed seed.
 
 0 verifier failures, 0 mismatches, 0 crashes, every pass fired on at least 10% of the valid
-programs; remat and data-parallel cases on their oracles. (Gradients are probed on every 2nd
-program here; the by-hand 10,000-program campaign probes every program.)
+programs, every pass and pipeline repeated to a fixpoint converges (every 5th program), and
+translation validation refused no rewrite as wrong in float64; remat and data-parallel cases on
+their oracles. (Gradients are probed on every 2nd program here; the by-hand 10,000-program
+campaign probes every program.)
 """
 import pytest
 
@@ -42,3 +44,17 @@ def test_remat_and_data_parallel_oracles_hold(summary):
     for name in ("remat", "data_parallel"):
         row = summary["systems"][name]
         assert row["cases"] >= 3 and row["failures"] == 0, row
+
+
+def test_every_fixpoint_converges(summary):
+    assert summary["fixpoint_programs"] >= PROGRAMS // 5 - 1
+    assert summary["fixpoint_failures"] == 0, [f for f in summary["failures"]
+                                               if f["kind"] == "fixpoint"][:3]
+
+
+def test_no_rule_proposes_a_rewrite_that_changes_a_value(summary):
+    """What translation validation refuses of the real rules: only values their dtype cannot
+    hold (an overflow the rule could not see), never a value computed wrongly."""
+    wrong = [r for r in summary["validation_refusals"] if "differs in float64" in r[2]
+             or "differs on input" in r[2]]
+    assert not wrong, wrong[:3]

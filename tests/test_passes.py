@@ -286,3 +286,48 @@ def test_symbolic_shapes_are_refused():
     closed = jax.make_jaxpr(lambda x: x * 2.0)(jax.ShapeDtypeStruct((b, 4), F32))
     with pytest.raises(MlsysError, match="symbolic"):
         P.run(P.dce(), closed)
+
+
+def test_typed_literals_fold():
+    """JAX 0.10 makes ``lax.stop_gradient(0.1)`` a TypedFloat literal (no ``.shape``): what
+    equinox's Dropout emits. Folding it keeps its dtype and weak type."""
+    from jax.extend.core import Literal
+
+    closed = ir.trace(lambda x: x / (1 - lax.stop_gradient(0.1)) + lax.stop_gradient(2),
+                      jnp.ones(3, F32))
+    assert any(type(v) is Literal and not hasattr(v.val, "shape")  # a TypedFloat, a TypedInt
+               for e in closed.jaxpr.eqns for v in e.invars)
+    res = P.run(P.fold_constants(), closed)
+    assert res.changed and ir.primitive_counts(res.jaxpr)["stop_gradient"] == 0
+    assert signature(res.jaxpr) == signature(closed)
+    np.testing.assert_array_equal(ir.interpret(res.jaxpr, X[:3])[0],
+                                  ir.interpret(closed, X[:3])[0])
+
+
+def test_inline_then_fold_reaches_a_fixpoint():
+    """fold_conv_bn emits a conv_bias call; inline leaves such a call closed (every conv rule
+    reads through it), so the pair converges instead of opening and remaking it for ever."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((4, 4, 3, 3)), F32)
+    bn = {k: jnp.asarray(v, F32) for k, v in dict(
+        gamma=[1.0, 2.0, 0.5, 1.5], beta=[0.1, 0.2, 0.3, 0.4], mean=[0.0, 0.1, -0.1, 0.2],
+        var=[1.0, 2.0, 0.5, 1.0]).items()}
+    closed = ir.trace(lambda x: models.batch_norm(models.conv(x, w, 1), **bn),
+                      jax.ShapeDtypeStruct((2, 4, 6, 6), F32))
+    res = P.run(P.fixpoint(P.chain(P.inline(), P.fold_conv_bn())), closed)
+    assert [op.name for op in ir.op_view(res.jaxpr)] == ["conv_bias"]
+    assert not P.inline()(res.jaxpr).changed
+    assert P.inline("conv_bias")(res.jaxpr).changed  # named, it is inlined
+
+
+def test_fold_constants_refuses_what_depends_on_flushing_subnormals():
+    """XLA:CPU's kernels read subnormals as zero, its constant folder does not: log of a
+    subnormal constant is -103.28 under jax.jit, -103.97 through the kernel. Left unfolded."""
+    c = jnp.asarray([np.float32(1e-45), 2.0], F32)
+    tiny = jnp.asarray([1e-30, 1.0], F32)
+    closed = ir.trace(lambda x: (x + jnp.log(c), x + tiny * 1e-10, x + c.reshape(2)),
+                      jnp.ones(2, F32))
+    res = P.run(P.fold_constants(), closed)
+    why = [r for r in res.refusals if r.check == "computed_as_xla_computes"]
+    assert [r.where for r in why] == ["0", "2"]  # log of it, and a product the kernel flushes
+    assert "subnormal" in why[0].reason and "subnormal result" in why[1].reason
+    assert ir.primitive_counts(res.jaxpr)["log"] == 1  # the reshape moved its bits: folded

@@ -127,7 +127,7 @@ def test_the_registry_names_builds_and_classifies_every_pass():
     assert registry.pipeline(" dce , cse").name == "chain(dce,cse)" == \
         registry.pipeline(["dce", "cse"]).name
     assert {m.target for m in MUTANTS} - {"data_parallel"} <= set(registry.NAMES)
-    assert set(registry.search_moves()) == set(registry.SEARCH_MOVES)
+    assert set(registry.search_moves()) == set(registry.search_move_names())
 
 
 @pytest.mark.parametrize("call,message", [

@@ -1,5 +1,7 @@
-"""TASO-style search: α = 1.05 passes through step ③ to 2 kernels; greedy (α = 1.0) stops at 4;
-started from the default pipeline's result it never loses to the pipeline; refusals reported."""
+"""TASO-style search: α = 1.05 passes through step ③ to the lecture's 2-kernel graph; greedy
+(α = 1.0) takes only improving steps and stops at 4; started from the default pipeline's result
+it never loses to the pipeline; refusals reported; a rule registered as docs/architecture.md says
+becomes a move."""
 from __future__ import annotations
 
 from functools import partial
@@ -26,10 +28,22 @@ def block():
                     jax.ShapeDtypeStruct((32, 64, 56, 56), jnp.float32))
 
 
+def _lecture_graph(block):
+    """The §4.2 block after the lecture's five steps, as the passes make it."""
+    from mlsys_jax.passes import chain, dce, enlarge_conv_kernel, fold_conv_bn, \
+        merge_parallel_convs, run
+
+    steps = chain(fold_conv_bn(), merge_parallel_convs(), enlarge_conv_kernel(),
+                  merge_parallel_convs(), dce())
+    return run(steps, block, cost=False).jaxpr
+
+
 def test_search_finds_two_kernels_through_the_worse_step(block):
+    from mlsys_jax.passes import cost_summary
+
     r = search(block, alpha=1.05, hw="h100", dtype="bf16", pipeline=None)  # the lecture's search
+    assert r.best_cost == cost_summary(_lecture_graph(block), "h100", "bf16")
     assert r.best_cost["kernels"] == 2
-    assert abs(r.best_cost["time_us"] - 23.36) < 0.05
     rules = [s.rule for s in r.path]
     assert "enlarge_conv_kernel" in rules and rules[-1] == "merge_parallel_convs"
     i = rules.index("enlarge_conv_kernel")
@@ -41,7 +55,9 @@ def test_search_finds_two_kernels_through_the_worse_step(block):
 def test_greedy_stops_at_step_two(block):
     r = search(block, alpha=1.0, hw="h100", dtype="bf16", pipeline=None)
     assert r.best_cost["kernels"] == 4
-    assert [s.rule for s in r.path] == ["fold_conv_bn", "fold_conv_bn"]
+    times = [r.start["time_us"]] + [s.time_us for s in r.path]
+    assert all(b < a for a, b in zip(times, times[1:]))  # only steps that improve
+    assert "enlarge_conv_kernel" not in [s.rule for s in r.path]
 
 
 def test_search_rejects_bad_settings(block):
@@ -64,7 +80,9 @@ def test_search_rejects_bad_settings(block):
 def test_search_starts_from_the_pipeline_and_reports_what_still_refuses(block):
     r = search(block, alpha=1.05, hw="h100", dtype="bf16", budget=10)
     assert r.path[0].rule == "pipeline" and r.path[0].kernels == 4  # both BNs folded
-    assert [s.rule for s in r.path[1:]] == ["enlarge_conv_kernel", "merge_parallel_convs"]
+    rules = [s.rule for s in r.path[1:]]
+    assert "pipeline" not in rules and rules[-1] == "merge_parallel_convs"
+    assert rules.index("enlarge_conv_kernel") < len(rules) - 1  # enlarged before the merge
     assert r.best_cost["kernels"] == 2 and r.explored <= 10
     assert [w.rule for w in r.rewrites].count("fold_conv_bn") == 2
     greedy = search(block, alpha=1.0, hw="h100", dtype="bf16")
@@ -96,7 +114,7 @@ def test_measure_times_a_shortlist_beside_the_original_and_returns_the_fastest()
     r = search(small, alpha=1.0, hw="h100", dtype="bf16", measure=3, repeats=1)
     rows = r.measured["candidates"]
     assert len(rows) == 4 and rows[0]["rules"] == [] and r.measured["rounds"] == 1
-    assert ["pipeline", "enlarge_conv_kernel", "merge_parallel_convs"] in [c["rules"] for c in rows]
+    assert min(c["kernels"] for c in rows) == 2  # the 2-kernel graph is among those timed
     picked = rows[r.measured["picked"]]
     assert picked["median_us"] == min(c["median_us"] for c in rows)
     assert [s.rule for s in r.path] == picked["rules"]

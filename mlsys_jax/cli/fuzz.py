@@ -77,7 +77,10 @@ def _table(d: dict) -> str:
         lines.append(f"  {name}: {row.get('cases', 0)} cases, {row.get('failures', 0)} failures"
                      + (f" ({row['skipped']})" if row.get("skipped") else ""))
     lines.append(f"verifier failures {d['verifier_failures']} · mismatches {d['mismatches']} · "
-                 f"crashes {d['crashes']} · worst error ratio {d['worst_error_ratio']:.3g}")
+                 f"crashes {d['crashes']} · fixpoints that did not converge "
+                 f"{d['fixpoint_failures']} of {d['fixpoint_programs']} programs · rewrites "
+                 f"refused by translation validation {len(d['validation_refusals'])} · worst "
+                 f"error ratio {d['worst_error_ratio']:.3g}")
     for f in d["failures"][:20]:
         lines.append(wrap(f"FAIL program {f['program']} {f['pass']} ({f['kind']}): "
                           f"{f['message'][:120]}", first="  "))

@@ -4,7 +4,8 @@ Applies verified passes (or the TASO-style search, which starts from the default
 and so never loses to it) to a user's function — a factory's parameters
 are constants, so this is an inference graph — and prints the op tables before and after, the
 rewrites applied (and refused, with reasons), the unfused and fused estimates, the value check
-(:mod:`mlsys_jax.cli.check`) and, with ``--measure``, both graphs timed here under ``jax.jit``.
+(:mod:`mlsys_jax.passes.value_check`: per element, on the example inputs and fresh ones) and, with
+``--measure``, both graphs timed here under ``jax.jit``.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _summary(both) -> dict:
 
 def main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cli.check import compare_outputs
+    from mlsys_jax.passes.value_check import check_values
     from mlsys_jax.cli.headline import compiler_note, estimates, speedup_line
     from mlsys_jax.passes.registry import pipeline as named_pipeline
     from mlsys_jax.passes.search import search
@@ -63,6 +64,9 @@ def main(args) -> int:
     searched = None
     user = target.resolve(args)
     closed = user.trace(constant_params=True)
+    if not closed.jaxpr.outvars:
+        raise MlsysError(f"optimize: {user.name} returns no outputs (None?): there is nothing to "
+                         "optimize or check; return the values the model computes")
     check_evaluation_fits(closed, f"optimize's check of {user.name} on random inputs")
     try:
         if args.search:
@@ -78,23 +82,23 @@ def main(args) -> int:
             after = logged.jaxpr
         rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail}
                     for r in logged.rewrites]
-        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason}
+        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason, "check": r.check}
                     for r in logged.refusals]
-        verified, failure = True, ""
+        broken = ""
     except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
-        after, rewrites, refusals, verified, failure = closed, [], [], False, str(e)
+        after, rewrites, refusals, broken = closed, [], [], str(e)
     before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
     inputs = user.inputs(constant_params=True)
-    check = compare_outputs(closed, after, inputs)
-    if verified and not check.ok:
-        verified, failure = False, "; ".join(check.problems)
+    check = check_values(closed, after, inputs)
+    verdict, failure = _verdict(broken, check, rewrites)
+    verified = verdict == "yes"
     measured = _measure(closed, after, inputs, args.rounds) if args.measure else None
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
                           "rewrites": rewrites, "refusals": refusals, **check.to_dict(),
                           **({"measured": measured} if measured else {}),
                           **({"search": searched} if searched else {}),
-                          "verified": verified, "error": failure}, indent=1))
+                          "verified": verified, "verdict": verdict, "error": failure}, indent=1))
         return 0 if verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
@@ -117,10 +121,25 @@ def main(args) -> int:
                    f"[{measured['speedup_min']:.3g}–{measured['speedup_max']:.3g}]"
                    + ("" if hw.name == "cpu" else " (this machine's CPU: compare with --hw cpu)"),
                    first=""))
-    print(wrap(f"verified: {'yes' if verified else 'no — ' + failure}; max |output diff| "
-               f"on {'the example inputs' if user.examples else 'seeded random inputs'}: "
-               f"{check.max_abs_diff:.3g} (tolerance {check.tolerance:.3g})", first=""))
+    first = "the example inputs" if user.examples else "seeded random inputs"
+    print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
+               f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
+               f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'})", first=""))
     return 0 if verified else 1
+
+
+def _verdict(broken: str, check, rewrites) -> tuple[str, str]:
+    """('yes' | 'no' | 'not established', why): the verifier's failure first, then the values."""
+    if broken:
+        return "no", broken
+    if check.verdict == "no":
+        more = f" (and {len(check.problems) - 3} more)" if len(check.problems) > 3 else ""
+        return "no", "; ".join(check.problems[:3]) + more
+    if check.verdict == "not established":
+        validated = (f"; each of the {len(rewrites)} rewrite(s) passed translation validation on "
+                     "its region") if rewrites else ""
+        return "not established", check.why_not_established() + validated
+    return "yes", ""
 
 
 def _measure(before, after, inputs, rounds: int) -> dict:

@@ -31,6 +31,9 @@ class Summary:
     verifier_failures: int = 0
     mismatches: int = 0
     crashes: int = 0
+    fixpoint_failures: int = 0
+    fixpoint_programs: int = 0
+    validation_refusals: list = field(default_factory=list)  # [pass, program, reason]
     failures: list = field(default_factory=list)  # each one, in the order found
     worst_error_ratio: float = 0.0
     twin_checks: int = 0
@@ -44,7 +47,10 @@ class Summary:
                 "rejected_reasons": dict(self.rejected_reasons),
                 "per_pass": {k: dict(v) for k, v in self.per_pass.items()},
                 "verifier_failures": self.verifier_failures, "mismatches": self.mismatches,
-                "crashes": self.crashes, "worst_error_ratio": self.worst_error_ratio,
+                "crashes": self.crashes, "fixpoint_failures": self.fixpoint_failures,
+                "fixpoint_programs": self.fixpoint_programs,
+                "validation_refusals": [list(r) for r in self.validation_refusals],
+                "worst_error_ratio": self.worst_error_ratio,
                 "float64_twin_checks": self.twin_checks,
                 "seed": self.seed, "seconds": round(self.seconds, 2),
                 "systems": {k: dict(v) for k, v in self.systems.items()},
@@ -58,12 +64,17 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
                  time_budget: float | None = None,
                  out_dir: str | None = None, gradient_every: int = 1, knobs: Knobs | None = None,
                  stop_at_first_failure: bool = False, shrink_failures: bool = True,
-                 system_every: int = 50, first: int = 0) -> Summary:
+                 system_every: int = 50, first: int = 0, fixpoint_every: int = 5,
+                 validate: bool = True) -> Summary:
     """Generate ``programs`` random programs and run every pass on each (see module doc).
 
     Programs are numbered from ``first`` (to split one campaign over processes). Every
     ``system_every``-th program also runs one random remat case and one data-parallel
-    step against their oracles (:mod:`mlsys_jax.fuzz.systems`); 0 turns that off."""
+    step against their oracles (:mod:`mlsys_jax.fuzz.systems`); 0 turns that off. Every
+    ``fixpoint_every``-th program also repeats every pass and pipeline to a fixpoint
+    (``judge.fixpoints``; 0: never). ``validate``: the passes run with translation validation,
+    as users run them; the rewrites it refuses are listed (a correct rule proposes none but
+    those its own dtype cannot hold)."""
     if not isinstance(programs, int) or programs < 1:
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {programs!r}")
     if time_budget is not None and time_budget <= 0:
@@ -79,7 +90,9 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
         if system_every and i % system_every == 0:
             _system_cases(s, pseed)
         spec = generate_seeded(pseed, knobs)
-        out = check_program(spec, passes, pseed, gradients=(i % max(gradient_every, 1) == 0))
+        probe = bool(fixpoint_every) and i % fixpoint_every == 0
+        out = check_program(spec, passes, pseed, gradients=(i % max(gradient_every, 1) == 0),
+                            validate=validate, fixpoint=probe)
         s.programs += 1
         if out.rejected:
             s.rejected += 1
@@ -91,11 +104,14 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
             s.per_pass[name]["rewrites"] += n
         s.worst_error_ratio = max(s.worst_error_ratio, out.error_ratio)
         s.twin_checks += out.twin_checks
+        s.fixpoint_programs += probe
+        s.validation_refusals += [(name, i, why) for name, why in out.validation]
         for f in out.failures:
             f.program = i
             s.verifier_failures += f.kind == "verifier"
             s.mismatches += f.kind == "mismatch"
             s.crashes += f.kind == "crash"
+            s.fixpoint_failures += f.kind == "fixpoint"
             s.failures.append(f)
             if out_dir is not None and f.spec is not None and f.signature not in seen:
                 seen.add(f.signature)  # one reproducer per distinct failure
@@ -128,7 +144,7 @@ def combine(parts: list) -> dict:
     """One summary dict from the summaries of a campaign split over processes (``first=``)."""
     out = dict(parts[0])
     for key in ("programs", "valid", "rejected", "verifier_failures", "mismatches", "crashes",
-                "float64_twin_checks"):
+                "float64_twin_checks", "fixpoint_failures", "fixpoint_programs"):
         out[key] = sum(p.get(key, 0) for p in parts)
     out["seconds"] = max(p["seconds"] for p in parts)
     out["worst_error_ratio"] = max(p["worst_error_ratio"] for p in parts)
@@ -145,6 +161,7 @@ def combine(parts: list) -> dict:
                     merged[k] = merged.get(k, 0) + v
         out[key] = merged
     out["failures"] = [f for p in parts for f in p["failures"]]
+    out["validation_refusals"] = [r for p in parts for r in p["validation_refusals"]]
     out["reproducers"] = [r for p in parts for r in p["reproducers"]]
     return out
 

@@ -7,19 +7,17 @@ import re
 from dataclasses import dataclass, field, replace
 
 from mlsys_jax.fuzz import oracles
-from mlsys_jax.fuzz.build import build
+from mlsys_jax.fuzz.program import build
 from mlsys_jax.fuzz.spec import Spec
 from mlsys_jax.ir import rebuild
-from mlsys_jax.passes import VerificationError, conv, registry, run
+from mlsys_jax.passes import VerificationError, registry, run
 
-# Passes exact only on finite inputs, as their documentation says: on a program whose inputs carry
-# NaN/Inf they are judged on the same program's finite inputs instead (the special values still
-# reach every other pass). Each entry names the identity that Inf breaks.
-FINITE_INPUTS_ONLY = {
-    registry.name_of(conv.enlarge_conv_kernel): "a zero tap times an Inf input is NaN (0·Inf)",
-    registry.name_of(conv.merge_parallel_convs): "summed weights: Inf·w₁ + Inf·w₂ is NaN where "
-                                                 "w₁, w₂ differ in sign, Inf·(w₁ + w₂) is not",
-}
+
+def finite_inputs_only(name: str) -> bool:
+    """A pass exact only on finite inputs, as its registry caveat says: on a program whose inputs
+    carry NaN/Inf it is judged on the same program's finite inputs instead (the special values
+    still reach every other pass)."""
+    return registry.entry(name).caveat.startswith(registry.FINITE_ONLY)
 
 
 @dataclass
@@ -54,16 +52,39 @@ class Outcome:
     failures: list = field(default_factory=list)
     error_ratio: float = 0.0
     twin_checks: int = 0
+    validation: list = field(default_factory=list)  # (pass, reason): rewrites validation refused
 
 
-def apply_pass(p, closed):
-    """Run one pass with the verifier (docs/verification.md §1); returns the RunResult."""
-    return run(p, closed, verify=True, cost=False)
+def apply_pass(p, closed, validate: bool = True):
+    """Run one pass with the verifier (docs/verification.md §1) and, with ``validate``, every
+    rewrite validated on its region; returns the RunResult."""
+    return run(p, closed, verify=True, cost=False, validate=validate)
 
 
-def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -> Outcome:
+def fixpoints(closed, passes: dict) -> list[str]:
+    """Every registered pass, the default pipeline and everything after ``inline``, each repeated
+    to a fixpoint on ``closed``: what fails to converge or revisits a graph (a rewrite cycle)."""
+    from mlsys_jax.passes import FixpointError, chain, fixpoint, inline
+
+    loops = [fixpoint(p) for p in passes.values()]
+    loops += [fixpoint(registry.pipeline()), fixpoint(chain(inline(), *passes.values()))]
+    failed = []
+    for p in loops:
+        try:
+            run(p, closed, verify=True, cost=False)
+        except FixpointError as e:
+            failed.append(str(e))
+        except VerificationError as e:
+            failed.append(f"{p.name}: {str(e).splitlines()[0]}")
+    return failed
+
+
+def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True,
+                  validate: bool = True, fixpoint: bool = False) -> Outcome:
     """Run every pass ``{name: Pass}`` on one program and judge it (the tier of each pass comes
-    from its registered kind); never raises for a pass's failure."""
+    from its registered kind); never raises for a pass's failure. ``validate=False`` judges the
+    rules alone, without translation validation refusing their wrong rewrites; ``fixpoint``
+    also repeats every pass and pipeline to a fixpoint (:func:`fixpoints`)."""
     out = Outcome()
     try:
         closed = build(spec)
@@ -81,7 +102,7 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -
     finite: dict = {}
 
     def reference_for(name):  # None: the finite-input program is not a valid case either
-        if not (spec.special and name in FINITE_INPUTS_ONLY):
+        if not (spec.special and finite_inputs_only(name)):
             return ref
         if "ref" not in finite:
             try:
@@ -93,7 +114,7 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -
 
     for name, p in passes.items():
         try:
-            result = apply_pass(p, closed)
+            result = apply_pass(p, closed, validate)
         except VerificationError as e:
             msg = str(e).splitlines()[0].removeprefix("verifier: ")
             out.failures.append(Failure(name, "verifier", msg, spec, seed))
@@ -103,13 +124,18 @@ def check_program(spec: Spec, passes: dict, seed: int, gradients: bool = True) -
             out.failures.append(Failure(name, "crash", msg[:300], spec, seed))
             continue
         out.rewrites[name] = len(result.rewrites) if result.changed else 0
+        out.validation += [(name, r.reason) for r in result.refusals
+                           if r.check == "translation_validation"]
         judged_on = reference_for(name) if result.changed else None
         if judged_on is None:
             continue
         v = oracles.compare(judged_on, result.jaxpr, oracles.tier(name),
-                            rewrite64=lambda p=p: apply_pass(p, ref.closed64).jaxpr)
+                            rewrite64=lambda p=p: apply_pass(p, ref.closed64, validate).jaxpr)
         out.error_ratio = max(out.error_ratio, v.error_ratio)
         out.twin_checks += v.twin_checks
         if not v.ok:
             out.failures.append(Failure(name, "mismatch", v.failures[0], spec, seed))
+    if fixpoint:
+        out.failures += [Failure("fixpoint", "fixpoint", m, spec, seed)
+                         for m in fixpoints(closed, passes)]
     return out

@@ -7,7 +7,7 @@ build integer programs (their functions and constants drawn from the integer tab
 """
 from __future__ import annotations
 
-from mlsys_jax.fuzz.builder import CONV_PAIRS, NEAR_MISSES, Builder
+from mlsys_jax.fuzz.spec_builder import CONV_PAIRS, NEAR_MISSES, Builder
 from mlsys_jax.fuzz.motifs_int import INT_NAN_UNSAFE, int_motifs, m_rng
 
 WRAPPERS = ("jit", "checkpoint", "cond", "scan", "while", "custom_jvp", "custom_vjp")

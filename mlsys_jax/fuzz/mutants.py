@@ -8,7 +8,6 @@ after how many programs.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 import types
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ import numpy as np
 
 from mlsys_jax.fuzz.judge import check_program
 from mlsys_jax.fuzz.spec import Knobs, generate_seeded, program_seed
-from mlsys_jax.passes import basic, conv, registry
+from mlsys_jax.passes import basic, registry
+from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, merge_parallel_convs
 
 
 @contextlib.contextmanager
@@ -47,11 +47,9 @@ def _during(real, *patches):
 # ---- the mutants -----------------------------------------------------------------------------
 
 def cse_ignoring_params():
-    from mlsys_jax.passes import basic, cse
+    from mlsys_jax.passes import cse
 
-    if "param_blind" in inspect.signature(cse).parameters:
-        return cse(param_blind=True)
-    return _during(cse(), (basic, "params_key", lambda params, strict=True: ""))
+    return cse(param_blind=True)
 
 
 def dce_dropping_effects():
@@ -70,31 +68,29 @@ def dce_dropping_effects():
 
 
 def folding_clearing_weak_type():
-    from mlsys_jax.passes import basic, fold_constants
+    from mlsys_jax.passes import fold_constants
 
-    if "keep_weak" in inspect.signature(fold_constants).parameters:
-        return fold_constants(keep_weak=False)
-    strong = lambda eqn, invals: [np.asarray(o) for o in basic.bind_equation(eqn, invals)]  # noqa
-    return _during(fold_constants(), (basic, "bind_equation", strong))
+    return fold_constants(keep_weak=False)
 
 
 def conv_bn_wrong_channel_axis():
     """fold_conv_bn scaling W along its *input*-feature axis instead of the output one."""
-    from mlsys_jax.passes import conv
+    from mlsys_jax.passes.rules import fold, fold_conv_bn as rule
 
-    def wrong(w, vec, site):
+    def wrong(w, vec, site, dtype):
         shape = [1] * w.ndim
         shape[site.dims.rhs_spec[1]] = -1
-        return (np.asarray(w, np.float64) * vec.reshape(shape)).astype(np.asarray(w).dtype)
-    return _during(conv.fold_conv_bn(), (conv, "_channel_scale", wrong))
+        return (np.asarray(w, np.float64) * vec.reshape(shape)).astype(dtype)
+    return _during(rule.fold_conv_bn(), (fold, "scale_weights", wrong))
 
 
 def conv_bn_without_eps():
     """fold_conv_bn whose constant analysis drops a small literal added to a constant (the eps)."""
     from mlsys_jax.compat import Literal
-    from mlsys_jax.passes import conv, convsites
+    from mlsys_jax.ir import consts
+    from mlsys_jax.passes.rules import fold_conv_bn as rule
 
-    real_value = convsites.Consts.value
+    real_value = consts.Consts.value
 
     def value(self, v):
         eqn = self.producer.get(v) if not isinstance(v, Literal) else None
@@ -106,7 +102,7 @@ def conv_bn_without_eps():
                 if other is not None:
                     return other
         return real_value(self, v)
-    return _during(conv.fold_conv_bn(), (convsites.Consts, "value", value))
+    return _during(rule.fold_conv_bn(), (consts.Consts, "value", value))
 
 
 def conv_bn_bf16_in_f32():
@@ -114,16 +110,16 @@ def conv_bn_bf16_in_f32():
     mixed-precision shortcut keyed on the dtype). Its float64 twin is exact, so the float64-twin
     escape of the numeric oracle must not vouch for it: only :func:`oracles.mirrors` catches it."""
     import ml_dtypes
-    from mlsys_jax.passes import conv
+    from mlsys_jax.passes.rules import fold, fold_conv_bn as rule
 
-    real = conv._channel_scale
+    real = fold.scale_weights
 
-    def lossy(w, vec, site):
-        out = real(w, vec, site)
+    def lossy(w, vec, site, dtype):
+        out = real(w, vec, site, dtype)
         if isinstance(out, np.ndarray) and out.dtype == np.float32:
             out = out.astype(ml_dtypes.bfloat16).astype(np.float32)
         return out
-    return _during(conv.fold_conv_bn(), (conv, "_channel_scale", lossy))
+    return _during(rule.fold_conv_bn(), (fold, "scale_weights", lossy))
 
 
 def conv_bn_folding_int_div():
@@ -134,9 +130,10 @@ def conv_bn_folding_int_div():
     pass does."""
     from mlsys_jax.compat import bind_equation
     from mlsys_jax.ir import rebuild
-    from mlsys_jax.passes import Pass, PassResult, conv
+    from mlsys_jax.passes import Pass, PassResult
+    from mlsys_jax.passes.rules import fold_conv_bn as rule
 
-    real = conv.fold_conv_bn()
+    real = rule.fold_conv_bn()
 
     def fn(closed):
         r = real(closed)
@@ -159,30 +156,25 @@ def _int_div_folds(closed) -> dict:
     import jax.numpy as jnp
 
     from mlsys_jax.compat import Var
-    from mlsys_jax.passes import affine, convsites
+    from mlsys_jax.passes.rules import affine, linear
+    from mlsys_jax.passes.rules.level import Level
 
-    j = closed.jaxpr
-    consts = convsites.Consts(j, closed.consts)
-    producer = {v: e for e in j.eqns for v in e.outvars}
-    uses: dict = {}
-    for v in [x for e in j.eqns for x in e.invars] + list(j.outvars):
-        if isinstance(v, Var):
-            uses[v] = uses.get(v, 0) + 1
+    level = Level(closed)
     plan = {}
-    for e in j.eqns:
+    for i, e in enumerate(level.eqns):
         if e.primitive.name != "div" or not jnp.issubdtype(e.outvars[0].aval.dtype, jnp.integer):
             continue
         z, c = e.invars
-        cv = producer.get(z) if isinstance(z, Var) else None
-        if cv is None or cv.primitive.name != convsites.CONV or uses.get(z) != 1:
+        cv = level.producer.get(z) if isinstance(z, Var) else None
+        if cv is None or cv.primitive.name != linear.CONV or not level.single_use(z, i):
             continue
-        w, divisor = consts.value(cv.invars[1]), consts.value(c)
+        w, divisor = level.value(cv.invars[1]), level.value(c)
         if w is None or divisor is None:
             continue
         dims = cv.params["dimension_numbers"]
         try:
-            vec = affine.per_channel(divisor, z.aval.shape, dims.out_spec[1],
-                                     np.asarray(divisor).dtype, "div")
+            vec = affine.feature_vector(level, c, tuple(z.aval.shape), (dims.out_spec[1],),
+                                        "div", np.asarray(divisor).dtype)
         except (affine.Stop, affine.Refuse):
             continue
         shape = [1] * w.ndim
@@ -191,6 +183,26 @@ def _int_div_folds(closed) -> dict:
             np.asarray(w).dtype)
         plan[id(e)] = None
     return plan
+
+
+def conv_bias_ignoring_the_axis():
+    """The conv rules taking a jitted ``conv(x, w) + b`` for a conv with a per-channel bias
+    whenever the bias has as many elements as there are channels, whatever axis it is broadcast
+    along (a users' helper's ``b[None, None, :, None]`` with H == C)."""
+    from mlsys_jax.passes.rules import linear
+
+    def shape_only(body):
+        j = getattr(body, "jaxpr", body)
+        if len(j.invars) != 3 or len(j.outvars) != 1 or getattr(body, "consts", ()):
+            return None
+        convs = [e for e in j.eqns if e.primitive.name == linear.CONV]
+        if len(convs) != 1 or list(convs[0].invars) != list(j.invars[:2]) \
+                or j.eqns[-1].primitive.name != "add":
+            return None
+        fd = convs[0].params["dimension_numbers"].out_spec[1]
+        ok = j.invars[2].aval.shape == (convs[0].outvars[0].aval.shape[fd],)
+        return convs[0] if ok else None
+    return _during(fold_conv_bn.fold_conv_bn(), (linear, "conv_bias_body", shape_only))
 
 
 def _proxy(module, **overrides):
@@ -204,27 +216,27 @@ def _proxy(module, **overrides):
 
 def merge_concatenating_wrong_axis():
     """merge_parallel_convs concatenating the weights on the axis after the output-feature one."""
-    from mlsys_jax.passes import conv
+    from mlsys_jax.passes.rules import merge_parallel_convs as rule
 
     def wrong(concatenate):
         def f(arrays, axis=0, **kw):
             nd = np.ndim(arrays[0])
             return concatenate(arrays, axis=(axis + 1) % nd if nd > 1 else axis, **kw)
         return f
-    return _during(conv.merge_parallel_convs(), (conv, "np", _proxy(conv.np, concatenate=wrong)),
-                   (conv, "jnp", _proxy(conv.jnp, concatenate=wrong)))
+    return _during(rule.merge_parallel_convs(), (rule, "np", _proxy(rule.np, concatenate=wrong)),
+                   (rule, "jnp", _proxy(rule.jnp, concatenate=wrong)))
 
 
 def enlarge_off_centre():
     """enlarge_conv_kernel zero-padding the kernel on one side only (the old taps shift)."""
-    from mlsys_jax.passes import conv
+    from mlsys_jax.passes.rules import enlarge_conv_kernel as rule
 
     def wrong(pad):
         def f(w, pads, *a, **kw):
             return pad(w, [(0, lo + hi) for lo, hi in pads], *a, **kw)
         return f
-    return _during(conv.enlarge_conv_kernel(), (conv, "np", _proxy(conv.np, pad=wrong)),
-                   (conv, "jnp", _proxy(conv.jnp, pad=wrong)))
+    return _during(rule.enlarge_conv_kernel(), (rule, "np", _proxy(rule.np, pad=wrong)),
+                   (rule, "jnp", _proxy(rule.jnp, pad=wrong)))
 
 
 @dataclass(frozen=True)
@@ -250,17 +262,19 @@ MUTANTS = (
     Mutant("dce_drops_effects", basic.dce, dce_dropping_effects, "DCE deleting debug callbacks"),
     Mutant("fold_clears_weak_type", basic.fold_constants, folding_clearing_weak_type,
            "constant folding that makes weak-typed results strong"),
-    Mutant("conv_bn_wrong_channel_axis", conv.fold_conv_bn, conv_bn_wrong_channel_axis,
+    Mutant("conv_bn_wrong_channel_axis", fold_conv_bn.fold_conv_bn, conv_bn_wrong_channel_axis,
            "BN scale applied along W's input-feature axis"),
-    Mutant("conv_bn_no_eps", conv.fold_conv_bn, conv_bn_without_eps, "BN folded without eps"),
-    Mutant("conv_bn_bf16_in_f32", conv.fold_conv_bn, conv_bn_bf16_in_f32,
+    Mutant("conv_bn_no_eps", fold_conv_bn.fold_conv_bn, conv_bn_without_eps, "BN folded without eps"),
+    Mutant("conv_bn_bf16_in_f32", fold_conv_bn.fold_conv_bn, conv_bn_bf16_in_f32,
            "folded weights rounded to bfloat16 in float32 programs only"),
-    Mutant("conv_bn_folds_int_div", conv.fold_conv_bn, conv_bn_folding_int_div,
+    Mutant("conv_bn_folds_int_div", fold_conv_bn.fold_conv_bn, conv_bn_folding_int_div,
            "truncating integer division folded into conv weights as if real",
            Knobs(integer=1.0)),  # hunted among integer programs: floats never reach its rule
-    Mutant("merge_concat_wrong_axis", conv.merge_parallel_convs, merge_concatenating_wrong_axis,
+    Mutant("conv_bias_ignores_the_axis", fold_conv_bn.fold_conv_bn, conv_bias_ignoring_the_axis,
+           "a jitted conv + bias taken as per-channel by the bias's length alone"),
+    Mutant("merge_concat_wrong_axis", merge_parallel_convs.merge_parallel_convs, merge_concatenating_wrong_axis,
            "parallel convs concatenated on the wrong weight axis"),
-    Mutant("enlarge_off_centre", conv.enlarge_conv_kernel, enlarge_off_centre,
+    Mutant("enlarge_off_centre", enlarge_conv_kernel.enlarge_conv_kernel, enlarge_off_centre,
            "1x1 kernel zero-padded on one side: the tap moves off centre"),
     Mutant("dp_double_psum", None, None,
            "data-parallel step that psums the already-summed gradient"),
@@ -284,11 +298,14 @@ def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
             message = fails[0] if fails else None
         else:
             spec = generate_seeded(pseed, mutant.knobs)
-            out = check_program(spec, broken, pseed, gradients=False)
+            # validation off: the oracles must catch the broken rule itself (translation
+            # validation would refuse its rewrites; tests/test_validate.py shows it does)
+            out = check_program(spec, broken, pseed, gradients=False, validate=False)
             message = (f"{out.failures[0].kind}: {out.failures[0].message}"
                        if out.failures else None)
             # a catch counts only where the real pass is clean (else the real pass failed)
-            if message and check_program(spec, real, pseed, gradients=False).failures:
+            if message and check_program(spec, real, pseed, gradients=False,
+                                         validate=False).failures:
                 message = None
         if message:
             return {"mutant": mutant.name, "target": mutant.target, "caught": True,

@@ -19,7 +19,7 @@ from functools import partial
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.fuzz.build import build, make_inputs
+from mlsys_jax.fuzz.program import build, make_inputs
 from mlsys_jax.fuzz.spec import Spec, derivative_mode
 from mlsys_jax.fuzz.twin import mirrors, twin_equal
 from mlsys_jax.ir import evaluate, signature

@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mlsys_jax.fuzz import motifs, motifs_int
-from mlsys_jax.fuzz.builder import Builder
+from mlsys_jax.fuzz import motifs, motifs_int, motifs_user
+from mlsys_jax.fuzz.spec_builder import Builder
 
 LAYOUTS = ("dense", "nchw", "nhwc")
+CONV_DIMS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}
 SHAPES = {"dense": (4, 8), "nchw": (2, 4, 6, 6), "nhwc": (2, 6, 6, 4)}
 DTYPES = ("f32", "f16", "bf16", "i32", "bool")
 FLOAT_DTYPES = ("f32", "f16", "bf16")
@@ -121,6 +122,9 @@ class Knobs:
     debug: float = 0.15
     opaque: float = 0.15
     conv_motifs: float = 0.7    # image programs: chance of a parallel-conv and a conv→BN motif
+    dense_motifs: float = 0.8   # dense programs: chance of a Dense→BN and an attention motif
+    user: float = 0.6           # more user-style motifs (fuzz/motifs_user.py)
+    square: float = 0.35        # image programs with C == H == W (a bias on any axis fits)
     dead: float = 0.5           # leave some values unused (DCE)
     min_motifs: int = 2
     max_motifs: int = 4
@@ -136,6 +140,8 @@ def generate(chooser, knobs: Knobs | None = None) -> Spec:
         dtype = chooser.choice(FLOAT_DTYPES[1:]) if chooser.chance(knobs.low_precision) else "f32"
     keys = int(chooser.chance(knobs.keys))
     shape = list(SHAPES[layout])
+    if layout != "dense" and chooser.chance(knobs.square):
+        shape = list(motifs_user.SQUARE)
     n_in = chooser.integer(1, 2)
     g = Builder(chooser, layout, [shape] * n_in, dtype=dtype, keys=keys)
     if dtype == "bool":  # boolean inputs become integer images for the conv motifs, and masks
@@ -144,8 +150,15 @@ def generate(chooser, knobs: Knobs | None = None) -> Spec:
         for motif in (motifs.m_parallel_convs, motifs.m_conv_bn):
             if chooser.chance(knobs.conv_motifs):
                 motif(g)
+    else:  # and the matmul rewrites Dense layers and attention
+        for motif in (motifs_user.m_dense_bn, motifs_user.m_attention):
+            if chooser.chance(knobs.dense_motifs) and not (g.integer and
+                                                          motif is motifs_user.m_attention):
+                motif(g)
     for _ in range(chooser.integer(knobs.min_motifs, knobs.max_motifs)):
         motifs.draw_motif(g, knobs)
+    if chooser.chance(knobs.user):
+        motifs_user.draw(g)
     if chooser.chance(knobs.debug):
         g.add({"op": "debug", "args": [g.pick()]})
     if chooser.chance(knobs.opaque):

@@ -38,7 +38,14 @@ def same_type(a, b) -> bool:
 
 def known(value, var) -> Const:
     """``value`` standing for ``var``: typed as ``var`` when shape, dtype and weak_type agree, else
-    as the value is (then what reads it is bound again and JAX types the change)."""
+    as the value is (then what reads it is bound again and JAX types the change). A JAX 0.10
+    typed literal (``TypedFloat``, ``TypedInt``: a Python scalar with a dtype, what
+    ``1 - lax.stop_gradient(0.1)`` folds to) becomes the array it stands for."""
+    if not hasattr(value, "shape"):
+        value = jax.numpy.asarray(value)  # keeps its dtype and weak type
+    if not hasattr(value, "weak_type") and value.shape == var.aval.shape \
+            and value.dtype == var.aval.dtype:
+        return Const(value, var.aval)  # a NumPy array has no weak type: it takes var's
     if same_type(value, var.aval):  # a jax.Array carries shape, dtype and weak_type itself
         return Const(value, var.aval)
     return Const(value, typeof(value))

@@ -16,63 +16,91 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import ClosedJaxpr, bind_equation, jaxpr_as_fun
-from mlsys_jax.ir import numpy_rules
+from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation, jaxpr_as_fun
+from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.interpret import eval_jaxpr
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
+from mlsys_jax.ir.widen import bind_params_widened, literal_value, widen_dtype, widen_value
 
 
-def eval_open(jaxpr, consts, args) -> list:
-    """The foundation's interpreter, with every equation evaluated by :func:`_eval_eqn`."""
-    return eval_jaxpr(jaxpr, consts, *args, handler=_eval_eqn)
+def eval_open(jaxpr, consts, args, widen: bool = False) -> list:
+    """The foundation's interpreter, with every equation evaluated by :func:`eval_equation`
+    (``widen``: in float64, ``ir.widen``)."""
+    def handler(eqn, invals):
+        return eval_equation(eqn, invals, widen)
+    if widen:
+        consts = [widen_value(c) for c in consts]
+        args = [widen_value(a) for a in args]
+        return _eval_widened(jaxpr, consts, args)
+    return eval_jaxpr(jaxpr, consts, *args, handler=handler)
 
 
-def _closed(c, args):
-    return eval_open(c.jaxpr, c.consts, args)
+def _eval_widened(jaxpr, consts, args) -> list:
+    """:func:`eval_open` in float64: literals are widened as they are read."""
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v):
+        return literal_value(v, True) if type(v) is Literal else env[v]
+    for eqn in jaxpr.eqns:
+        env.update(zip(eqn.outvars, eval_equation(eqn, [read(v) for v in eqn.invars], True)))
+    return [read(v) for v in jaxpr.outvars]
 
 
-def _eval_eqn(eqn, invals) -> list:
+def _closed(c, args, widen=False):
+    return eval_open(c.jaxpr, c.consts, args, widen)
+
+
+def eval_equation(eqn, invals, widen: bool = False) -> list:
+    """One equation's outputs, its bodies run equation by equation; ``widen``: every float in
+    float64 (``ir.widen``)."""
     name, p = eqn.primitive.name, eqn.params
     if name in TRANSPARENT_CALLS:
         inner = bodies(eqn)
         if len(inner) == 1:
-            return eval_open(inner[0].jaxpr, inner[0].consts, invals)
+            return eval_open(inner[0].jaxpr, inner[0].consts, invals, widen)
     if name == "cond":
         index = int(np.asarray(invals[0]))
-        return _closed(p["branches"][index], invals[1:])
+        return _closed(p["branches"][index], invals[1:], widen)
     if name == "while":
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, carry = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
-        while bool(np.asarray(_closed(p["cond_jaxpr"], cconsts + carry)[0])):
-            carry = _closed(p["body_jaxpr"], bconsts + carry)
+        while bool(np.asarray(_closed(p["cond_jaxpr"], cconsts + carry, widen)[0])):
+            carry = _closed(p["body_jaxpr"], bconsts + carry, widen)
         return carry
     if name == "scan":
-        return _scan(p, invals)
+        return _scan(p, invals, widen)
+    if widen:  # float64 arithmetic without a kernel to compile where NumPy has the primitive
+        computed = numpy_eval.evaluate(eqn, invals, widen_dtype(eqn.outvars[0].aval.dtype)) \
+            if len(eqn.outvars) == 1 else None
+        return computed if computed is not None else bind_params_widened(eqn, invals)
     computed = numpy_rules.evaluate(eqn, invals)  # the same bits, no kernel to compile
     return computed if computed is not None else bind_equation(eqn, invals)
 
 
-def _scan(p, invals) -> list:
+def _scan(p, invals, widen=False) -> list:
     nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
     consts, carry, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
     ys = []
     steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
     for i in steps:
-        out = _closed(p["jaxpr"], consts + carry + [x[i] for x in xs])
+        out = _closed(p["jaxpr"], consts + carry + [x[i] for x in xs], widen)
         carry, y = out[:nk], out[nk:]
         ys.append(y)
     if p["reverse"]:
         ys.reverse()
     y_avals = [v.aval for v in p["jaxpr"].jaxpr.outvars[nk:]]
-    stacked = [jnp.stack([y[j] for y in ys]) if ys else jnp.zeros((0,) + a.shape, a.dtype)
+    stacked = [jnp.stack([y[j] for y in ys]) if ys else jnp.zeros(
+        (0,) + a.shape, np.float64 if widen and jnp.issubdtype(a.dtype, jnp.floating) else a.dtype)
                for j, a in enumerate(y_avals)]
     return list(carry) + stacked
 
 
-def evaluate(closed: ClosedJaxpr, *args) -> list:
-    """The outputs of ``closed`` on ``args``, op by op (NumPy arrays)."""
-    return [np.asarray(x) for x in _closed(closed, list(args))]
+def evaluate(closed: ClosedJaxpr, *args, widen: bool = False) -> list:
+    """The outputs of ``closed`` on ``args``, op by op (NumPy arrays); ``widen``: what it computes
+    in float64 (every float widened, ``ir.widen``; inside ``jax.enable_x64(True)``)."""
+    return [np.asarray(x) for x in _closed(closed, list(args), widen)]
 
 
 def derivative_jaxpr(closed: ClosedJaxpr, mode: str, inputs, probe) -> tuple:

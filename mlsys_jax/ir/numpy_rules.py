@@ -32,6 +32,7 @@ from jax import lax
 from ml_dtypes import bfloat16
 
 from mlsys_jax.compat import bind_equation
+from mlsys_jax.ir.primitives import ELEMENTWISE
 
 F32_64 = (np.dtype(np.float32), np.dtype(np.float64))
 FLOATS = F32_64 + (np.dtype(np.float16), np.dtype(bfloat16))
@@ -322,12 +323,19 @@ def _apply(rule, eqn, invals) -> list | None:
             for a in [v.aval for v in eqn.invars] + [out]):
         return None  # a tracer, a PRNG key or a token: JAX's own business
     xs = [np.asarray(x, v.aval.dtype) for x, v in zip(invals, eqn.invars)]
+    shape = out.shape
+    rebatched = any(x.shape != v.aval.shape for x, v in zip(xs, eqn.invars))  # ir.rebatch
+    if rebatched and eqn.primitive.name in ELEMENTWISE:
+        shape = np.broadcast_shapes(*(x.shape for x in xs))
+        out = out.update(shape=shape)
     with np.errstate(all="ignore"):  # IEEE results (Inf, NaN) are the point, not a warning
         y = rule(xs, out, **eqn.params)
     if y is None:
         return None
     y = np.asarray(y)
-    if y.shape != out.shape or y.dtype != out.dtype:
+    if rebatched and eqn.primitive.name not in ELEMENTWISE:
+        shape = y.shape  # a move whose shape params ir.rebatch set for the rows kept
+    if y.shape != shape or y.dtype != out.dtype:
         return None
     return [y if y.flags.c_contiguous else y.copy()]  # (ascontiguousarray makes 0-d 1-d)
 

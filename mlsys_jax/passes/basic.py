@@ -11,15 +11,16 @@ import math
 
 import jax
 
-from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, bind_equation, dce_jaxpr_consts,
-                              eval_context)
+from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, dce_jaxpr_consts, eval_context
 from mlsys_jax.ir import input_structs, interpret
+from mlsys_jax.ir.consts import fold_equation
 from mlsys_jax.ir.edit import known
 from mlsys_jax.ir.keys import params_key, value_key
 from mlsys_jax.ir.primitives import PLAIN_CALLS
 from mlsys_jax.ir.walk import bodies, body_path
 from mlsys_jax.passes.core import Log, Pass, PassResult, edit_pass, is_pure
 from mlsys_jax.passes.engine import edit
+from mlsys_jax.passes.rules.linear import is_conv_bias_call
 
 FOLD_MAX_ELEMENTS = 1024  # a folded value may exceed its largest input only up to this size
 
@@ -111,10 +112,12 @@ def _elements(aval) -> int:
 
 
 def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True) -> Pass:
-    """Evaluate pure equations whose inputs are all constants, with JAX on the same backend (XLA:CPU
-    flushes subnormals; NumPy would not). Zero-input producers (iota, a broadcast literal) are
-    never expanded into a constant bigger than ``max_elements`` or than their largest input.
-    A folded value becomes a constvar of the new jaxpr, as a constant does when JAX traces."""
+    """Evaluate pure equations whose inputs are all constants, as XLA:CPU's kernels compute them
+    (``ir.consts.fold_equation``: subnormals read as zero, results flushed). An equation whose
+    result depends on where it is computed — XLA's compile-time folder does not flush — is left
+    to the compiler, with the reason logged. Zero-input producers (iota, a broadcast literal) are
+    never expanded into a constant bigger than ``max_elements`` or than their largest input. A
+    folded value becomes a constvar of the new jaxpr, as a constant does when JAX traces."""
     def make_visit(ed, log, path):
         def visit(i, eqn):
             if not eqn.invars or not is_pure(eqn):
@@ -128,7 +131,10 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
             largest = max((_elements(v.aval) for v in eqn.outvars), default=0)
             if largest > max_elements and largest > max(_elements(v.aval) for v in eqn.invars):
                 return False
-            outs = bind_equation(eqn, vals)  # eagerly: the pass runs in JAX's eval context
+            outs, why = fold_equation(eqn, vals)  # eagerly, as XLA:CPU's kernels compute it
+            if outs is None:
+                log.refused(f"{path}{i}", why, check="computed_as_xla_computes")
+                return False
             if not keep_weak:  # a deliberately broken variant for mutation testing
                 outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
             ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
@@ -148,7 +154,10 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
 def inline(names=None) -> Pass:
     """Inline named calls (``jit[name=...]``) into their parent, recursively, so rules that match
     primitives can see them. custom_jvp/vjp calls stay calls: inlining would drop their derivative
-    rules and change gradients (e.g. relu's at 0)."""
+    rules and change gradients (e.g. relu's at 0). Unless named, a ``conv_bias`` call (a conv and
+    its bias, the op ``fold_conv_bn`` emits) stays a call too: every conv rule reads through it
+    (``rules/linear.py``), and opening it would only undo the fold — ``fixpoint(chain(inline(),
+    fold_conv_bn()))`` would go round for ever."""
     wanted = None if names is None else frozenset([names] if isinstance(names, str) else names)
 
     def make_visit(ed, log, path):
@@ -157,6 +166,8 @@ def inline(names=None) -> Pass:
                 return False
             name = eqn.params.get("name")
             if wanted is not None and name not in wanted:
+                return False
+            if wanted is None and is_conv_bias_call(eqn):
                 return False
             body = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             if not isinstance(body, ClosedJaxpr) or body.effects:

@@ -11,8 +11,7 @@ from typing import Callable
 
 from mlsys_jax.compat import ClosedJaxpr, Tracer
 from mlsys_jax.ir import structural_hash
-from mlsys_jax.ir.primitives import NAMED_CALLS, PURE
-from mlsys_jax.ir.walk import bodies
+from mlsys_jax.ir.consts import is_pure  # noqa: F401  (re-exported: the passes' purity rule)
 from mlsys_jax.passes.engine import Log, Refusal, Rewrite, edit
 from mlsys_jax.passes.engine import transform  # noqa: F401  (re-exported for the conv rules)
 
@@ -34,27 +33,25 @@ class PassResult:
 class Pass:
     """A named pure function ClosedJaxpr -> PassResult (wrap ``fn`` to instrument or break it).
 
-    A plain pass's ``fn`` takes the jaxpr (and may return just a jaxpr). A ``chain``'s or
-    ``fixpoint``'s ``fn`` takes the jaxpr and a :class:`Runner` that applies each plain pass:
-    calling a pass uses the bare ``Runner``, ``passes.run`` one that verifies after every pass and
-    logs costs — so sequencing and fixpoint iteration exist once, in :func:`chain` and
-    :func:`fixpoint`.
+    A plain pass's ``fn`` takes the jaxpr (and may return just a jaxpr). A ``composite`` pass — a
+    ``chain`` or ``fixpoint`` — has an ``fn`` taking the jaxpr and a :class:`Runner` that applies
+    each plain pass inside it: calling a pass uses the bare ``Runner``, ``passes.run`` one that
+    verifies after every pass and logs costs — so sequencing and fixpoint iteration exist once, in
+    :func:`chain` and :func:`fixpoint`.
     """
 
     name: str
     fn: Callable = field(repr=False)
-    parts: tuple = ()        # chain: the passes in order; fixpoint: the repeated pass
-    kind: str = "pass"       # "pass" | "chain" | "fixpoint"
-    max_iter: int = 25
+    composite: bool = False
 
     def __call__(self, closed: ClosedJaxpr) -> PassResult:
         return self.apply(closed, Runner())
 
     def apply(self, closed: ClosedJaxpr, runner: "Runner") -> PassResult:
         """Run this pass with ``runner`` applying every plain pass inside it."""
-        if self.kind == "pass":
-            return runner.step(self, closed)
-        return self.fn(closed, runner)
+        if self.composite:
+            return self.fn(closed, runner)
+        return runner.step(self, closed)
 
 
 class Runner:
@@ -85,7 +82,7 @@ def chain(*passes: Pass) -> Pass:
             rewrites += r.rewrites
             refusals += r.refusals
         return PassResult(closed, changed, tuple(rewrites), tuple(refusals))
-    return Pass("chain(" + ",".join(p.name for p in passes) + ")", fn, tuple(passes), "chain")
+    return Pass("chain(" + ",".join(p.name for p in passes) + ")", fn, composite=True)
 
 
 class FixpointError(RuntimeError):
@@ -112,24 +109,12 @@ def fixpoint(p: Pass, max_iter: int = 25) -> Pass:
                 raise FixpointError(f"{name}: rewrite cycle — a graph came back")
             seen.add(h)
         raise FixpointError(f"{name}: no fixpoint within {max_iter} rounds")
-    return Pass(name, fn, (p,), "fixpoint", max_iter)
+    return Pass(name, fn, composite=True)
 
 
 def is_concrete(x) -> bool:
     """A value known while re-tracing (a constant or literal), not a tracer of the new jaxpr."""
     return not isinstance(x, Tracer)
-
-
-def is_pure(eqn) -> bool:
-    """Known pure and deterministic, recursively into call bodies; effectful equations are not."""
-    if eqn.effects:
-        return False
-    name = eqn.primitive.name
-    if name in PURE:
-        return True
-    if name in NAMED_CALLS:  # pure exactly when the body is
-        return all(is_pure(e) for b in bodies(eqn) for e in b.jaxpr.eqns)
-    return False
 
 
 def edit_pass(name: str, make_visit: Callable, cleanup: Callable | None = None) -> Pass:

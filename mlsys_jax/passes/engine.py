@@ -32,11 +32,13 @@ class Rewrite:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A rule whose pattern matched but whose precondition failed, with the reason."""
+    """A rule whose pattern matched but whose precondition failed: the reason, and the name of
+    the check that failed (a rule's precondition, or ``translation_validation``)."""
 
     rule: str
     where: str
     reason: str
+    check: str = ""
 
 
 class Log:
@@ -48,8 +50,8 @@ class Log:
     def fired(self, where: str, detail: str = "", rule: str | None = None):
         self.rewrites.append(Rewrite(rule or self.name, where, detail))
 
-    def refused(self, where: str, reason: str, rule: str | None = None):
-        self.refusals.append(Refusal(rule or self.name, where, reason))
+    def refused(self, where: str, reason: str, rule: str | None = None, check: str = ""):
+        self.refusals.append(Refusal(rule or self.name, where, reason, check))
 
 
 def edited_params(eqn, here: str, rewrite: Callable, log: Log) -> dict | None:
@@ -111,10 +113,12 @@ def edit(closed: ClosedJaxpr, make_visit: Callable, log: Log, path: str = "") ->
     return ed.finish()
 
 
-# Numeric rewrites (passes/conv.py): rule(index, eqn, invals, lookup, path) -> replacement outputs
-# computed with ordinary JAX code (list), or None to keep the equation. ``lookup(var)`` gives a
-# value known now (a constant) or a tracer; ``invals`` are ``lookup`` of the equation's inputs.
-Rule = Callable[[int, object, list, Callable, str], Optional[list]]
+# Numeric rewrites (passes/rules/): rule(index, eqn, invals, lookup, path) -> the equation's
+# replacement outputs computed with ordinary JAX code (a list), or ``{var: value}`` for values of
+# this or later equations (a rewrite spanning several; a later equation whose outputs are all
+# given is dropped, the rest are kept for DCE), or None to keep the equation. ``lookup(var)``
+# gives a value known now (a constant) or a tracer; ``invals`` are ``lookup`` of its inputs.
+Rule = Callable[[int, object, list, Callable, str], Optional[object]]
 
 
 class _Inputs(Sequence):
@@ -170,8 +174,11 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
     def rewrite(body, body_path):
         return transform(body, make_rule, log, body_path)
 
+    given: set = set()  # later equations' outputs already given by a rewrite
     for i, eqn in enumerate(ed.jaxpr.eqns):
         here = f"{path}{i}"
+        if given and eqn.outvars and all(v in given for v in eqn.outvars):
+            continue
         retyped = ed.retyped and any(type(v) is not Literal and v in ed.retyped
                                      for v in eqn.invars)
         outs = None
@@ -185,6 +192,13 @@ def transform(closed: ClosedJaxpr, make_rule: Callable, log: Log, path: str = ""
                     outs = bind_equation(eqn, [lookup(v) for v in eqn.invars])
             if f.mark() > start:
                 ed.splice(start, f.mark())
+        if isinstance(outs, dict):
+            for v, x in outs.items():
+                ed.bind([v], [x if isinstance(x, Tracer) else known(x, v)])
+            given.update(outs)
+            outs = None
+            if all(v in given for v in eqn.outvars):
+                continue
         if outs is not None:
             ed.bind(eqn.outvars, [x if isinstance(x, Tracer) else known(x, v)
                                   for x, v in zip(outs, eqn.outvars)])

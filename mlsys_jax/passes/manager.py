@@ -10,6 +10,7 @@ from mlsys_jax.compat import ClosedJaxpr
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.passes.core import Pass, PassResult, Runner
+from mlsys_jax.passes.validate import validating
 from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint,
                                      require_static_shapes, unchanged_since,
                                      verify as verify_step)
@@ -57,13 +58,15 @@ def cost_summary(closed, hw="h100", dtype=None) -> dict:
 
 
 def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dtype=None,
-        cost: bool = True) -> RunResult:
+        cost: bool = True, validate: bool = True) -> RunResult:
     """Apply ``pipeline`` (a pass, ``chain`` or ``fixpoint``) to ``closed``.
 
-    With ``verify``, every pass that ran is checked (docs/verification.md §1): input not mutated, honest
-    about changing, and — if it changed something — well-typed, same signature (weak_type too),
-    same effects, nested params consistent, static shapes. A failure raises VerificationError
-    naming the pass. Returns the new jaxpr and the log.
+    With ``verify``, every pass that ran is checked (docs/verification.md §1): input not mutated,
+    honest about changing, and — if it changed something — well-typed, same signature (weak_type
+    too), same effects, nested params consistent, static shapes. A failure raises
+    VerificationError naming the pass. With ``validate``, every rewrite a rule makes is first
+    checked on its region (translation validation, ``passes/validate.py``) and refused, with the
+    measured reason, where it changes a value. Returns the new jaxpr and the log.
     """
     if not isinstance(closed, ClosedJaxpr):
         raise MlsysError(f"passes.run: expected a ClosedJaxpr (from ir.trace), got "
@@ -73,7 +76,7 @@ def run(pipeline: Pass, closed: ClosedJaxpr, verify: bool = True, hw="h100", dty
                          f"{type(pipeline).__name__}")
     require_static_shapes(closed, "passes.run")
     runner = _VerifyingRunner(verify, (hw, dtype) if cost else None)
-    with collector_paused():
+    with collector_paused(), validating(validate):
         out = pipeline.apply(closed, runner)
     return RunResult(out.jaxpr, tuple(runner.log))
 

@@ -9,26 +9,55 @@ here, with one error message for an unknown name.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.passes import basic, conv
+from mlsys_jax.passes import basic
 from mlsys_jax.passes.core import Pass, chain
+from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, fold_dense_bn, \
+    fold_matmul_scale, merge_parallel_convs
+from mlsys_jax.passes.rules.rule import FINITE_ONLY, NUMERIC, STRUCTURAL, Rule
 
-STRUCTURAL, NUMERIC = "structural", "numeric"
+__all__ = ["Entry", "PASSES", "NAMES", "DEFAULT_PIPELINE", "STRUCTURAL", "NUMERIC", "FINITE_ONLY",
+           "names",
+           "entry", "make", "kind", "name_of", "pipeline", "instantiate", "search_moves",
+           "register", "registered", "rule_entry"]
 
 
 @dataclass(frozen=True)
 class Entry:
     """One registered pass: its name (the name of the Pass its factory returns), factory, kind,
-    whether the search may use it, and what it does."""
+    whether the search may use it, what it does, its exactness caveat ("" when exact), and the
+    :class:`~mlsys_jax.passes.rules.rule.Rule` it is made from (None for a plain pass)."""
 
     name: str
     factory: Callable[..., Pass]
     kind: str
     search_move: bool
     what: str
+    caveat: str = ""
+    rule: Rule | None = None
+
+    # the search's view of a move (passes/search.py)
+    def candidates(self, closed) -> int:
+        """How many separate rewrites the move offers on ``closed`` (a plain pass: one)."""
+        return self.rule.candidates(closed) if self.rule is not None else 1
+
+    def move(self, k: int) -> Pass:
+        """The pass applying rewrite ``k`` of :meth:`candidates` alone."""
+        return self.factory(only=k) if self.rule is not None else self.factory()
+
+    def refusals(self, closed) -> tuple:
+        """What the move still refuses in ``closed``, without rewriting it."""
+        return self.rule.refusals(closed) if self.rule is not None else ()
+
+
+def rule_entry(module) -> Entry:
+    """The entry of a rule module: its ``RULE`` and the factory named like it."""
+    r = module.RULE
+    return Entry(r.name, getattr(module, r.name), r.kind, r.search_move, r.what, r.caveat, r)
 
 
 PASSES: dict[str, Entry] = {e.name: e for e in (
@@ -37,25 +66,49 @@ PASSES: dict[str, Entry] = {e.name: e for e in (
     Entry("fold_constants", basic.fold_constants, NUMERIC, False,
           "evaluate equations whose inputs are all constants"),
     Entry("inline", basic.inline, STRUCTURAL, False, "inline named calls into their parent"),
-    Entry("fold_conv_bn", conv.fold_conv_bn, NUMERIC, True,
-          "fold inference BatchNorm into the conv's weights and a bias (§4.1)"),
-    Entry("merge_parallel_convs", conv.merge_parallel_convs, NUMERIC, True,
-          "merge convs on the same input into one (§4.1)"),
-    Entry("enlarge_conv_kernel", conv.enlarge_conv_kernel, NUMERIC, True,
-          "zero-pad a kernel to a parallel conv's window (§4.2 step 3)"),
+    rule_entry(fold_conv_bn),
+    rule_entry(merge_parallel_convs),
+    rule_entry(enlarge_conv_kernel),
+    rule_entry(fold_dense_bn),
+    rule_entry(fold_matmul_scale),
 )}
-NAMES = tuple(PASSES)
+NAMES = tuple(PASSES)  # the built-in passes (``PASSES`` also holds any registered since)
 # The standard pipeline (``mlsys-jax optimize`` without --passes): fold constants first so the
-# conv rules see constant BN statistics, merge duplicates, then the §4.1 rules, then clean up.
-DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "merge_parallel_convs", "dce")
-SEARCH_MOVES = tuple(n for n, e in PASSES.items() if e.search_move)
+# rules see constant BN statistics, merge duplicates, then the §4.1 rules, then clean up.
+DEFAULT_PIPELINE = ("fold_constants", "cse", "fold_conv_bn", "fold_dense_bn", "fold_matmul_scale",
+                    "merge_parallel_convs", "dce")
 
 
-def names(spec: str | Iterable[str] | None = None, *, default: Iterable[str] = NAMES,
-          choices: Iterable[str] = NAMES, source: str = "passes") -> tuple[str, ...]:
-    """Pass names from ``'dce,cse'`` or a list (None: ``default``), each checked against
-    ``choices``; ``source`` (e.g. ``--passes``) begins the error message."""
-    choices = tuple(choices)
+def search_move_names() -> tuple:
+    return tuple(n for n, e in PASSES.items() if e.search_move)
+
+
+@contextmanager
+def registered(entry_or_module):
+    """``entry`` (or a rule module's entry) registered for the duration of a ``with`` block, as if
+    listed above (tests; a project's own rules)."""
+    e = entry_or_module if isinstance(entry_or_module, Entry) else rule_entry(entry_or_module)
+    register(e)
+    try:
+        yield e
+    finally:
+        PASSES.pop(e.name, None)
+
+
+def register(e: Entry) -> None:
+    """Add a pass to the registry (its name must be new)."""
+    if e.name in PASSES:
+        raise MlsysError(f"passes.registry: a pass named {e.name!r} is registered already")
+    PASSES[e.name] = e
+
+
+def names(spec: str | Iterable[str] | None = None, *, default: Iterable[str] | None = None,
+          choices: Iterable[str] | None = None, source: str = "passes") -> tuple[str, ...]:
+    """Pass names from ``'dce,cse'`` or a list (None: ``default``, every registered pass unless
+    given), each checked against ``choices`` (every registered pass unless given); ``source``
+    (e.g. ``--passes``) begins the error message."""
+    choices = tuple(PASSES) if choices is None else tuple(choices)
+    default = choices if default is None else default
     if spec is None:
         return tuple(default)
     parts = spec.split(",") if isinstance(spec, str) else list(spec)
@@ -104,6 +157,7 @@ def instantiate(spec: str | Iterable[str] | None = None, source: str = "passes")
 
 
 def search_moves(spec: str | Iterable[str] | None = None, source: str = "search") -> dict:
-    """``{name: factory}`` of the search's moves (None: all of :data:`SEARCH_MOVES`)."""
-    chosen = names(spec, default=SEARCH_MOVES, choices=SEARCH_MOVES, source=source)
-    return {n: PASSES[n].factory for n in chosen}
+    """``{name: Entry}`` of the search's moves (None: every registered search move)."""
+    moves = search_move_names()
+    chosen = names(spec, default=moves, choices=moves, source=source)
+    return {n: PASSES[n] for n in chosen}

@@ -27,8 +27,8 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir import structural_hash
 from mlsys_jax.ir.walk import walk
 from mlsys_jax.passes import registry
-from mlsys_jax.passes.conv import candidates, refusals
 from mlsys_jax.passes.manager import cost_summary, run
+from mlsys_jax.passes.validate import validating
 from mlsys_jax.passes.verify import (Checker, VerificationError, fingerprint, unchanged_since,
                                      verify)
 
@@ -81,7 +81,7 @@ class _Node:
 
 def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", budget: int = 100,
            max_growth: float = 2.0, rules=None, pipeline=registry.DEFAULT_PIPELINE,
-           measure: int = 0, repeats: int = 7) -> SearchResult:
+           measure: int = 0, repeats: int = 7, validate: bool = True) -> SearchResult:
     """Search rewrite sequences for the cheapest graph under the cost model.
 
     Args:
@@ -96,12 +96,13 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
         so α does not prune (the budget bounds the exploration): a step the model prices too high
         (§4.2 step ③ on XLA:CPU) must not hide the graph it leads to.
       repeats: timing rounds per measured graph (interleaved, median).
+      validate: every move's rewrite is validated on its region first, as in ``passes.run``.
     """
     _validate(closed, alpha, budget, measure, repeats)
     moves = registry.search_moves(rules, source="search(rules=...)")
     t0 = time.perf_counter()
     original = _Node(closed, cost_summary(closed, hw, dtype), (), (), structural_hash(closed))
-    origin = _from_pipeline(original, pipeline, hw, dtype)
+    origin = _from_pipeline(original, pipeline, hw, dtype, validate)
     size_limit = max_growth * sum(1 for _ in walk(closed))
     prune = math.inf if measure else alpha
     seen = {original.hash, origin.hash}
@@ -113,12 +114,13 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     while queue and explored < budget:
         _, _, node = heapq.heappop(queue)
         untouched = fingerprint(node.graph)  # the moves must leave their input alone, as in run()
-        for name, factory in moves.items():
-            for k in range(candidates(factory, node.graph)):
+        for name, entry in moves.items():
+            for k in range(entry.candidates(node.graph)):
                 if explored >= budget:
                     break
-                move = factory(only=k)
-                res = move(node.graph)  # verified below, once it is known to be new and kept
+                move = entry.move(k)
+                with validating(validate):  # verified below, once known to be new and kept
+                    res = move(node.graph)
                 if not res.changed:
                     continue
                 new = res.jaxpr
@@ -149,7 +151,7 @@ def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", bu
     timings = None
     if measure:
         best, timings = _measured_best(reached, original, measure, repeats)
-    left = tuple(r for factory in moves.values() for r in refusals(factory, best.graph))
+    left = tuple(r for entry in moves.values() for r in entry.refusals(best.graph))
     return SearchResult(best.graph, original.cost, best.cost, best.path, explored, accepted,
                         time.perf_counter() - t0, alpha, best.rewrites, left, timings)
 
@@ -166,12 +168,12 @@ def _validate(closed, alpha, budget, measure, repeats) -> None:
                          f"repeats ≥ 1; got measure={measure!r}, repeats={repeats!r}")
 
 
-def _from_pipeline(original: _Node, pipeline, hw, dtype) -> _Node:
+def _from_pipeline(original: _Node, pipeline, hw, dtype, validate: bool) -> _Node:
     """The node the search starts from: the pipeline's result, when it is cheaper."""
     if pipeline is None:
         return original
     res = run(registry.pipeline(pipeline, source="search(pipeline=...)"), original.graph,
-              verify=True, hw=hw, dtype=dtype, cost=False)
+              verify=True, hw=hw, dtype=dtype, cost=False, validate=validate)
     if not res.changed:
         return original
     cost = cost_summary(res.jaxpr, hw, dtype)

@@ -1,4 +1,5 @@
-"""Experiment 02 (§4): every lecture claim holds on the computed data, and specific values."""
+"""Experiment 02 (§4): every lecture claim holds on the computed data, and the figures are what
+the cost model makes of the graphs the passes produce."""
 from __future__ import annotations
 
 import pytest
@@ -19,13 +20,18 @@ def test_all_checks_pass(result):
 
 
 def test_five_step_values(result):
+    """Each step's figures are its kernels' (the roofline model, summed), within the lecture's
+    tolerance of the lecture's own figures."""
     rows = result.data["steps"]
-    assert [r["kernels"] for r in rows] == [6, 4, 4, 4, 2, 2]
-    assert round(rows[0]["time_us"], 2) == 73.87 and round(rows[-1]["time_us"], 2) == 23.36
-    assert round(rows[3]["gflops"], 2) == 14.82
+    assert [r["kernels"] for r in rows] == list(s02.LECTURE["kernels"])
+    for r, kernels, us in zip(rows, result.data["step_kernels"], s02.LECTURE["time_us"]):
+        assert r["kernels"] == len(kernels)
+        assert r["time_us"] == pytest.approx(sum(k["time_us"] for k in kernels), rel=1e-9)
+        assert r["gflops"] == pytest.approx(sum(k["flops"] for k in kernels) / 1e9, rel=1e-9)
+        assert abs(r["time_us"] - us) <= s02.US_TOL
     assert rows[-1]["ops"] == "conv_bias relu"
     assert max(r["max_abs_diff_f64"] for r in rows) < 1e-13
-    assert round(result.data["speedup"], 2) == 3.16
+    assert result.data["speedup"] == pytest.approx(rows[0]["time_us"] / rows[-1]["time_us"])
 
 
 def test_demo3_and_exercises(result):
@@ -39,10 +45,12 @@ def test_demo3_and_exercises(result):
 
 
 def test_search_paths(result):
+    """The search folds both BatchNorms, passes through step ③ and ends by merging; greedy
+    never takes the worse step."""
     s, g = result.data["search"]["search"], result.data["search"]["greedy"]
-    assert s["rules"] == ["fold_conv_bn", "fold_conv_bn", "enlarge_conv_kernel",
-                          "merge_parallel_convs"]
-    assert g["rules"] == ["fold_conv_bn", "fold_conv_bn"]
+    assert s["rules"].count("fold_conv_bn") == 2 and s["rules"][-1] == "merge_parallel_convs"
+    assert "enlarge_conv_kernel" in s["rules"][:-1] and s["kernels"] == 2
+    assert "enlarge_conv_kernel" not in g["rules"] and g["kernels"] == 4
 
 
 def test_bad_override_is_a_clear_error():

@@ -4,7 +4,7 @@
 conv(x, W1) + conv(x, W2) -> conv(x, W1 + W2) is §4.1 rule 2, exact for finite inputs only:
 at an Inf input, Inf·w1 + Inf·w2 is NaN where w1 and w2 differ in sign, Inf·(w1 + w2) is ±Inf.
 The pass says so (its docstring and log line); the fuzzer judges it on the program's finite
-inputs (fuzz/judge.py, FINITE_INPUTS_ONLY), as enlarge_conv_kernel's 0·Inf.
+inputs (its registry caveat, read by fuzz/judge.py), as enlarge_conv_kernel's 0·Inf.
 """
 from mlsys_jax.fuzz.reproduce import replay
 

@@ -1,6 +1,6 @@
 """The integer meaning of the generated node ops, and the ops on masks and PRNG keys.
 
-Mixed into :class:`mlsys_jax.fuzz.build._Ops`: where a node op has a float meaning (``unary``,
+Mixed into :class:`mlsys_jax.fuzz.program._Ops`: where a node op has a float meaning (``unary``,
 ``binary``, ``scalar``, ``const``), integer programs take the function of the same name here.
 Every divisor is odd or drawn nonzero and every shift amount is masked into range, so no program
 divides by zero or shifts by more than the width (XLA defines both, NumPy does not).

@@ -115,7 +115,7 @@ class Builder:
                                                              else BINARY), "args": [a, b]})
 
     def conv(self, a: int, *, out=None, k=None, stride=None, pad=None, dil=None, groups=None,
-             precision="draw", seed=None) -> int:
+             precision="draw", seed=None, wdtype=None, wscale=None) -> int:
         """A conv on image ``a`` (params drawn unless given); -1 if the precondition fails."""
         c, shape = self.c, self.shapes[a]
         cin = shape[self.chan_axis()]
@@ -137,15 +137,20 @@ class Builder:
         node = {"op": "conv", "out": out, "k": k, "stride": stride, "pad": pad, "dil": dil,
                 "groups": groups, "precision": precision,
                 "seed": seed if seed is not None else c.seed(), "args": [a]}
+        if wdtype is not None:  # 16-bit weights with float32 accumulation (fuzz/user_ops.py)
+            node.update(wdtype=wdtype, wscale=wscale or 1.0)
         return self.add(node, new)
 
-    def bn(self, a: int, form=None) -> int:
+    def bn(self, a: int, form=None, gscale: float | None = None) -> int:
         c = self.c
         if self.integer:  # integer "normalisation": exact affine maps, and division (no fold)
             return self.add({"op": "ibn", "form": form or c.choice(IBN_FORMS), "seed": c.seed(),
                              "args": [a]})
         form = form or c.choice(BN_FORMS if self.layout == "nchw" else
                                 tuple(f for f in BN_FORMS if f != "named"))
-        return self.add({"op": "bn", "form": form, "eps": c.choice((1e-5, 1e-3, 0.1, 1e-8)),
-                         "var": c.choice(("normal", "tiny")), "neg_gamma": c.chance(0.5),
-                         "seed": c.seed(), "args": [a]})
+        node = {"op": "bn", "form": form, "eps": c.choice((1e-5, 1e-3, 0.1, 1e-8)),
+                "var": c.choice(("normal", "tiny")), "neg_gamma": c.chance(0.5),
+                "seed": c.seed(), "args": [a]}
+        if gscale is not None:  # a scale near the weights' dtype's range
+            node["gscale"] = gscale
+        return self.add(node)

@@ -5,7 +5,7 @@ code has: nested jit (``jnp.where``), ``custom_jvp_call[relu]``, weak literals, 
 ``stop_gradient``. ``make_function(spec, "f64")`` is the same program in float64 — the reference
 of the numeric oracles — with the *same* constant and input values (drawn, rounded to the
 program's dtype, then widened). Integer and boolean programs compute in int32 (their node ops are
-in :mod:`mlsys_jax.fuzz.build_int`) and have no float64 twin: they are judged bitwise.
+in :mod:`mlsys_jax.fuzz.integer_ops`) and have no float64 twin: they are judged bitwise.
 """
 from __future__ import annotations
 
@@ -15,23 +15,23 @@ import numpy as np
 from jax import lax
 
 from mlsys_jax.compat import ClosedJaxpr
-from mlsys_jax.fuzz.build_int import IntOps
+from mlsys_jax.fuzz.integer_ops import IntOps
+from mlsys_jax.fuzz.user_ops import UserOps
 from mlsys_jax.fuzz.inputs import drawn, input_structs, make_inputs
 from mlsys_jax.fuzz.opaque import opaque
-from mlsys_jax.fuzz.spec import Spec, is_integer
+from mlsys_jax.fuzz.spec import CONV_DIMS, Spec, is_integer
 from mlsys_jax.ir.trace import DTYPES
 from mlsys_jax.models.resnet import batch_norm
 
 __all__ = ["build", "make_function", "make_inputs", "input_structs"]
 
-CONV_DIMS = {"nchw": ("NCHW", "OIHW", "NCHW"), "nhwc": ("NHWC", "HWIO", "NHWC")}
 
 
 def _debug_sink(*_):
     """The host side of the generated debug callbacks (a print without the output)."""
 
 
-class _Ops(IntOps):
+class _Ops(IntOps, UserOps):
     """The meaning of each node op, for one program dtype and one evaluation dtype."""
 
     def __init__(self, spec: Spec, eval_dtype):
@@ -123,16 +123,20 @@ class _Ops(IntOps):
         cin = x.shape[1 if layout == "nchw" else 3]
         k, g, out = n["k"], n["groups"], n["out"]
         shape = (out, cin // g, k, k) if layout == "nchw" else (k, k, cin // g, out)
-        w = self.const(n["seed"], shape, scale=(k * k * cin // g) ** -0.5)
+        w = self._weights(n, shape, k * k * cin // g)
         pad = n["pad"] if isinstance(n["pad"], str) else [tuple(p) for p in n["pad"]]
         prec = lax.Precision.HIGHEST if n["precision"] == "highest" else None
+        low, acc = self._low(n), {}
+        if low is not None:  # 16-bit weights (and input), float32 accumulation
+            x, w, acc = x.astype(low), jnp.asarray(w).astype(low), {"preferred_element_type": x.dtype}
         return lax.conv_general_dilated(x, w, (n["stride"],) * 2, pad, rhs_dilation=(n["dil"],) * 2,
                                         dimension_numbers=CONV_DIMS[layout],
-                                        feature_group_count=g, precision=prec)
+                                        feature_group_count=g, precision=prec, **acc)
 
     def op_bn(self, n, z):
         c, s, eps = z.shape[self.axis], n["seed"], n["eps"]
-        gamma = self.const(s, (c,), "positive", scale=-1.0 if n["neg_gamma"] else 1.0)
+        gamma = self.const(s, (c,), "positive",
+                           scale=(-1.0 if n["neg_gamma"] else 1.0) * n.get("gscale", 1.0))
         beta, mean = self.const(s + 1, (c,)), self.const(s + 2, (c,))
         var = self.const(s + 3, (c,), "tiny" if n["var"] == "tiny" else "positive")
         # jnp, not NumPy, arithmetic on the constants: NumPy promotes bfloat16 + float to float32

@@ -1,0 +1,149 @@
+"""Equations computed by NumPy to their dtype's rounding — not XLA's bits — with no kernel to compile.
+
+Translation validation (``passes/validate.py``) runs a rewrite's region and its replacement
+several times, in float64 and in the program's dtypes, and judges closeness in float64 and
+finiteness in the program's dtypes: no bit needs to be XLA's. Binding through XLA would compile a
+kernel for every new (primitive, shape, dtype), which at the size of a test or a fuzz program is
+most of the cost; NumPy computes these primitives directly, in the precision XLA:CPU computes them
+(16-bit floats in float32, rounded back; integers in int64, wrapped back to their width).
+``ir/numpy_rules.py`` is the other NumPy table: exact XLA bits, for the bitwise oracle.
+A large contraction is the exception: NumPy's tap-by-tap conv costs more than XLA's kernel, whose
+compile JAX caches per shape (a search validates the same conv many times), so convs and
+dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mlsys_jax.compat import Tracer
+from mlsys_jax.ir.widen import is_float
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+NUMPY_MACS = 2_000_000  # above: XLA's kernel (one compile per shape) beats NumPy's contraction
+
+
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype XLA:CPU computes ``dtype`` in: float32 for 16-bit floats, int64 for integers."""
+    dtype = np.dtype(dtype)
+    if is_float(dtype):
+        return F64 if dtype == F64 else F32
+    if np.issubdtype(dtype, np.integer):
+        return np.dtype(np.int64)
+    return dtype
+
+
+def _broadcast(x, shape, broadcast_dimensions, **_):
+    expanded = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        expanded[d] = np.shape(x)[i]
+    return np.broadcast_to(np.reshape(x, expanded), tuple(shape))
+
+
+def _dot(a, b, dimension_numbers, **_):
+    (lc, rc), (lb, rb) = dimension_numbers
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    la = [next(letters) for _ in range(np.ndim(a))]
+    ra = [next(letters) for _ in range(np.ndim(b))]
+    for i, j in list(zip(lc, rc)) + list(zip(lb, rb)):
+        ra[j] = la[i]
+    out = [la[i] for i in lb] + [la[i] for i in range(len(la)) if i not in lc and i not in lb]
+    out += [ra[j] for j in range(len(ra)) if j not in rc and j not in rb]
+    return np.einsum(f"{''.join(la)},{''.join(ra)}->{''.join(out)}", a, b, optimize=True)
+
+
+def _dilate(x, factors):
+    """``x`` (N, C, spatial...) with ``factor - 1`` zeros between elements of each spatial axis."""
+    if all(f == 1 for f in factors):
+        return x
+    shape = x.shape[:2] + tuple((n - 1) * f + 1 if n else 0 for n, f in zip(x.shape[2:], factors))
+    out = np.zeros(shape, x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(None, None, f) for f in factors)] = x
+    return out
+
+
+def _conv(x, w, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+          feature_group_count, batch_group_count, **_):
+    """lax.conv_general_dilated by the taps of the kernel: each tap one contraction."""
+    if batch_group_count != 1:
+        return None
+    dn = dimension_numbers
+    x, w = np.transpose(x, dn.lhs_spec), np.transpose(w, dn.rhs_spec)  # (N, C, ..), (O, I, ..)
+    x = _dilate(x, lhs_dilation)
+    x = np.pad(x, [(0, 0), (0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
+    x = x[(slice(None), slice(None)) + tuple(
+        slice(max(-lo, 0), n - max(-hi, 0)) for (lo, hi), n in zip(padding, x.shape[2:]))]
+    kernel = w.shape[2:]
+    out_sp = tuple(max(0, (n - (k - 1) * r - 1) // s + 1) for n, k, r, s in
+                   zip(x.shape[2:], kernel, rhs_dilation, window_strides))
+    n, g, o, i = x.shape[0], feature_group_count, w.shape[0], w.shape[1]
+    out = np.zeros((n, g, o // g) + out_sp, np.result_type(x.dtype, w.dtype))
+    if all(out_sp):
+        for tap in np.ndindex(*kernel):
+            sl = tuple(slice(t * r, t * r + (m - 1) * s + 1, s) for t, r, m, s in
+                       zip(tap, rhs_dilation, out_sp, window_strides))
+            patch = x[(slice(None), slice(None)) + sl].reshape((n, g, i) + out_sp)
+            taps = w[(slice(None), slice(None)) + tap].reshape(g, o // g, i)
+            out += np.einsum("ngi...,goi->ngo...", patch, taps, optimize=True)
+    return np.transpose(out.reshape((n, o) + out_sp), np.argsort(dn.out_spec))
+
+
+def _convert(x, new_dtype, **_):
+    return x if is_float(new_dtype) or not is_float(x.dtype) else None  # float→int: XLA's rule
+
+
+OPS = {
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply,
+    "div": np.divide, "neg": np.negative, "abs": np.abs, "max": np.maximum,
+    "min": np.minimum, "sqrt": np.sqrt, "rsqrt": lambda x, **_: 1.0 / np.sqrt(x),
+    "square": np.square, "exp": np.exp, "log": np.log, "tanh": np.tanh,
+    "logistic": lambda x, **_: 1.0 / (1.0 + np.exp(-x)), "sin": np.sin, "cos": np.cos,
+    "stop_gradient": lambda x, **_: x, "copy": lambda x, **_: np.array(x),
+    "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
+    "reshape": lambda x, new_sizes, dimensions=None, **_: np.reshape(x, new_sizes)
+    if dimensions is None else None,
+    "squeeze": lambda x, dimensions, **_: np.squeeze(x, tuple(dimensions)),
+    "transpose": lambda x, permutation, **_: np.transpose(x, permutation),
+    "dot_general": _dot, "conv_general_dilated": _conv,
+}
+IGNORED = ("sharding", "out_sharding", "accuracy", "out_dtype", "weak_type", "precision",
+           "preferred_element_type")
+
+
+def _macs(eqn) -> int:
+    """Multiply-adds of a conv or dot_general (0 for anything else): the output's size times
+    what each output element contracts."""
+    name = eqn.primitive.name
+    if name not in ("conv_general_dilated", "dot_general"):
+        return 0
+    out = int(np.prod(eqn.outvars[0].aval.shape))
+    rhs = eqn.invars[1].aval.shape
+    if name == "dot_general":
+        (_, rc), _ = eqn.params["dimension_numbers"]
+        return out * int(np.prod([rhs[a] for a in rc]))
+    spec = eqn.params["dimension_numbers"].rhs_spec  # (out features, in features, spatial...)
+    return out * int(np.prod([rhs[a] for a in spec[1:]]))
+
+
+def evaluate(eqn, invals, out_dtype) -> list | None:
+    """``eqn`` on ``invals`` as NumPy computes it, the result in ``out_dtype``; None where this
+    table has no rule (the caller binds it through XLA)."""
+    fn = OPS.get(eqn.primitive.name)
+    if fn is None or eqn.primitive.multiple_results or _macs(eqn) > NUMPY_MACS:
+        return None
+    if any(isinstance(x, Tracer) for x in invals):
+        return None  # under a trace (a jitted float64 twin): JAX binds it
+    xs = [np.asarray(x) for x in invals]
+    if not all(is_float(x.dtype) or np.issubdtype(x.dtype, np.integer) for x in xs):
+        return None
+    ints = not any(is_float(x.dtype) for x in xs)
+    if ints and eqn.primitive.name in ("div", "sqrt", "rsqrt", "exp", "log", "tanh", "logistic",
+                                       "sin", "cos"):
+        return None  # truncating division and the like: XLA's own rules
+    wide = compute_dtype(np.result_type(*[x.dtype for x in xs]) if xs else out_dtype)
+    xs = [x.astype(wide) if x.dtype != wide else x for x in xs]
+    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
+    with np.errstate(all="ignore"):
+        y = fn(*xs, **params)
+    if y is None:
+        return None
+    return [np.asarray(y).astype(out_dtype)]

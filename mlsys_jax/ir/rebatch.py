@@ -1,0 +1,130 @@
+"""Binding equations again on fewer examples: a region evaluated on one row of its batch.
+
+Translation validation (``passes/validate.py``) runs a rewrite's region and its replacement on
+seeded inputs; at a real model's size that is a real conv, several times over. Most regions treat
+the examples of a batch alike, so one example stands for all of them: :func:`rebind` binds an
+equation whose inputs have fewer rows along some axes than it was traced with, adjusting the shape
+params that follow the rows (``broadcast_in_dim``'s shape, ``reshape``'s new sizes) and slicing a
+full-size constant operand of an elementwise op alike. It raises :class:`Unshrinkable` unless
+the equation provably treats those rows independently: elementwise ops, movement views that keep
+the axis whole, reductions along other axes, a conv's batch axis, a ``dot_general``'s free axes
+(and batch axes, both operands sliced), named calls (body by body). Reductions and contractions
+over the axis, gathers and everything else keep their full batch.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mlsys_jax.compat import Literal
+from mlsys_jax.ir.primitives import ELEMENTWISE, REDUCTIONS, TRANSPARENT_CALLS
+from mlsys_jax.ir.walk import bodies
+
+SHAPE_FREE = frozenset({"squeeze", "transpose", "expand_dims"}) | ELEMENTWISE
+
+
+class Unshrinkable(Exception):
+    """The equation may mix the rows being dropped with the ones kept."""
+
+
+def _shape(x) -> tuple:
+    return tuple(np.shape(x))
+
+
+def _changed(old: tuple, new: tuple) -> list:
+    return [a for a, (o, n) in enumerate(zip(old, new)) if o != n]
+
+
+def _slice_to(x, shape: tuple):
+    """``x`` cut to ``shape`` along the axes where it is longer (its first rows)."""
+    cut = tuple(slice(0, n) if m > n else slice(None) for m, n in zip(_shape(x), shape))
+    return x[cut] if any(s != slice(None) for s in cut) else x
+
+
+def _elementwise(eqn, args) -> list:
+    """An elementwise op's operands made to agree: a full-size operand (a constant) is cut to the
+    rows the shrunk ones keep (unit axes still broadcast)."""
+    full = [(a, tuple(v.aval.shape)) for a, v in zip(args, eqn.invars)
+            if len(_shape(a)) == len(getattr(v.aval, "shape", ())) > 0]
+    if not full:
+        return args
+    rank = len(full[0][1])
+    # along each axis, the rows every operand that was not broadcast there (size > 1) keeps
+    target = tuple(min((_shape(a)[d] for a, o in full if o[d] != 1), default=1)
+                   for d in range(rank))
+    return [_slice_to(a, target) if len(_shape(a)) == rank else a for a in args]
+
+
+def _params(eqn, args) -> dict:
+    """The equation's params for inputs of the shapes of ``args`` (or Unshrinkable)."""
+    prim, p = eqn.primitive.name, eqn.params
+    old = [tuple(v.aval.shape) for v in eqn.invars]
+    new = [_shape(a) for a in args]
+    if prim == "broadcast_in_dim":
+        shape = list(p["shape"])
+        for i, d in enumerate(p["broadcast_dimensions"]):
+            if old[0][i] != 1:
+                shape[d] = new[0][i]
+        return {**p, "shape": tuple(shape)}
+    if prim == "reshape":
+        if p.get("dimensions") is not None:
+            raise Unshrinkable("reshape with a transpose")
+        axes = _changed(old[0], new[0])
+        sizes = list(p["new_sizes"])
+        for a in axes:  # the axis must survive whole: same size and the same stride after it
+            stride = math.prod(old[0][a + 1:])
+            hit = [j for j, n in enumerate(p["new_sizes"]) if n == old[0][a]
+                   and math.prod(p["new_sizes"][j + 1:]) == stride]
+            if len(hit) != 1 or any(o != n for o, n in zip(old[0][a + 1:], new[0][a + 1:])):
+                raise Unshrinkable("reshape regroups the rows")
+            sizes[hit[0]] = new[0][a]
+        return {**p, "new_sizes": tuple(sizes)}
+    if prim == "conv_general_dilated":  # (a rewrite may bind it with another kernel: its own)
+        if set(_changed(old[0], new[0])) - {p["dimension_numbers"].lhs_spec[0]}:
+            raise Unshrinkable("conv rows other than its batch")
+        return p
+    if prim == "dot_general":
+        (lc, rc), _ = p["dimension_numbers"]
+        if set(_changed(old[0], new[0])) & set(lc) or set(_changed(old[1], new[1])) & set(rc):
+            raise Unshrinkable("dot_general contracts the rows")
+        return p
+    if prim in SHAPE_FREE:
+        return p
+    if prim in REDUCTIONS and "axes" in p and not set(_changed(old[0], new[0])) & set(p["axes"]):
+        return p  # reduced along other axes: each row on its own
+    raise Unshrinkable(prim)
+
+
+def rebind(eqn, args, bind) -> list:
+    """``eqn`` on ``args`` (fewer rows than it was traced with, or the same), through
+    ``bind(eqn, args)``; see the module doc. Calls run their body, equation by equation."""
+    old = [tuple(getattr(v.aval, "shape", ())) for v in eqn.invars]
+    if [_shape(a) for a in args] == old:
+        return bind(eqn, args)
+    name = eqn.primitive.name
+    inner = bodies(eqn) if name in TRANSPARENT_CALLS else []
+    if len(inner) == 1:
+        b = inner[0]
+        env = dict(zip(b.jaxpr.constvars, b.consts))
+        env.update(zip(b.jaxpr.invars, args))
+        for e in b.jaxpr.eqns:
+            vals = [v.val if type(v) is Literal else env[v] for v in e.invars]
+            env.update(zip(e.outvars, rebind(e, vals, bind)))
+        return [v.val if type(v) is Literal else env[v] for v in b.jaxpr.outvars]
+    if name in ELEMENTWISE:
+        args = _elementwise(eqn, args)
+    if name == "dot_general":
+        args = _dot_batch(eqn, args)
+    return bind(eqn.replace(params=_params(eqn, args)), args)
+
+
+def _dot_batch(eqn, args) -> list:
+    """A dot_general's batch axes cut alike on both operands."""
+    _, (lb, rb) = eqn.params["dimension_numbers"]
+    a, b = args
+    for i, j in zip(lb, rb):
+        n = min(_shape(a)[i], _shape(b)[j])
+        a = a[tuple(slice(0, n) if k == i else slice(None) for k in range(len(_shape(a))))]
+        b = b[tuple(slice(0, n) if k == j else slice(None) for k in range(len(_shape(b))))]
+    return [a, b]

@@ -1,0 +1,92 @@
+"""What a rule sees and how it writes: one jaxpr level (:class:`Level`) and the replacement's
+arithmetic (:class:`Emit`), in the program's dtypes or in float64."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import jax
+import numpy as np
+
+from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
+from mlsys_jax.ir.consts import Consts
+from mlsys_jax.ir.opview import consumers
+from mlsys_jax.ir.rebatch import rebind
+from mlsys_jax.ir.widen import literal_value, widen_dtype, widen_value
+from mlsys_jax.passes.validate import approximate
+
+
+class Level:
+    """One jaxpr level: its equations, the values known before it runs (``ir.consts``), who reads
+    each value (equation indices, -1 for an output of the level), where each is defined, and the
+    path prefix its equations are logged with (``ir.walk``'s format)."""
+
+    def __init__(self, jaxpr, consts=(), path: str = "", known: dict | None = None,
+                 nested: bool | None = None):
+        if isinstance(jaxpr, ClosedJaxpr):
+            jaxpr, consts = jaxpr.jaxpr, jaxpr.consts
+        self.jaxpr, self.eqns, self.path = jaxpr, jaxpr.eqns, path
+        self.consts = Consts(jaxpr, consts, known, nested=bool(path) if nested is None else nested)
+        self.producer = self.consts.producer
+        self.users = consumers(jaxpr)
+        self.defined = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+
+    @property
+    def nested(self) -> bool:
+        return self.consts.nested
+
+    def value(self, v):
+        """The known value of atom ``v`` (a literal or a constant), else None."""
+        return self.consts.value(v)
+
+    def known(self, v) -> bool:
+        return isinstance(v, Literal) or self.value(v) is not None
+
+    def where(self, i: int) -> str:
+        return f"{self.path}{i}"
+
+    def single_use(self, v, by: int) -> bool:
+        """``v`` is read by equation ``by`` only (once), not by other equations or as an output."""
+        return self.users.get(v, []) == [by]
+
+
+class Emit:
+    """How a rule computes its replacement. In the program's dtypes it is the rewrite itself
+    (values are constants or tracers of the new jaxpr); widened (``ir.widen``) it is what the
+    rewrite means in float64, for translation validation. Rules read values, dtypes and bind
+    equations through it, so one emit function serves both."""
+
+    def __init__(self, level: Level, read: Callable, widen: bool = False,
+                 concrete: bool = False):
+        self.level, self.read, self.widen = level, read, widen
+        self.concrete = concrete or widen  # validating: values are arrays, nothing is traced
+
+    def value(self, v):
+        """Atom ``v``'s value: a known constant's (widened when widening), else ``read(v)``."""
+        if isinstance(v, Literal):
+            return literal_value(v, self.widen)
+        known = self.level.value(v)
+        if known is None:
+            return self.read(v)
+        if self.widen:
+            return widen_value(known)
+        return np.asarray(known) if self.concrete else known
+
+    def dtype(self, v):
+        """The dtype ``v`` has here: its own, or float64 for a float when widening."""
+        dt = np.dtype(v.aval.dtype) if not hasattr(v, "dtype") else np.dtype(v.dtype)
+        return widen_dtype(dt) if self.widen else dt
+
+    def call(self, fn, *args):
+        """``fn(*args)`` as one named op of the rewrite (``jax.jit``: ``conv_bias``); run directly
+        when validating (a fresh jit per rewrite would compile once per call)."""
+        return fn(*args) if self.concrete else jax.jit(fn)(*args)
+
+    def bind(self, eqn, args, **param_overrides) -> list:
+        """``eqn`` (its params updated by ``param_overrides``) bound on ``args``."""
+        if param_overrides:
+            eqn = eqn.replace(params={**eqn.params, **param_overrides})
+        if self.concrete:  # validating, maybe on fewer examples than the program has
+            args = [widen_value(a) for a in args] if self.widen else list(args)
+            return rebind(eqn, args, partial(approximate, widen=self.widen))
+        return bind_equation(eqn, args)

@@ -1,0 +1,337 @@
+"""Translation validation: every rewrite is checked where it happens, before it is kept.
+
+The structural verifier (``passes/verify.py``) cannot see a bias moved to the wrong axis, and the
+fuzzer only finds what its grammar draws. Like Alive2 and TASO we check rewrites, but each
+*instance*: a rewrite touches a small :class:`Region` — the equations it replaces, as a function
+of the values they read that are not constants (its inputs; constants are the values the program
+holds) — so the region and its replacement can run side by side, cheaply, on seeded inputs: two
+random draws and one of special values (0, ±1, large, tiny and, where the dtype has them,
+subnormal; integers: their extremes; docs/verification.md §1).
+
+- In float64 (``ir.widen``: every float widened; the replacement computed from the same constants
+  in float64, not rounded to the program's dtype) every output element must agree to
+  ``1e-9·(|original| + rms(original))`` plus a millionth of the original's own rounding error at
+  that element (the program-dtype evaluation against the float64 one): an algebraically exact
+  rewrite differs by ~1e-15, a wrong one by O(1), so the test needs no tuning.
+- In the program's own dtypes every value must stay finite where the original's is (folded
+  constants overflowing float16's 65504 make Inf) and integer and boolean results stay exact.
+
+A rewrite that fails is not applied; the rule logs a refusal with the measured reason. ``run``
+validates by default (``passes.run(..., validate=False)`` turns it off for speed measurements); a
+pass called directly, like a pipeline called directly, runs without the checks.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import Literal, bind_equation, eval_context
+from mlsys_jax.ir import numpy_eval, numpy_rules
+from mlsys_jax.ir.consts import is_pure
+from mlsys_jax.ir.evaluate import eval_equation
+from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
+from mlsys_jax.ir.rebatch import Unshrinkable, rebind
+from mlsys_jax.ir.walk import bodies
+from mlsys_jax.ir.widen import is_float, literal_value, widen_value
+
+RTOL_F64 = 1e-9            # per element, float64: a wrong rewrite is off by O(1)
+ROUNDING_SHARE = 1e-6      # of the original's own rounding error (program dtype vs float64)
+DRAWS = 3                  # two random draws and one of special values
+# Regions whose inputs are this large run on one example of their batch (``ir.rebatch``): a
+# convolution at a real model's size, several times, in two dtypes, costs seconds; a small
+# region runs whole, on the kernels its program's own evaluation compiled already.
+ONE_ROW_ABOVE = 1 << 15
+_ON = contextvars.ContextVar("mlsys_jax_validate", default=False)
+
+
+@contextlib.contextmanager
+def validating(on: bool = True):
+    """Rewrites made inside are validated (``passes.run`` and the search enter this)."""
+    token = _ON.set(bool(on))
+    try:
+        yield
+    finally:
+        _ON.reset(token)
+
+
+def enabled() -> bool:
+    return _ON.get()
+
+
+@dataclass(frozen=True)
+class Region:
+    """The equations a rewrite replaces and the constant subgraphs they read, in program order;
+    the non-constant values they read (``inputs``); the constants those subgraphs start from
+    (``consts``: var -> value: the program's constants, literals aside); the values the rewrite
+    replaces (``outputs``); and which of ``eqns`` the rewrite removes (``removed``: their ids).
+    Those are evaluated as computations even where all they read is constant (a conv of a
+    constant), so the float64 comparison widens them; the constant subgraphs are the program's
+    constants, in its dtypes, as the rewrite reads them."""
+
+    eqns: tuple
+    inputs: tuple
+    consts: dict
+    outputs: tuple
+    removed: frozenset = frozenset()
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def special_values(dtype) -> np.ndarray:
+    """0, ±1, ±large, ±tiny, ±subnormal (floats) or the extremes (integers) of ``dtype``.
+    Large is the dtype's max to the ¼, so a product of a few of them stays finite."""
+    if dtype == np.bool_:
+        return np.array([False, True])
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return np.array([0, 1, -1, info.min, info.max, info.min + 1, info.max - 1], dtype)
+    fi = jnp.finfo(dtype)
+    large, tiny = float(fi.max) ** 0.25, float(fi.tiny)
+    vals = [0.0, 1.0, -1.0, large, -large, tiny, -tiny]
+    sub = float(fi.smallest_subnormal) if hasattr(fi, "smallest_subnormal") else 0.0
+    if 0 < sub < tiny:
+        vals += [4 * sub, -4 * sub]
+    return np.asarray(vals, np.float64).astype(dtype)
+
+
+def draw(shape: tuple, dtype, k: int):
+    """Input ``k`` of ``DRAWS`` of ``shape`` and ``dtype`` (seeded; k = DRAWS-1: the special
+    values, in a seeded arrangement)."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(k)
+    if k == DRAWS - 1:
+        vals = special_values(dtype)
+        return vals[rng.integers(len(vals), size=shape)]
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-8 if k == 0 else -1000, 9 if k == 0 else 1001, shape).astype(dtype)
+    scale = 1.0 if k == 0 else 4.0
+    return (scale * rng.standard_normal(shape) + (0.0 if k == 0 else 1.0)).astype(dtype)
+
+
+# ---- evaluation --------------------------------------------------------------------------------
+
+def _constants(eqns, env: dict) -> None:
+    """Into ``env``: every value of ``eqns`` (and of their calls' bodies) computed from constants
+    alone, by the equations themselves, as XLA:CPU's kernels compute them — independently of the
+    rule's own constant analysis, which a broken rule may have got wrong. ``env`` holds the
+    constants to start from."""
+    def read(v):
+        return literal_value(v, False) if type(v) is Literal else env.get(v, _UNKNOWN)
+    for eqn in eqns:
+        vals = [read(v) for v in eqn.invars]
+        inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
+        if all(x is not _UNKNOWN for x in vals) and is_pure(eqn):
+            outs = numpy_rules.evaluate(eqn, vals)  # XLA's bits, no kernel to compile
+            env.update(zip(eqn.outvars, outs if outs is not None else bind_equation(eqn, vals)))
+        elif len(inner) == 1:
+            b = inner[0]
+            sub = dict(zip(b.jaxpr.constvars, b.consts))
+            sub.update((v, x) for v, x in zip(b.jaxpr.invars, vals) if x is not _UNKNOWN)
+            _constants(b.jaxpr.eqns, sub)
+            env.update((v, x) for v, x in sub.items() if v not in b.jaxpr.invars)
+            outs = [literal_value(v, False) if type(v) is Literal else sub.get(v, _UNKNOWN)
+                    for v in b.jaxpr.outvars]
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if x is not _UNKNOWN)
+
+
+_UNKNOWN = object()
+
+
+def _run(eqns, env: dict, widen: bool, given: dict) -> None:
+    """Evaluate ``eqns`` into ``env``; values in ``given`` (the region's constants,
+    :func:`_constants`) are taken as they are — constants of the program, in its dtypes, even
+    when widening — and everything computed from an input is widened. Calls run their bodies."""
+    def read(v):
+        return literal_value(v, widen) if type(v) is Literal else env[v]
+    for eqn in eqns:
+        if eqn.outvars and all(v in given for v in eqn.outvars):
+            env.update((v, given[v]) for v in eqn.outvars)
+            continue
+        inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
+        vals = [widen_value(x) if widen else x for x in map(read, eqn.invars)]
+        if len(inner) == 1:
+            b = inner[0]
+            sub = {v: given.get(v, c) for v, c in zip(b.jaxpr.constvars, b.consts)}
+            sub.update(zip(b.jaxpr.invars, vals))
+            _run(b.jaxpr.eqns, sub, widen, given)
+            outs = [literal_value(v, widen) if type(v) is Literal else sub[v]
+                    for v in b.jaxpr.outvars]
+        else:
+            outs = rebind(eqn, vals, partial(_bind, widen=widen))
+        env.update(zip(eqn.outvars, outs))
+
+
+def _bind(eqn, args, widen):
+    return approximate(eqn, args, widen)
+
+
+def approximate(eqn, args, widen: bool) -> list:
+    """One equation as validation computes it: NumPy where it has the primitive
+    (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen``."""
+    if not widen and len(eqn.outvars) == 1:
+        got = numpy_eval.evaluate(eqn, args, eqn.outvars[0].aval.dtype)
+        if got is not None:
+            return got
+    return eval_equation(eqn, args, widen)
+
+
+def _evaluate(region: Region, inputs: list, widen: bool, given: dict) -> list:
+    env = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
+    env.update(given)
+    _run(region.eqns, env, widen, given)
+    return [np.asarray(widen_value(env[v]) if widen else env[v]) for v in region.outputs]
+
+
+def _replaced(region: Region, replacement: Callable, inputs: list, widen: bool) -> list:
+    given = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
+
+    def read(v):
+        return given[v]
+    outs = replacement(read, widen)
+    return [np.asarray(outs[v]) for v in region.outputs]
+
+
+# ---- judging -----------------------------------------------------------------------------------
+
+def _where(flat_index: int, shape) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(flat_index, shape)) if shape else ()
+
+
+def _exact(k, i, a, b) -> str | None:
+    if np.array_equal(a, b):
+        return None
+    bad = np.flatnonzero(a != b)
+    at = _where(bad[0], a.shape)
+    return (f"output {k} ({a.dtype}) differs on input {i}: {bad.size} of {a.size} elements "
+            f"(element {at}: {a[at]} vs {b[at]})")
+
+
+def _finite(k, i, a, b) -> str | None:
+    new = np.isfinite(a.astype(np.float64)) & ~np.isfinite(b.astype(np.float64))
+    if not new.any():
+        return None
+    return (f"output {k} in {a.dtype} on input {i}: {int(new.sum())} of {a.size} values Inf/NaN "
+            "where the original is finite")
+
+
+def _close64(k, i, a, b, a_prog) -> str | None:
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not np.array_equal(fa, fb) or not np.array_equal(np.isnan(a), np.isnan(b)) \
+            or not np.array_equal(a[~fa], b[~fb]):
+        return (f"output {k} in float64 on input {i}: Inf/NaN in {int((fa != fb).sum())} other "
+                "places than the original's")
+    if not fa.any():
+        return None
+    rms = float(np.sqrt(np.mean(np.square(a[fa]))))
+    own = np.where(np.isfinite(a_prog), np.abs(a_prog.astype(np.float64) - a), 0.0)
+    tol = RTOL_F64 * (np.abs(a) + rms) + ROUNDING_SHARE * own
+    err = np.where(fa, np.abs(a - b), 0.0)
+    bad = err > tol
+    if not bad.any():
+        return None
+    rel = err / (np.abs(a) + rms + 1e-300)
+    worst = int(np.argmax(np.where(bad, rel, -1.0)))
+    at = _where(worst, a.shape)
+    return (f"output {k} differs in float64 on input {i}: {int(bad.sum())} of {a.size} elements "
+            f"beyond rounding, max relative error {float(rel.flat[worst]):.3g} "
+            f"(element {at}: {float(a[at]):.6g} vs {float(b[at]):.6g})")
+
+
+def _one_row(region: Region):
+    """The inputs' shapes cut to one example (axis 0), or None when none has more than one."""
+    shapes = [tuple(v.aval.shape) for v in region.inputs]
+    if max((math.prod(s) for s in shapes), default=0) < ONE_ROW_ABOVE:
+        return None
+    cut = [(1,) + s[1:] if s and s[0] > 1 else s for s in shapes]
+    return cut if cut != shapes else None
+
+
+def validate(region: Region, replacement: Callable) -> str | None:
+    """None if the rewrite computes what ``region`` computes (see the module doc), else the
+    measured reason it does not. ``replacement(read, widen)`` returns ``{output var: value}``
+    computed from ``read(input var)``; ``widen``: in float64. The region runs on one example of
+    its batch where every equation of both sides provably treats examples alike
+    (``ir.rebatch``), else on the whole batch."""
+    for v in region.inputs:
+        if jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
+            return f"cannot validate: the region reads a {v.aval.dtype} value, which has no draws"
+    if not region.outputs:
+        return None
+    cut = _one_row(region)
+    try:
+        if cut is not None:
+            try:
+                return _validate(region, replacement, cut)
+            except Unshrinkable:
+                pass
+        return _validate(region, replacement, [tuple(v.aval.shape) for v in region.inputs])
+    except (TypeError, ValueError) as e:  # the replacement is not even well-typed here
+        return f"the replacement cannot run on its region: {type(e).__name__}: {e}"[:300]
+
+
+def _narrow(region: Region) -> bool:
+    """Some float of the region is narrower than float64 (else widening changes nothing)."""
+    dtypes = [v.aval.dtype for v in region.inputs + region.outputs]
+    dtypes += [np.asarray(c).dtype for c in region.consts.values()]
+    dtypes += [v.aval.dtype for e in region.eqns for v in e.outvars]
+    return any(is_float(d) and np.dtype(d) != np.float64 for d in dtypes)
+
+
+def _validate(region: Region, replacement: Callable, shapes: list) -> str | None:
+    floats = any(is_float(v.aval.dtype) for v in region.outputs)
+    narrow = floats and _narrow(region)
+    given = _given(region, with_removed=True)
+    for i in range(DRAWS):
+        inputs = [draw(s, v.aval.dtype, i) for s, v in zip(shapes, region.inputs)]
+        before = _evaluate(region, inputs, False, given)
+        after = _replaced(region, replacement, inputs, widen=False)
+        for k, (a, b) in enumerate(zip(before, after)):
+            why = _finite(k, i, a, b) if is_float(a.dtype) else _exact(k, i, a, b)
+            if why:
+                return why
+        if not floats:
+            continue
+        why = _compare64(region, replacement, inputs, before, after, given, narrow, i)
+        if why and narrow and any(id(e) in region.removed and all(v in given for v in e.outvars)
+                                  for e in region.eqns):
+            # Some equation the rewrite removes reads constants alone (a conv of a constant):
+            # its float64 meaning is the program's float32 constant or its float64 value, and a
+            # rewrite may compute either. Agreeing with one of them is agreeing.
+            why = _compare64(region, replacement, inputs, before, after,
+                             _given(region, with_removed=False), narrow, i) and why
+        if why:
+            return why
+    return None
+
+
+def _given(region: Region, with_removed: bool) -> dict:
+    """The values computed from constants alone (:func:`_constants`), from the program's
+    constants: in the equations the rewrite removes too, or in the subgraphs they read only."""
+    given = {v: np.asarray(c) for v, c in region.consts.items()}
+    with eval_context():
+        _constants([e for e in region.eqns if with_removed or id(e) not in region.removed], given)
+    return given
+
+
+def _compare64(region, replacement, inputs, before, after, given, narrow, i) -> str | None:
+    before64, after64 = before, after  # a float64 program: already what it means
+    if narrow:
+        with jax.enable_x64(True):
+            before64 = _evaluate(region, inputs, True, given)
+            after64 = _replaced(region, replacement, inputs, widen=True)
+    for k, (a, b, ap) in enumerate(zip(before64, after64, before)):
+        if is_float(ap.dtype):
+            why = _close64(k, i, a.astype(np.float64), b.astype(np.float64), ap)
+            if why:
+                return why
+    return None

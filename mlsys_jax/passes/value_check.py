@@ -1,0 +1,299 @@
+"""Does an optimized program compute what the original computes? The end-to-end value check.
+
+``mlsys-jax optimize`` prints its verdict. Both ClosedJaxprs run (compiled together with
+``jax.jit``) on the example inputs and on ``FRESH`` seeded inputs drawn like them — same shapes and
+dtypes, floats at each array's own mean and spread, integers in its range, booleans at its rate,
+PRNG keys folded to new ones. Then, element by element:
+
+- integer, boolean and PRNG-key outputs must be equal;
+- a float element is wrong where ``|a − b| > atol + rtol·|a|`` for that element (the tolerance of
+  the least precise float dtype the original computes in) *and* beyond the float64 twin's bound:
+  the original run in float64 (``ir.widen``) gives r, and b may be as far from r as twice the
+  original's own error there, ``|b − r| ≤ 2·|a − r| + atol + rtol·|r|`` (rounding that cancels at
+  an element, where the sum of large terms is small, is the original's too). So a large region
+  elsewhere in an output never widens the tolerance of another element;
+- a NaN or Inf where the original is finite is wrong, and so is a changed NaN/Inf.
+
+Evidence must be able to refute the claim: an output that is the same on every input checked
+(a zero-initialised last layer, a constant) shows nothing, and the verdict then is "not
+established", never "yes". XLA's stateful RNG (``lax.rng_uniform``) gives other values on every
+run, so both programs get the same draws in the same order (the state threaded identically); an
+output whose draws cannot be threaded so (inside a loop) is not compared, and the reason named.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.primitives import CONTROL, TRANSPARENT_CALLS
+from mlsys_jax.ir.walk import bodies, walk
+from mlsys_jax.ir.widen import is_float
+
+# (rtol, atol) per float dtype: rounding a correct numeric rewrite (a BN folded into a conv)
+# stays orders of magnitude below these; a wrong rewrite differs by the output's own size.
+TOLERANCES = {"float64": (1e-9, 1e-12), "float32": (1e-4, 1e-6), "float16": (1e-2, 1e-3),
+              "bfloat16": (5e-2, 1e-2)}
+FRESH = 2                 # fresh input sets beside the example
+STATEFUL_RNG = frozenset({"rng_uniform"})
+
+
+@dataclass
+class ValueCheck:
+    """What the check saw: how many input sets, the worst difference, the elements wrong, the
+    outputs that prove nothing (constant on every input) or could not be compared, and what
+    failed."""
+
+    inputs: int = 0
+    max_abs_diff: float = 0.0      # over positions where both outputs are finite
+    wrong: int = 0                 # float elements beyond tolerance and the twin's bound
+    new_nonfinite: int = 0         # NaN/Inf in the optimized output where the original is finite
+    vacuous: list = field(default_factory=list)      # output indices constant on every input
+    uncompared: dict = field(default_factory=dict)   # output index -> why it is not compared
+    problems: list = field(default_factory=list)
+    tolerance: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def verdict(self) -> str:
+        """'yes', 'no', or 'not established' (nothing wrong seen, but some output showed
+        nothing: constant, or not comparable)."""
+        if self.problems:
+            return "no"
+        return "not established" if self.vacuous or self.uncompared else "yes"
+
+    def why_not_established(self) -> str:
+        parts = []
+        if self.vacuous:
+            which = ", ".join(map(str, self.vacuous))
+            parts.append(f"output {which} is the same on all {self.inputs} inputs checked "
+                         "(constant or zero): a wrong rewrite could not show there")
+        parts += [f"output {k} not compared: {why}" for k, why in self.uncompared.items()]
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"inputs_checked": self.inputs, "max_abs_diff": self.max_abs_diff,
+                "wrong_elements": self.wrong, "new_nonfinite": self.new_nonfinite,
+                "vacuous_outputs": list(self.vacuous),
+                "uncompared_outputs": {str(k): v for k, v in self.uncompared.items()},
+                "problems": list(self.problems), "tolerance": self.tolerance,
+                "check": self.verdict}
+
+
+def tolerance(dtype) -> tuple:
+    """(rtol, atol) for a float dtype."""
+    return TOLERANCES.get(str(dtype), TOLERANCES["float32"])
+
+
+def least_precise_float(closed):
+    """The float dtype with the largest machine epsilon among a jaxpr's values (or None)."""
+    avals = [v.aval for v in closed.jaxpr.invars + closed.jaxpr.constvars]
+    avals += [v.aval for _, e in walk(closed) for v in e.outvars]
+    floats = {a.dtype for a in avals if hasattr(a, "dtype") and is_float(a.dtype)}
+    return max(floats, key=lambda d: jnp.finfo(d).eps, default=None)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def drawn_like(x, rng, k: int):
+    """A fresh value like ``x``: same shape and dtype, and its scale."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.fold_in(x, 1000 + k)
+    a = np.asarray(x)
+    if a.dtype == np.bool_:
+        p = float(a.mean()) if a.size else 0.5
+        return rng.random(a.shape) < (p if 0 < p < 1 else 0.5)
+    if np.issubdtype(a.dtype, np.integer):
+        lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 1)
+        return rng.integers(lo, max(hi, lo + 1) + 1, a.shape).astype(a.dtype)
+    wide = a.astype(np.float64)
+    mean, std = (float(wide.mean()), float(wide.std())) if a.size else (0.0, 1.0)
+    std = std if std > 0 else max(abs(mean), 1.0)
+    return (mean + std * rng.standard_normal(a.shape)).astype(a.dtype)
+
+
+def input_sets(inputs, fresh: int = FRESH, seed: int = 0) -> list:
+    """The example inputs, then ``fresh`` seeded sets drawn like them."""
+    rng = np.random.default_rng(seed)
+    return [list(inputs)] + [[drawn_like(x, rng, k) for x in inputs] for k in range(fresh)]
+
+
+# ---- running both programs ----------------------------------------------------------------------
+
+def _stateful_sites(closed) -> list:
+    """Stateful RNG equations, and whether each can be threaded (not inside control flow)."""
+    found = []
+
+    def visit(jaxpr, looped):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in STATEFUL_RNG:
+                found.append((eqn, looped))
+            for b in bodies(eqn):
+                visit(b.jaxpr, looped or eqn.primitive.name in CONTROL)
+    visit(closed.jaxpr, False)
+    return found
+
+
+def _threaded(closed, draws: list):
+    """A function running ``closed`` with its k-th stateful RNG draw replaced by ``draws[k]``."""
+    def interpret(jaxpr, consts, args, counter):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(v):
+            return v.val if type(v) is Literal else env[v]
+        for eqn in jaxpr.eqns:
+            vals = [read(v) for v in eqn.invars]
+            inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
+            if eqn.primitive.name in STATEFUL_RNG:
+                outs = [jnp.asarray(draws[counter[0]], eqn.outvars[0].aval.dtype)]
+                counter[0] += 1
+            elif len(inner) == 1 and any(e.primitive.name in STATEFUL_RNG
+                                         for _, e in walk(inner[0].jaxpr)):
+                outs = interpret(inner[0].jaxpr, inner[0].consts, vals, counter)
+            else:
+                outs = bind_equation(eqn, vals)
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+    return lambda *args: interpret(closed.jaxpr, closed.consts, list(args), [0])
+
+
+def _draws(sites, seed: int) -> list:
+    """Seeded values for each stateful RNG site (uniform in its literal bounds, else [0, 1))."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for eqn, _ in sites:
+        lo, hi = (float(np.asarray(v.val)) if type(v) is Literal else d
+                  for v, d in zip(eqn.invars[:2], (0.0, 1.0)))
+        out.append(rng.uniform(lo, hi, eqn.params["shape"]))
+    return out
+
+
+def _outputs_reading(closed, eqns) -> set:
+    """Indices of the outputs computed (transitively, nested bodies too) from any of ``eqns``."""
+    marks, tainted = {id(e) for e in eqns}, set()
+    for eqn in closed.jaxpr.eqns:
+        inside = any(id(e) in marks for b in bodies(eqn) for _, e in walk(b.jaxpr))
+        if id(eqn) in marks or inside or any(type(v) is not Literal and v in tainted
+                                             for v in eqn.invars):
+            tainted.update(eqn.outvars)
+    return {k for k, v in enumerate(closed.jaxpr.outvars) if type(v) is not Literal and v in tainted}
+
+
+def _rng_plan(before, after) -> tuple:
+    """(sites to thread, {output: why not compared}) for the stateful RNG of both programs."""
+    sb, sa = _stateful_sites(before), _stateful_sites(after)
+    if not sb and not sa:
+        return [], {}
+    same = len(sb) == len(sa) and all(x.params == y.params for (x, _), (y, _) in zip(sb, sa))
+    looped = any(lp for _, lp in sb + sa)
+    if same and not looped:
+        return sb, {}
+    why = ("it draws from XLA's stateful RNG (lax.rng_uniform) inside a loop, where every run "
+           "draws other values and the draws cannot be given alike" if looped else
+           "the programs draw from XLA's stateful RNG (lax.rng_uniform) a different number of "
+           "times, so their draws cannot be given alike")
+    return [], {k: why for k in _outputs_reading(before, [e for e, _ in sb])}
+
+
+# ---- judging -----------------------------------------------------------------------------------
+
+def _twin(before, sets) -> list | None:
+    """The original in float64 on each input set (None if it cannot run widened)."""
+    from mlsys_jax.ir.evaluate import eval_open
+
+    try:
+        with jax.enable_x64(True):
+            fn = jax.jit(lambda *a: eval_open(before.jaxpr, before.consts, list(a), widen=True))
+            return [[np.asarray(o, np.float64) for o in fn(*xs)] for xs in sets]
+    except Exception:  # a primitive without a float64 meaning: the plain tolerance stands
+        return None
+
+
+def _floats(k, i, a, b, rtol, atol, twin, check: ValueCheck) -> None:
+    a64, b64 = (x.astype(np.float64) for x in (a, b))
+    fa, fb = np.isfinite(a64), np.isfinite(b64)
+    new_bad = int(np.sum(fa & ~fb))
+    changed = int(np.sum(~fa & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))))
+    both = fa & fb
+    with np.errstate(invalid="ignore"):
+        err = np.where(both, np.abs(a64 - b64), 0.0)
+    check.max_abs_diff = max(check.max_abs_diff, float(np.max(err, initial=0.0)))
+    check.new_nonfinite += new_bad
+    if new_bad:
+        check.problems.append(f"output {k} on input {i}: {new_bad} NaN/Inf value(s) where the "
+                              "original is finite")
+    if changed:
+        check.problems.append(f"output {k} on input {i}: {changed} NaN/Inf value(s) of the "
+                              "original changed")
+    bad = both & (err > atol + rtol * np.abs(a64))
+    if bad.any() and twin() is not None:
+        r = twin()[i][k]
+        with np.errstate(invalid="ignore"):
+            bound = 2 * np.abs(a64 - r) + atol + rtol * np.abs(r)
+            bad &= ~(np.abs(b64 - r) <= bound)
+    if bad.any():
+        n = int(bad.sum())
+        check.wrong += n
+        at = tuple(int(j) for j in np.unravel_index(int(np.argmax(np.where(bad, err, -1))),
+                                                  a.shape)) if a.shape else ()
+        check.problems.append(f"output {k} on input {i}: {n} of {a.size} elements beyond "
+                              f"atol + rtol·|original| (element {at}: {float(a64[at]):.6g} vs "
+                              f"{float(b64[at]):.6g}) and beyond the float64 twin's bound")
+
+
+def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = FRESH,
+                 seed: int = 0) -> ValueCheck:
+    """Run both programs on ``inputs`` and ``fresh`` sets drawn like them; judge every output
+    element (see the module doc)."""
+    if not before.jaxpr.outvars:
+        raise MlsysError("the function returns no outputs (None?): there is nothing to check; "
+                         "return the values the model computes")
+    sites, uncompared = _rng_plan(before, after)
+    sets = input_sets(inputs, fresh, seed)
+    both = jax.jit(lambda draws, *a: (_threaded(before, draws)(*a), _threaded(after, draws)(*a)))
+    runs = [both(_draws(sites, seed + i), *xs) for i, xs in enumerate(sets)]
+    computes_in = least_precise_float(before)
+    check = ValueCheck(inputs=len(sets), uncompared=uncompared)
+    twin_cache: dict = {}
+
+    def twin():
+        if "r" not in twin_cache:
+            twin_cache["r"] = None if sites else _twin(before, sets)
+        return twin_cache["r"]
+    for k in range(len(before.jaxpr.outvars)):
+        if k in uncompared:
+            continue
+        olds = [np.asarray(_data(r[0][k])) for r in runs]
+        news = [np.asarray(_data(r[1][k])) for r in runs]
+        if olds[0].dtype != news[0].dtype or olds[0].shape != news[0].shape:
+            check.problems.append(f"output {k} is {news[0].dtype}{list(news[0].shape)}, was "
+                                  f"{olds[0].dtype}{list(olds[0].shape)}")
+            continue
+        if all(np.array_equal(olds[0], o, equal_nan=is_float(o.dtype)) for o in olds[1:]):
+            check.vacuous.append(k)
+        for i, (a, b) in enumerate(zip(olds, news)):
+            if not is_float(a.dtype):
+                if not np.array_equal(a, b):
+                    check.problems.append(f"output {k} ({a.dtype}) on input {i} differs in "
+                                          f"{int(np.sum(a != b))} of {a.size} elements")
+                continue
+            dtype = a.dtype
+            if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
+                dtype = computes_in
+            rtol, atol = tolerance(dtype)
+            check.tolerance = f"{dtype}: {atol:g} + {rtol:g}·|original| per element"
+            _floats(k, i, a, b, rtol, atol, twin, check)
+    return check
+
+
+def _data(x):
+    """PRNG keys are compared by their key data."""
+    return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x

@@ -1,0 +1,101 @@
+"""What validation evaluates with: NumPy's conv and dot_general (ir/numpy_eval.py) against lax,
+equations bound again on one example of their batch (ir/rebatch.py), and the float64 meaning of
+an equation (ir/widen.py)."""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import Literal
+
+from mlsys_jax import ir
+from mlsys_jax.ir import numpy_eval
+from mlsys_jax.ir.evaluate import eval_equation
+from mlsys_jax.ir.rebatch import Unshrinkable, rebind
+from mlsys_jax.ir.widen import widened_params
+
+LAYOUTS = [("NCHW", "OIHW", "NCHW"), ("NHWC", "HWIO", "NHWC"), ("NCHW", "HWIO", "NHWC")]
+CONFIGS = [c for c in itertools.product(LAYOUTS, (1, 3), (1, 2), ("SAME", ((1, 0), (2, -1))),
+                                        (1, 2), (1, 2), (1, 2))
+           if not (c[3] == "SAME" and c[4] > 1)]  # lax has no SAME for input dilation
+SAMPLE = [(LAYOUTS[0], 3, 1, "SAME", 1, 2, 2), (LAYOUTS[1], 3, 2, ((1, 0), (2, -1)), 2, 1, 1),
+          (LAYOUTS[2], 1, 2, "SAME", 1, 1, 2), (LAYOUTS[1], 3, 1, ((1, 0), (2, -1)), 2, 2, 2)]
+
+
+def _conv_agrees(layout, k, stride, pad, lhs_dil, rhs_dil, groups):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 7, 6) if layout[0] == "NCHW" else (2, 7, 6, 4))
+    w = rng.standard_normal((6, 4 // groups, k, k) if layout[1] == "OIHW" else (k, k, 4 // groups, 6))
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (stride, stride), pad, lhs_dilation=(lhs_dil,) * 2,
+                                        rhs_dilation=(rhs_dil,) * 2, dimension_numbers=layout,
+                                        feature_group_count=groups)
+    (eqn,) = jax.make_jaxpr(conv)(x, w).jaxpr.eqns
+    got = numpy_eval.evaluate(eqn, [x, w], np.float64)[0]
+    np.testing.assert_allclose(got, np.asarray(conv(x, w)), rtol=1e-12, atol=1e-12)
+
+
+def test_numpy_conv_is_laxs_on_every_kind_of_param():
+    # a sample with each layout, padding, dilation, stride and group count (each config is a
+    # compile of lax's kernel; all 144 agree too, to 1e-12)
+    for config in SAMPLE:
+        _conv_agrees(*config)
+
+
+def test_numpy_dot_general_and_the_dtype_it_computes_in():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2))
+    dims = (((2,), (1,)), ((0,), (0,)))
+    (eqn,) = jax.make_jaxpr(lambda a, b: lax.dot_general(a, b, dims))(a, b).jaxpr.eqns
+    np.testing.assert_allclose(numpy_eval.evaluate(eqn, [a, b], np.float64)[0],
+                               np.asarray(lax.dot_general(a, b, dims)), rtol=1e-12)
+    assert numpy_eval.compute_dtype(jnp.float16) == np.float32  # as XLA:CPU computes 16-bit
+    assert numpy_eval.compute_dtype(np.int8) == np.int64        # wrapped back to its width
+    big = np.full((2, 2), 2**30, np.int32)
+    (mul,) = jax.make_jaxpr(lambda x: x * x)(big).jaxpr.eqns
+    assert np.array_equal(numpy_eval.evaluate(mul, [big, big], np.int32)[0], big * big)
+
+
+def test_rebind_runs_one_example_where_the_rows_stay_apart():
+    x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    bias = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) * 0.5  # full size: cut too
+
+    def f(x):
+        y = jnp.broadcast_to(x[:, None], (2, 5, 3, 4)).reshape(2, 5, 12)
+        return jnp.sum(y, axis=1), x + bias
+    closed = jax.make_jaxpr(f)(x)
+    env = dict(zip(closed.jaxpr.constvars, closed.consts))
+    env[closed.jaxpr.invars[0]] = x[:1]
+    for eqn in closed.jaxpr.eqns:
+        vals = [v.val if type(v) is Literal else env[v] for v in eqn.invars]
+        env.update(zip(eqn.outvars, rebind(eqn, vals, lambda e, a: eval_equation(e, a))))
+    full = f(x)
+    for o, want in zip(closed.jaxpr.outvars, full):
+        np.testing.assert_array_equal(np.asarray(env[o]), np.asarray(want)[:1])
+
+
+def test_rebind_refuses_what_mixes_the_rows():
+    x = np.ones((2, 3), np.float32)
+    (eqn,) = jax.make_jaxpr(lambda x: x.reshape(6))(x).jaxpr.eqns
+    with pytest.raises(Unshrinkable):
+        rebind(eqn, [x[:1]], lambda e, a: eval_equation(e, a))
+    (dot,) = jax.make_jaxpr(lambda x: x.T @ x)(x).jaxpr.eqns[-1:]
+    with pytest.raises(Unshrinkable):
+        rebind(dot, [x[:1].T, x[:1]], lambda e, a: eval_equation(e, a))
+
+
+def test_widening_maps_every_float_dtype_of_an_equation():
+    x = jnp.ones((3,), jnp.float16)
+    closed = ir.trace(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32)
+                      .astype(jnp.bfloat16), x)
+    dot, convert = closed.jaxpr.eqns
+    assert widened_params(dot.params)["preferred_element_type"] == np.float64
+    assert widened_params(convert.params)["new_dtype"] == np.float64
+    with jax.enable_x64(True):
+        out = eval_equation(convert, [np.float64(1.0 + 2**-20)], widen=True)[0]
+    assert np.asarray(out).dtype == np.float64 and float(out) == 1.0 + 2**-20  # not rounded
