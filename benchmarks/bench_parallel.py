@@ -9,9 +9,14 @@ rather than a median. What the analysis says and the figures check:
 * PP sends one microbatch activation (and its cotangent) per step: bytes grow with the width,
   not with the number of layers.
 * A user's flax transformer under ``mlsys-jax shard`` (``jax.jit`` + ``NamedSharding``): DP,
-  ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``user_comm``), kind by kind.
+  ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``parallel/shard/collectives.py``),
+  kind by kind.
+* The same command on a GPT-2-small-shaped flax model (``--mesh data=4,model=2 --zero 3``) keeps
+  its peak RSS within a few training states (``_shard_memory.py``; not in ``--quick``).
 """
 from __future__ import annotations
+
+import importlib.util
 
 import jax
 import numpy as np
@@ -78,14 +83,12 @@ def _pp(width: int, layers: int, microbatches: int = 4, per_mb: int = 2) -> dict
 
 def _user_transformer() -> dict | None:
     """measured / formula ring bytes of the flax transformer's compiled step, per layout."""
-    import importlib.util
     import sys
 
     if importlib.util.find_spec("flax") is None:
         return None
-    from mlsys_jax.parallel import user_comm
-    from mlsys_jax.parallel.user_plan import plan
-    from mlsys_jax.parallel.user_step import compile_sharded
+    from mlsys_jax.parallel.shard import collectives, step
+    from mlsys_jax.parallel.shard.setup import prepare
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     try:
@@ -99,14 +102,26 @@ def _user_transformer() -> dict | None:
     with jax.enable_x64(False):  # users' float32 world
         loss_fn, params, batch, opt = flax_transformer.train()
         for name, (mesh, stage) in layouts.items():
-            p = plan(loss_fn, params, batch, opt, mesh, stage)
-            hlo = compile_sharded(p, comm.QUICK_COMPILE).as_text()
-            rows = user_comm.table(p.layout, hlo, user_comm.formulas(
-                p.step_loss, p.trainable, p.batch, p.layout))
+            p = prepare(loss_fn, params, batch, opt, mesh, stage)   # separable: the mesh runs p.loss
+            hlo = step.compile_sharded(p, p.loss, comm.QUICK_COMPILE).as_text()
+            rows = collectives.table(p.layout, hlo, collectives.formulas(
+                p.loss, p.trainable, p.batch, p.layout))
             out[name] = {"measured": sum(r["bytes"] for r in rows),
                          "formula": sum(r["formula_bytes"] for r in rows),
-                         "psi": user_comm.shard_bytes(p.trainable, p.layout.compute)}
+                         "psi": collectives.shard_bytes(p.trainable, p.layout.compute)}
     return out
+
+
+def _gpt2_small(figures: dict, notes: list) -> None:
+    from benchmarks import _shard_memory as sm
+
+    r = sm.gpt2_small_shard_rss()
+    figures["gpt2_small_shard_rss_over_state_ratio"] = r["peak_rss"] / r["state"]
+    notes.append(f"mlsys-jax shard {sm.TARGET} --mesh {sm.MESH} --zero {sm.ZERO} --steps "
+                 f"{sm.STEPS} ({r['params'] / 1e6:.1f} M parameters, float32, batch "
+                 f"{r['tokens']} tokens; exact: {r['exact']}): peak RSS {r['peak_rss'] / 2**30:.2f} GiB of the "
+                 f"whole process (os.wait4) over the one-device training state (params + AdamW "
+                 f"state + gradients) {r['state'] / 2**30:.2f} GiB; {r['seconds']:.0f} s")
 
 
 def run(quick: bool = False) -> dict:
@@ -144,6 +159,8 @@ def run(quick: bool = False) -> dict:
     pipeline = _user_pipeline(quick)
     figures.update(pipeline["figures"])
     notes += pipeline["notes"]
+    if not quick and importlib.util.find_spec("flax") is not None:
+        _gpt2_small(figures, notes)
     user = _user_transformer()
     if user is None:
         notes.append("flax transformer (mlsys-jax shard) skipped: flax is not installed "
@@ -155,7 +172,7 @@ def run(quick: bool = False) -> dict:
     figures["shard_transformer_zero2_over_textbook_ratio"] = user["zero2"]["measured"] / textbook_zero2
     notes += [f"flax transformer (examples/flax_transformer.py:train, 2 layers, float32) under "
               f"jax.jit + NamedSharding on {N} devices; ring bytes one device sends per step, array "
-              "payload (scalars such as the loss and norms apart), against user_comm's formulas: "
+              "payload (scalars such as the loss and norms apart), against the shard command's formulas: "
               "gradients all-reduced over data (their TP share), ZeRO-split parameters "
               "all-gathered once (stages 1-2 after the update, 3 for the forward), and for TP one "
               "all-reduce of activations per matmul contracting a split dimension (forward) and "

@@ -109,9 +109,14 @@ def loss(config: Config = GPT2_SMALL):
     return loss_of(model), variables, batch
 
 
+def optimizer():
+    """The training factories' optimizer (AdamW)."""
+    return optax.adamw(1e-4)
+
+
 def train(config: Config = GPT2_SMALL):
     """``(loss_fn, params, batch, optimizer)`` with AdamW."""
-    return (*loss(config), optax.adamw(1e-4))
+    return (*loss(config), optimizer())
 
 
 def inspect_tiny():

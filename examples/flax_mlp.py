@@ -62,6 +62,12 @@ def train():
     return loss_of(model), variables, batch, optimizer
 
 
+def train_linear():
+    """One Dense layer (a linear classifier): no pair of matmuls for tensor parallelism to split."""
+    model, variables, batch = _setup((), 16)
+    return loss_of(model), variables, batch, optax.sgd(0.1)
+
+
 def train_dropout():
     """Dropout with one key closed over, as a training script that draws it once would have."""
     model, variables, batch = _setup((64, 64), 16, dropout=0.2)

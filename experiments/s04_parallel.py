@@ -8,6 +8,7 @@ compiled HLO. The sections live beside this module: ``_s04_data`` (demo 1, ZeRO)
 """
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -123,9 +124,13 @@ def plots(result: Result, directory: str) -> list[str]:
 
 
 def launch_processes(n: int, overrides: dict, args) -> int:
-    """``mlsys-jax run 04 --processes N``: the DP step as N processes, compared with one process."""
+    """``mlsys-jax run 04 --processes N``: the DP step as N processes, compared with one process.
+
+    Both sides run in float64, as every section of this experiment does (the workers enable it
+    for themselves); ``args.json`` prints one JSON object instead of the table."""
     from mlsys_jax.parallel import multiprocess
 
+    runtime.enable_x64()
     total = jax.device_count()
     if n < 2 or total % n:
         raise MlsysError(f"--processes {n}: the {total} devices (--devices) must split evenly into "
@@ -140,11 +145,14 @@ def launch_processes(n: int, overrides: dict, args) -> int:
            "ranks_agree": many["ranks_agree"]}
     worst = max(row["loss_diff"], row["grad_diff"], row["param_diff"])
     result = Result(ID, TITLE + " — multi-process", {"multi-process DP vs one process": [row]},
-                    [f"{settings['steps']} Adam steps, batch {settings['batch']}, coordinator on "
-                     "127.0.0.1"])
+                    [f"{settings['steps']} Adam steps, batch {settings['batch']}, float64, "
+                     "coordinator on 127.0.0.1"])
     checks = [Check(f"{n}-process DP == 1-process DP (loss, grads, params)",
                     worst < TOL and many["ranks_agree"], worst, f"< {TOL}")]
-    print(format_result(result, checks), flush=True)
+    if getattr(args, "json", False):
+        print(json.dumps(result.to_json(checks), indent=1), flush=True)
+    else:
+        print(format_result(result, checks), flush=True)
     return 0 if all(c.ok for c in checks) else 1
 
 

@@ -45,6 +45,8 @@ def target(tmp_path):
      "the batch of 8 rows does not split into data=2 x 3 microbatches"),
     (["--mesh", "data=2", "--microbatches", "4"], "--microbatches is a pipeline option"),
     (["--mesh", "pipe=2", "--microbatches", "4", "--zero", "1"], "--zero does not combine"),
+    (["--mesh", "pipe=2", "--microbatches", "4", "--axis-rules", "mlp=model"],
+     "--axis-rules does not combine with pipe=P"),
     (["--mesh", "pipe=2", "--microbatches", "4", "--plot", "/no/such/dir/t.png"],
      "--plot '/no/such/dir/t.png': folder '/no/such/dir' does not exist"),
 ])

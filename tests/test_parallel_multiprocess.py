@@ -102,6 +102,20 @@ def test_a_stopped_worker_ends_the_run_naming_it():
 
 
 @pytest.mark.slow
+def test_sigterm_to_a_worker_ends_the_run_as_that_workers_failure():
+    """JAX's preemption notifier catches SIGTERM and runs on; a worker restores the default, so
+    the run ends at once, naming the worker."""
+    port, started = _joined_run()
+    os.kill(started[1].proc.pid, signal.SIGTERM)
+    t0 = time.monotonic()
+    with pytest.raises(MlsysError) as e:
+        workers.supervise(started, timeout_s=120, what=f"run (coordinator 127.0.0.1:{port})")
+    assert time.monotonic() - t0 < LIMIT_S
+    assert f"worker 1 (pid {started[1].proc.pid}) was killed by SIGTERM" in str(e.value)
+    assert all(w.proc.poll() is not None for w in started)
+
+
+@pytest.mark.slow
 def test_cli_run_04_with_a_killed_worker_exits_nonzero_naming_it():
     """The contract end to end: `mlsys-jax run 04 --processes 2`, worker 1 killed."""
     cli = subprocess.Popen([sys.executable, "-m", "mlsys_jax.cli", "run", "04", "--processes",

@@ -1,16 +1,20 @@
 """``mlsys-jax shard FILE.py:FN --mesh data=N[,model=M] [--zero 0-3] [--steps S] [--processes P]``
 (``--mesh [data=D,]pipe=P``: pipeline stages, ``cli/shard_pipe.py``).
 
-FN is an example factory returning ``(loss_fn, params, batch, optimizer[, rules])``. The user's
-step runs S steps sharded (``mlsys_jax.parallel.user_step``) and on one device; the command prints
-whether it is exact (and why not), max |Δ| against one device, per-device bytes beside ZeRO's
-formula and the collectives beside their formulas. ``--processes P`` also runs the sharded steps
-across P local processes (``jax.distributed``, gloo) and compares them with the one-process run.
+FN is an example factory returning ``(loss_fn, params, batch, optimizer[, rules])``: rules are
+``(regex, PartitionSpec)`` pairs or logical axis rules (``--axis-rules`` gives the latter too).
+The user's step runs S steps sharded (``mlsys_jax.parallel.shard``) and on one device; the
+command prints whether it is exact (and why not), the differences beside the noise of an
+equivalent one-device computation, per-device bytes beside ZeRO's formula, the collectives beside
+their formulas and which parameters the model axis splits. ``--processes P`` also runs the sharded
+steps across P local processes (``jax.distributed``, gloo) and compares them with this run.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 
@@ -32,6 +36,13 @@ def add_arguments(q) -> None:
     q.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
     q.add_argument("--processes", type=int, default=1,
                    help="also run across P local processes (jax.distributed)")
+    q.add_argument("--axis-rules", default=None, metavar="NAME=AXIS,...",
+                   help="logical axis rules for the model's annotations, e.g. mlp=model,embed=")
+    q.add_argument("--axis-name", action="append", default=[], metavar="NAME=data",
+                   help="bind an axis name the model uses (BatchNorm(axis_name=...)) to data")
+    q.add_argument("--quick-compile", action="store_true",
+                   help="compile every program of the run without XLA's backend optimisation "
+                        "(faster for small models; all programs alike)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     shard_pipe.add_arguments(q)
 
@@ -43,7 +54,21 @@ def parse_mesh(text: str) -> dict:
         name, sep, value = part.strip().partition("=")
         if not sep or not value.strip().isdigit() or int(value) < 1:
             raise MlsysError(f"--mesh: expected data=N[,model=M] with sizes >= 1, got {text!r}")
+        if name.strip() in out:
+            raise MlsysError(f"--mesh {text}: axis {name.strip()!r} is given twice; give each "
+                             "axis once, e.g. --mesh data=4,model=2")
         out[name.strip()] = int(value)
+    return out
+
+
+def parse_axis_names(pairs: list) -> dict:
+    out = {}
+    for pair in pairs:
+        name, sep, axis = pair.partition("=")
+        if not sep or not name.strip() or not axis.strip():
+            raise MlsysError(f"--axis-name: expected NAME=data (the model's axis name, then the "
+                             f"mesh axis it means), got {pair!r}")
+        out[name.strip()] = axis.strip()
     return out
 
 
@@ -73,11 +98,24 @@ def _check_devices(mesh: dict, processes: int) -> None:
                          f"over >= 2 processes; use --processes P with P dividing {size}")
 
 
+def _compile_options(args) -> dict | None:
+    from mlsys_jax.parallel import comm
+
+    return comm.QUICK_COMPILE if getattr(args, "quick_compile", False) else None
+
+
+def _options(args) -> dict:
+    from mlsys_jax.parallel.shard.annotations import parse_axis_rules
+
+    return {"axis_rules": parse_axis_rules(args.axis_rules) if args.axis_rules else None,
+            "axis_names": parse_axis_names(args.axis_name) or None}
+
+
 def main(args) -> int:
     import jax
 
-    from mlsys_jax.parallel import comm
-    from mlsys_jax.parallel.user_step import simulate
+    from mlsys_jax.cli.shard_render import render
+    from mlsys_jax.parallel.shard import simulate
 
     mesh = parse_mesh(args.mesh)
     shard_pipe.check_flags(args, mesh)
@@ -86,128 +124,92 @@ def main(args) -> int:
     if args.steps < 1:
         raise MlsysError(f"--steps must be >= 1, got {args.steps}")
     _check_devices(mesh, args.processes)
-    # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
-    with jax.enable_x64(False):
-        loss_fn, params, batch, optimizer, rules = load_factory(args.target)
-        report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps, rules,
-                          options=comm.QUICK_COMPILE)
-    out = report.to_json()
-    if args.processes > 1:
-        out["processes"] = _compare_processes(args, mesh, report)
+    extra = _options(args)
+    record = tempfile.mkdtemp(prefix="mlsys-shard-") if args.processes > 1 else None
+    try:
+        # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
+        with jax.enable_x64(False):
+            loss_fn, params, batch, optimizer, rules = load_factory(args.target)
+            if record:
+                _check_disk(params, args.steps, record)
+            report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps,
+                              rules, options=_compile_options(args), record=record,
+                              progress=True, **extra)
+        out = report.to_json()
+        if args.processes > 1:
+            out["processes"] = _compare_processes(args, mesh, report, record)
+    finally:
+        if record:
+            shutil.rmtree(record, ignore_errors=True)
     print(json.dumps(out, indent=1) if args.json else render(args.target, out, jax.device_count()))
     failed = args.processes > 1 and not out["processes"]["equal"]
     return 1 if failed else 0
 
 
-def render(target: str, out: dict, devices: int) -> str:
-    """The text report (at most 120 columns): verdict, differences, bytes, collectives, rules."""
-    from mlsys_jax.tables import fmt, format_table, wrap
-
-    mesh = ",".join(f"{k}={v}" for k, v in out["mesh"].items())
-    lines = [wrap(f"{target}: mesh {mesh}, ZeRO-{out['zero']}, {out['steps']} steps ({devices} "
-                  "simulated CPU devices)", first=""), "",
-             wrap(f"exact: {'yes' if out['exact'] else 'NO'} - {out['reason']}", first=""), ""]
-    diff = [{"": q, f"free-running, {out['steps']} steps": out["max_abs_diff"][q],
-             "teacher-forced (decides)": out["teacher_forced"][q], "rounding bound": out["bound"][q]}
-            for q in ("loss", "grads", "params")]
-    lines += [format_table(diff, "max |Δ| against one device"), ""]
-    b = out["per_device_bytes"]
-    mem = [{"": k, "measured": _b(b["measured"][k]), "expected": _b(b["expected"].get(k))}
-           for k in ("arguments", "outputs", "temp")]
-    lines += [format_table(mem, "per-device bytes (XLA memory_analysis; arguments = params + "
-                                "optimizer + batch shard, outputs add grads and loss)"), ""]
-    held = [{"": k, "this layout": _b(b["layout"][k]), "ZeRO formula": _b(b["formula"][k])}
-            for k in ("params", "grads", "optimizer", "batch")]
-    lines += [format_table(held, "what one device holds"), ""]
-    colls = [{"kind": c["kind"], "axis": c["axis"], "count": c["count"], "bytes": _b(c["bytes"]),
-              "formula": _b(c["formula_bytes"]), "ratio": c["ratio"],
-              "scalars (B)": c["scalar_bytes"], "what": c["what"]} for c in out["collectives"]]
-    lines += [format_table(colls, "collectives of the compiled step (ring bytes one device "
-                                  "sends; scalars apart)") if colls else
-              "collectives: none (one device per axis)", ""]
-    if out["rules"]:
-        how = "derived by megatron_rules" if out["rules_derived"] else "given"
-        lines.append(f"tensor parallel: {len(out['rules'])} partition rules ({how}):")
-        lines += [wrap(f"{rx}  ->  {spec}", rest="      ") for rx, spec in out["rules"]]
-        if out["replicated_no_rule"]:
-            lines.append(wrap(f"{len(out['replicated_no_rule'])} parameters match no rule "
-                              f"(replicated): {', '.join(out['replicated_no_rule'])}"))
-    if out["forward_all_reduces"]:
-        f = out["forward_all_reduces"]
-        lines.append(wrap(f"forward pass all-reduces over model: {f['measured']} (Megatron: "
-                          f"{f['megatron']}, one per attention output / MLP down projection)",
-                          first=""))
-    if out["zero_unsplit"]:
-        lines.append(wrap("ZeRO keeps these replicated over data (no dimension it divides): "
-                          + ", ".join(out["zero_unsplit"]), first=""))
-    if out["step_time_ratio"] is not None:
-        lines.append(f"step time sharded / one device: {fmt(out['step_time_ratio'])}")
-    lines += [wrap(f"note: {n}", first="") for n in out["notes"]]
-    if "processes" in out:
-        pr = out["processes"]
-        diffs = ", ".join(f"{q} {fmt(v)}" for q, v in pr["max_abs_diff"].items())
-        lines.append(wrap(f"{pr['count']} processes x {pr['devices_per_process']} devices (gloo): "
-                          f"{'equal to' if pr['equal'] else 'DIFFERENT from'} one process, step "
-                          f"by step (max |Δ| {diffs})", first=""))
-    return "\n".join(lines).rstrip()
-
-
-def _b(x) -> str:
-    """Bytes with thousands separators (a formula's fraction kept to one decimal)."""
-    if x is None:
-        return ""
-    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
-
-
-def _compare_processes(args, mesh: dict, report) -> dict:
-    """The same run across P processes: its teacher-forced steps (the same states as this
-    process's) must equal this process's within the rounding bound; free-running drift is shown."""
-    from mlsys_jax.parallel import multiprocess
-    from mlsys_jax.parallel.user_step import QUANTITIES, max_diffs
-
-    size = int(np.prod(list(mesh.values())))
-    settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps}
-    many = multiprocess.launch(args.processes, size // args.processes, settings, timeout=600.0,
-                               module="mlsys_jax.cli.shard")
-    arrays = lambda d: {q: [np.asarray(x) for x in v] for q, v in d.items()}
-    one = {k: arrays(_flat(v)) for k, v in report.sharded.items()}
-    diff = {k: {q: d for q, (d, _) in max_diffs(arrays(many[k]), one[k]).items()} for k in one}
-    return {"count": args.processes, "devices_per_process": size // args.processes,
-            "max_abs_diff": diff["forced"], "free_running_diff": diff["free"],
-            "ranks_agree": many["ranks_agree"],
-            "equal": many["ranks_agree"] and all(
-                diff["forced"][q] <= report.bound[q] for q in QUANTITIES)}
-
-
-def _flat(values: dict) -> dict:
-    """Every array of ``{quantity: pytree}`` as a flat float64 list (JSON between processes)."""
+def _check_disk(params, steps: int, record: str) -> None:
+    """Refuse up front a multi-process run whose recorded steps cannot fit on the disk: each
+    teacher-forced step records parameters and gradients, each free-running step gradients, in
+    this process's run and in the workers' (so memory stays flat in the step count)."""
     import jax
 
-    return {q: [np.ravel(np.asarray(x, np.float64)).tolist() for x in jax.tree.leaves(v)]
-            for q, v in values.items()}
+    from mlsys_jax.runtime import format_bytes
+
+    floats = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)
+                 if hasattr(x, "dtype") and np.issubdtype(x.dtype, np.floating))
+    need, free = 2 * 3 * floats * steps, shutil.disk_usage(record).free
+    if need > free:
+        raise MlsysError(f"--steps {steps} with --processes: both runs record every step, about "
+                         f"{format_bytes(need)} on disk, more than the {format_bytes(free)} free "
+                         f"under {tempfile.gettempdir()}; use fewer --steps")
+
+
+def _compare_processes(args, mesh: dict, report, record: str) -> dict:
+    """The same run across P processes: its teacher-forced steps (the same states as this
+    process's) must equal this process's within the bounds of this run; the free-running drift
+    is shown. Both runs write their values to disk step by step; they are compared leaf by leaf."""
+    from mlsys_jax.parallel import multiprocess
+    from mlsys_jax.parallel.shard.run import compare_recorded
+
+    size = int(np.prod(list(mesh.values())))
+    theirs = tempfile.mkdtemp(prefix="mlsys-shard-workers-")
+    try:
+        settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps,
+                    "record": theirs, "options": _compile_options(args),
+                    "separable": report.separability.get("separable", True),
+                    **{k: v for k, v in _options(args).items() if v}}
+        many = multiprocess.launch(args.processes, size // args.processes, settings,
+                                   timeout=600.0, module="mlsys_jax.cli.shard")
+        diff = compare_recorded(record, theirs)
+    finally:
+        shutil.rmtree(theirs, ignore_errors=True)
+    forced = diff.get("forced", {})
+    return {"count": args.processes, "devices_per_process": size // args.processes,
+            "max_abs_diff": forced, "free_running_diff": diff.get("free", {}),
+            "ranks_agree": many["ranks_agree"],
+            "equal": many["ranks_agree"] and bool(forced) and all(
+                forced.get(q, np.inf) <= report.bound[q] for q in report.bound)}
 
 
 def worker_main(argv=None) -> int:
-    """One process of ``--processes P``: the sharded steps on the global mesh, free-running and
-    teacher-forced from a one-device reference (each process computes it on its own device)."""
+    """One process of ``--processes P``: the same run on the global mesh; process 0 records its
+    values for the parent to compare."""
     from mlsys_jax.parallel import multiprocess
 
     return multiprocess.run_worker(_worker_steps, argv, x64=False)
 
 
 def _worker_steps(a) -> dict:
-    from mlsys_jax.parallel import comm
-    from mlsys_jax.parallel.user_plan import plan
-    from mlsys_jax.parallel.user_step import one_device, run_sharded, teacher_forced
+    import jax
+
+    from mlsys_jax.parallel.shard import simulate
 
     cfg = json.loads(a.settings)
     loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
-    p = plan(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], rules)
-    free, compiled, placed = run_sharded(p, cfg["steps"], comm.QUICK_COMPILE)
-    ref = one_device(p, p.same_loss, cfg["steps"], comm.QUICK_COMPILE)
-    _, forced = teacher_forced(p, compiled, ref, placed[2])
-    free.pop("states")
-    return {"free": _flat(free), "forced": _flat(forced)}
+    simulate(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], cfg["steps"], rules,
+             options=cfg["options"], time_repeats=0, record=cfg["record"],
+             axis_rules=cfg.get("axis_rules"), axis_names=cfg.get("axis_names"),
+             separable=cfg["separable"], judge=False)
+    return {"steps": cfg["steps"], "processes": jax.process_count()}
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ def check_flags(args, mesh: dict) -> None:
         return
     if args.zero:
         raise MlsysError("--zero does not combine with pipe=P; run ZeRO on --mesh data=N")
+    if args.axis_rules or args.axis_name:
+        raise MlsysError(f"--{'axis-rules' if args.axis_rules else 'axis-name'} does not combine "
+                         "with pipe=P (the stages come from the traced step; run tensor "
+                         "parallelism on --mesh data=N,model=M)")
     if args.processes != 1:
         raise MlsysError("--processes does not combine with pipe=P (one process runs the "
                          "pipeline)")
@@ -61,6 +65,9 @@ def main(args, mesh: dict) -> int:
     from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
     split = None if args.split is None else args.split.split(",")
+    # every program (the mesh's and the one-device references alike) compiles as --quick-compile
+    # does: a pipeline's program holds every stage's code, and XLA's backend optimisation of it
+    # costs more time than these runs take
     with jax.enable_x64(False):  # the user's model runs under JAX's defaults (float32)
         loss_fn, params, batch, optimizer = load_factory(args.target, FORM)
         plan = plan_pipeline(loss_fn, params, batch, optimizer, mesh, args.microbatches,

@@ -40,6 +40,7 @@ class Collective:
     group_size: int
     groups: tuple = ()
     scalar_bytes: int = 0
+    op_name: str = ""      # the JAX operation it came from (HLO metadata), e.g. ".../dot_general"
 
     @property
     def ring_bytes(self) -> float:
@@ -86,8 +87,9 @@ def collectives(hlo: str, n_devices: int | None = None) -> list[Collective]:
         nbytes = sum(b * math.prod(dims) for b, dims in arrays)
         groups = replica_groups(m["rest"])
         size = len(groups[0]) if groups else _group_size(m["rest"], n_devices)
+        op = re.search(r'op_name="([^"]*)"', m["rest"])
         out.append(Collective(m["kind"], nbytes, size, groups,
-                              sum(b for b, dims in arrays if not dims)))
+                              sum(b for b, dims in arrays if not dims), op[1] if op else ""))
     return out
 
 

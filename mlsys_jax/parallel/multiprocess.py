@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -33,7 +34,7 @@ MARKER = "MLSYS_JAX_RESULT "
 JOINED = "MLSYS_JAX_JOINED"  # a worker prints it once every process has joined the coordinator
 SETTINGS = {"seed": 0, "batch": 32, "sizes": (16, 32, 4), "steps": 2, "lr": 0.05}
 HOST = "127.0.0.1"
-RUN_TIMEOUT_S = 120.0   # the whole run; a 2-process run takes ~8 s on an idle 2-core machine
+RUN_TIMEOUT_S = 120.0   # the whole run (a 2-process demo run is well under it on 2 cores)
 INIT_TIMEOUT_S = 15     # a worker has this long from its launch to join its coordinator and peers
 MIN_WAIT_S = 2.0        # ... but at least this long after its own imports
 HEARTBEAT_S = 15        # the coordination service declares a peer dead after this much silence
@@ -206,6 +207,10 @@ def joined(a: argparse.Namespace, x64: bool = True):
     except Exception as e:
         raise JoinError(f"worker {a.process_id} could not join the coordinator at {address}: "
                         f"{_first_line(e)}") from None
+    # JAX's preemption notifier catches SIGTERM and runs on (a worker told to stop would leave
+    # its peers waiting in a collective): restore the default, so SIGTERM ends this worker and
+    # the parent reports it as that worker's failure
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(JOINED, flush=True)
     try:
         yield

@@ -36,9 +36,9 @@ def shard(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_json_has_every_figure_of_the_issue(capsys):
+def test_json_has_every_figure(capsys):
     code, out, _ = shard(capsys, f"{EXAMPLES}/flax_mlp.py:train", "--mesh", "data=4",
-                         "--zero", "1", "--json")
+                         "--zero", "1", "--json", "--quick-compile")
     got = json.loads(out)
     assert code == 0 and KEYS <= set(got) and got["exact"] is True
     assert got["mesh"] == {"data": 4} and got["zero"] == 1 and got["steps"] == 3
@@ -50,7 +50,8 @@ def test_json_has_every_figure_of_the_issue(capsys):
 
 
 def test_text_report_says_why_batchnorm_is_not_exact(capsys):
-    code, out, _ = shard(capsys, f"{EXAMPLES}/flax_batchnorm.py:train", "--mesh", "data=4")
+    code, out, _ = shard(capsys, f"{EXAMPLES}/flax_batchnorm.py:train", "--mesh", "data=4",
+                         "--quick-compile")
     assert code == 0
     assert "exact: NO - not separable over the batch" in out and "BatchNorm" in out
     assert "collectives of the compiled step" in out and "per-device bytes" in out
@@ -58,7 +59,8 @@ def test_text_report_says_why_batchnorm_is_not_exact(capsys):
 
 def test_two_processes_equal_one(capsys):
     code, out, _ = shard(capsys, f"{EXAMPLES}/flax_mlp.py:train", "--mesh", "data=4",
-                         "--zero", "2", "--processes", "2", "--json")
+                         "--zero", "2", "--processes", "2", "--json", "--quick-compile",
+                         "--steps", "2")
     got = json.loads(out)
     pr = got["processes"]
     assert code == 0 and pr["equal"] and pr["ranks_agree"] and pr["count"] == 2
@@ -81,10 +83,27 @@ def bad_file(tmp_path):
     ("odd_batch", "data=3", r"--mesh data=3 uses 3 devices, which does not divide the 8 "
                             r"simulated devices; use --devices 3"),
     ("three", "data4", r"--mesh: expected data=N\[,model=M\]"),
+    ("three", "data=2,data=4", r"--mesh data=2,data=4: axis 'data' is given twice"),
 ])
 def test_bad_input_is_one_line_naming_the_fix(capsys, bad_file, fn, mesh, match):
     import re
 
     code, _, err = shard(capsys, f"{bad_file}:{fn}", "--mesh", mesh)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(match, err), err
+
+
+@pytest.mark.parametrize("flag, match", [
+    (["--axis-name", "batch"], r"--axis-name: expected NAME=data"),
+    (["--axis-rules", "mlp"], r"--axis-rules: expected LOGICAL=AXIS pairs"),
+    (["--axis-name", "batch=model"], r"can only be bound to the mesh's data axis"),
+    (["--steps", "0"], r"--steps must be >= 1"),
+    (["--steps", str(10**15), "--processes", "2"], r"both runs record every step, about .* on "
+                                                   r"disk, more than the .* free"),
+])
+def test_bad_shard_options_are_one_line(capsys, bad_file, flag, match):
+    import re
+
+    code, _, err = shard(capsys, f"{bad_file}:odd_batch", "--mesh", "data=2", *flag)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert re.search(match, err), err

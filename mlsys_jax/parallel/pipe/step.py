@@ -30,7 +30,7 @@ from mlsys_jax.parallel.pipe.split import Split, build_split
 from mlsys_jax.parallel.pipe.stagefn import estimated_time_us
 from mlsys_jax.parallel.pipe.units import Units, find_units
 from mlsys_jax.parallel.pipeline import SCHEDULES, Schedule, make_schedule
-from mlsys_jax.parallel.user_plan import combine, split_params
+from mlsys_jax.parallel.shard.inputs import combine, split_params
 
 AXES = ("data", "pipe")
 

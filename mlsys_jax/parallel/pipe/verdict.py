@@ -33,6 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
+from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
+
 
 QUANTITIES = ("loss", "grads", "params")
 NOISE_MARGIN = 4.0
@@ -100,16 +103,6 @@ class Float64Twin:
         with jax.enable_x64(True):
             out = jax.device_get(self.fn(_as64(trainable), _as64(batch)))
         return {f"{k}64": {"loss": out[k][0], "grads": out[k][1]} for k in "AB"}
-
-
-def leaf_diffs(a, b) -> list[float]:
-    return [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)),
-                         initial=0.0)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
-
-
-def leaf_magnitudes(tree) -> list[float]:
-    return [float(np.max(np.abs(np.asarray(x, np.float64)), initial=0.0))
-            for x in jax.tree.leaves(tree)]
 
 
 def leaf_bounds(noise, scale, like) -> list[float]:

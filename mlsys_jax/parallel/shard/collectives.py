@@ -24,11 +24,11 @@ import jax
 import numpy as np
 
 from mlsys_jax.compat import Literal, dce_jaxpr_consts
-from mlsys_jax.ir import bodies
+from mlsys_jax.ir import bodies, walk
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel import comm
-from mlsys_jax.parallel.layout import Layout, shard_bytes
-from mlsys_jax.parallel.rules import array_paths
+from mlsys_jax.parallel.shard.layout import Layout, shard_bytes
+from mlsys_jax.parallel.shard.rules import array_paths
 
 _PASS_THROUGH = ("convert_element_type", "copy", "copy_p", "pvary")
 
@@ -87,12 +87,32 @@ def data_formula(layout: Layout, trainable, unused: tuple = ()) -> dict:
     return out
 
 
-def formulas(loss, trainable, batch, layout: Layout) -> dict:
+def formulas(loss, trainable, batch, layout: Layout, synced: tuple | None = None) -> dict:
     """Every formula of this layout: :func:`data_formula` and :func:`tp_formula` (with the
-    forward count under ``'forward_all_reduces'``) and the parameters the loss ignores."""
+    forward count under ``'forward_all_reduces'``), the parameters the loss ignores, and with
+    ``synced = (closed, name)`` — the loss traced per shard with its axis name bound — the
+    model's own collectives over that name (:func:`synced_bytes`)."""
     unused = unused_leaves(loss, trainable, batch)
-    return {**data_formula(layout, trainable, unused),
-            **tp_formula(loss, trainable, batch, layout), "unused": unused}
+    out = {**data_formula(layout, trainable, unused),
+           **tp_formula(loss, trainable, batch, layout), "unused": unused}
+    key = ("all-reduce", layout.data_axis)
+    if synced is not None and key in out:
+        stats = synced_bytes(*synced)
+        ring, what = out[key]
+        out[key] = (ring + 2 * comm.ring_bytes("all-reduce", stats, layout.data_size),
+                    f"{what}; + the model's synchronised statistics, {stats:,} B forward and "
+                    "their cotangents backward")
+    return out
+
+
+def synced_bytes(closed, name: str) -> int:
+    """Bytes the loss's collectives over axis ``name`` sum (a synchronised BatchNorm's means),
+    in its forward pass; the backward pass sums their cotangents, as many bytes again."""
+    total = 0
+    for _, eqn in walk(closed):
+        if eqn.primitive.name in ("psum", "pmax", "pmin") and name in eqn.params["axes"]:
+            total += sum(_aval_bytes(v) for v in eqn.invars if not isinstance(v, Literal))
+    return total
 
 
 def tp_formula(loss, trainable, batch, layout: Layout, axis: str = "model") -> dict:
@@ -178,9 +198,17 @@ def table(layout: Layout, hlo: str, formulas: dict) -> list[dict]:
 
 
 def forward_all_reduces(loss, trainable, batch, layout: Layout, megatron: int | None,
-                        options: dict | None = None, axis: str = "model") -> dict:
-    """All-reduces over ``axis`` in the compiled forward pass alone, beside Megatron's count."""
+                        options: dict | None = None, axis: str = "model") -> tuple[dict, dict]:
+    """All-reduces over ``axis`` in the compiled forward pass alone, beside Megatron's count, and
+    where they come from (the JAX operation in the HLO metadata: ``Dense_1/dot_general`` for a
+    row-parallel matmul, a gather or reduction for a vocabulary split across the model axis)."""
     fwd = jax.jit(loss, in_shardings=(layout.compute, layout.batch)).lower(
         trainable, batch).compile(options)
-    got = by_axis(fwd.as_text(), layout.mesh).get(("all-reduce", axis), {"count": 0})
-    return {"measured": got["count"], "megatron": megatron}
+    hlo = fwd.as_text()
+    got = by_axis(hlo, layout.mesh).get(("all-reduce", axis), {"count": 0})
+    sources: dict = {}
+    for c in comm.collectives(hlo, layout.mesh.devices.size):
+        if c.kind == "all-reduce" and axis in axes_of(c, layout.mesh):
+            name = "/".join(p for p in c.op_name.split("/")[1:] if p) or "?"
+            sources[name] = sources.get(name, 0) + 1
+    return {"measured": got["count"], "megatron": megatron}, sources

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.parallel.rules import array_paths
+from mlsys_jax.parallel.shard.rules import array_paths
 
 STAGES = (0, 1, 2, 3)
 

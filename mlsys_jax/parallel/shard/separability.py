@@ -1,0 +1,192 @@
+"""Is a loss separable over the batch? From the dataflow, confirmed on the gradients (§5.1).
+
+Data parallelism equals one device when the loss of the whole batch is the mean of the shards'
+losses (§2.2: the batch gradient is the mean of per-sample gradients). :func:`check_separable`
+decides it in two ways that must agree:
+
+* the structure: ``batch_axis.follow_batch`` names every equation that mixes examples (a batch
+  statistic used per example, a loss divided by a batch-wide count, a mask drawn for each
+  position of the batch from one key ...); only linear batch-wide sums (the final mean) are
+  allowed;
+* the numbers: the gradients (and the loss) of the whole batch against those of the mean of the
+  per-shard losses, at the given parameters and at seeded perturbed ones, on the example batch and
+  on a row-shuffled copy, judged against the noise of an equivalent computation (the whole batch
+  with its rows reversed). The loss value at initial parameters alone can agree by accident: a
+  zero-initialised head makes every BatchNorm'd loss equal ``log(classes)``.
+
+When the structure mixes examples but the numbers agree, the verdict is *equal on this batch*:
+not separable in general, with the reason it holds here (e.g. every shard holds the same count of
+non-padding tokens). What the mesh then computes is :mod:`semantics`' business: data parallelism's
+per-shard losses, each shard's PRNG keys folded with its index (:func:`per_shard_losses`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlsys_jax.compat import Literal, bind_equation
+from mlsys_jax.ir import eval_jaxpr
+from mlsys_jax.parallel.shard import batch_explain
+from mlsys_jax.parallel.shard.batch_rules import follow_batch
+from mlsys_jax.parallel.shard.compare import FLOOR_EPS, Judgement, leaf_diffs, leaf_scales
+
+_KEY_MAKERS = ("random_wrap", "random_seed")
+
+
+@dataclass(frozen=True)
+class Separability:
+    """The verdict on the loss: structure, numbers, and the sentences that explain them."""
+
+    separable: bool          # in general: linear in the examples (or synchronised), numbers agree
+    equal_here: bool         # the gradients agree on this batch (all points)
+    summed: bool             # the loss sums over the batch: whole = n x the shards' mean
+    mixing: tuple            # batch_axis.Mixing records (synchronised ones included)
+    causes: tuple            # one sentence per reason it is not separable
+    why_equal: str           # not separable, equal here: why
+    whole: float             # loss on the whole batch (given parameters, example batch)
+    shards_mean: float       # mean of the shards' losses, same point
+    grads: Judgement         # whole-batch vs per-shard gradients over every point
+    points: int
+    folded_keys: int
+    synced: bool = False     # the model's own collectives complete the statistics across shards
+    notes: tuple = ()        # what the structure could not decide (the numbers did)
+
+    def summary(self) -> dict:
+        return {"separable": self.separable, "equal_on_this_batch": self.equal_here,
+                "mixing": [m.describe() for m in self.mixing if not m.synced],
+                "synchronised": [m.describe() for m in self.mixing if m.synced],
+                "points": self.points, "grads": self.grads.as_json()}
+
+
+def shards_of(batch, n: int):
+    """The batch's leaves reshaped to ``(n, rows / n, ...)``: shard i is row block i."""
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + tuple(x.shape[1:])), batch)
+
+
+def _is_key(x) -> bool:
+    return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
+
+
+def _fold(key, index):
+    if key.shape == ():
+        return jax.random.fold_in(key, index)
+    return jax.vmap(lambda k: jax.random.fold_in(k, index))(key.reshape(-1)).reshape(key.shape)
+
+
+def per_shard_losses(loss: Callable, trainable, batch, n: int) -> tuple[Callable, int]:
+    """``f(trainable, shards, order=None) -> (n,)``: each shard's ``loss`` on its rows, the PRNG
+    keys the loss holds folded with the shard's index (``order`` permutes the shards, each
+    keeping its index; ``f.shard_loss(index, trainable, shard)`` is one shard's). Returns ``f``
+    and how many keys it folds."""
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // n,) + tuple(x.shape[1:]),
+                                                      x.dtype), batch)
+    closed = jax.make_jaxpr(loss)(trainable, one)
+    key_consts = [i for i, c in enumerate(closed.consts) if _is_key(c)]
+    const_vars = set(closed.jaxpr.constvars)
+    makers = [e for e in closed.jaxpr.eqns if e.primitive.name in _KEY_MAKERS
+              and all(isinstance(v, Literal) or v in const_vars for v in e.invars)]
+
+    def shard_loss(index, t, shard):
+        if not key_consts and not makers:
+            return loss(t, shard)
+        consts = [_fold(c, index) if i in key_consts else c for i, c in enumerate(closed.consts)]
+
+        def handler(eqn, invals):
+            if any(eqn is m for m in makers):
+                return [_fold(k, index) for k in bind_equation(eqn, invals)]
+            return None
+        flat = jax.tree.leaves((t, shard))
+        return eval_jaxpr(closed.jaxpr, consts, *flat, handler=handler if makers else None)[0]
+
+    def f(t, shards, order=None):
+        index = jnp.arange(n)
+        if order is not None:
+            index = index[jnp.asarray(order)]
+            shards = jax.tree.map(lambda x: x[jnp.asarray(order)], shards)
+        return jax.vmap(shard_loss, in_axes=(0, None, 0))(index, t, shards)
+    f.shard_loss = shard_loss   # one shard's loss: shard_loss(index, trainable, shard)
+    return f, len(key_consts) + len(makers)
+
+
+def perturbed(trainable, seed: int, size: float = 0.05):
+    """Parameters moved by seeded Gaussian noise of ``size`` times each leaf's RMS (``size``
+    squared for an all-zero leaf, so zero-initialised heads move off zero). The noise is drawn
+    on the host: no program to compile."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for x in jax.tree.leaves(trainable):
+        host = np.asarray(x)
+        rms = float(np.sqrt(np.mean(np.square(host, dtype=np.float64))))
+        scale = size * rms if rms > 0 else size * size
+        noise = rng.standard_normal(host.shape, dtype=np.float32) * np.float32(scale)
+        out.append(jax.device_put((host + noise).astype(host.dtype)))
+        del host, noise
+    return jax.tree.unflatten(jax.tree.structure(trainable), out)
+
+
+@jax.jit
+def _rows(batch, order):
+    return jax.tree.map(lambda x: x[order], batch)
+
+
+def shuffled(batch, seed: int):
+    """The batch with its rows in a seeded random order."""
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    return _rows(batch, jnp.asarray(np.random.default_rng(seed).permutation(rows)))
+
+
+def reversed_rows(batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    return _rows(batch, jnp.arange(rows)[::-1])
+
+
+def check_separable(closed, batch_invars: set, programs: dict, trainable, batch, n: int,
+                    eps: float, folded: int, synced_axes=(), explain=None) -> Separability:
+    """The verdict for a loss traced as ``closed`` at the whole batch.
+
+    ``programs``: compiled ``value_and_grad`` programs ``{"whole": f(t, b), "shards": f(t, b)}``
+    (the mean of the per-shard losses, as the mesh computes them); ``folded``: how many PRNG keys
+    the per-shard losses fold; ``synced_axes``: axis names bound to the data axis; ``explain``:
+    a ``batch_explain.Statistics`` that evaluates batch-wide sums per shard, for the reasons.
+    """
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    walk = follow_batch(closed, batch_invars, rows, synced_axes)
+    whole_fn, shards_fn = programs["whole"], programs["shards"]
+    grads, losses = Judgement(), Judgement()
+    positional = any(m.kind == "position" for m in walk.mixing)
+    moved = perturbed(trainable, 2)
+    points = [(trainable, batch), (trainable, shuffled(batch, 1)), (moved, batch),
+              (moved, shuffled(batch, 3))]
+    for i, (t, b) in enumerate(points):
+        lw, gw = whole_fn(t, b)
+        ls, gs = shards_fn(t, b)
+        if i == 0:   # the yardstick: the same batch with its rows in reverse order
+            if positional:   # (not the same mathematics when masks follow the positions)
+                noise = ([0.0], [0.0] * len(jax.tree.leaves(gw)))
+            else:
+                lr, gr = whole_fn(t, reversed_rows(b))
+                noise = (leaf_diffs(lw, lr), leaf_diffs(gw, gr))
+                del gr
+            whole, mean = float(lw), float(ls)
+            summed = (n > 1 and _equal_scaled(gw, gs, n, eps, noise[1])
+                      and abs(whole - n * mean) <= FLOOR_EPS * eps * abs(whole) + 2 * noise[0][0])
+        grads.add(leaf_diffs(gw, gs), noise[1], leaf_scales(gw), eps)
+        losses.add(leaf_diffs(lw, ls), noise[0], leaf_scales(lw), eps)
+        del gw, gs
+    equal_here = grads.within and losses.within
+    summed = summed and not equal_here
+    causes, notes, why = batch_explain.causes_of(walk, equal_here, summed, grads, folded, explain)
+    real = [m for m in walk.mixing if not m.synced and m.kind != "unfollowed"]
+    return Separability(equal_here and not real and not summed, equal_here, summed,
+                        tuple(walk.mixing), tuple(causes), why, whole, mean, grads, len(points),
+                        folded, synced=any(m.synced for m in walk.mixing), notes=tuple(notes))
+
+
+def _equal_scaled(gw, gs, n: int, eps: float, noise: list) -> bool:
+    j = Judgement()
+    j.add(leaf_diffs(gw, jax.tree.map(lambda x: n * x, gs)), noise, leaf_scales(gw), eps)
+    return j.within

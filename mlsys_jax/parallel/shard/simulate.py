@@ -1,0 +1,240 @@
+"""A user's own training step on a simulated mesh, against one device (§5, §7.3).
+
+``simulate(loss_fn, params, batch, optimizer, {"data": 4}, zero=1, steps=3)`` checks and lays out
+the step (``setup.py``), decides whether the loss is separable over the batch from its dataflow
+and its gradients (``separability.py``), picks what the mesh computes and what it is judged
+against (``semantics.py``), runs the steps teacher-forced and free-running (``run.py``), and
+reports per-device bytes from XLA's ``memory_analysis`` beside ZeRO's formula, the collectives by
+mesh axis beside formulas (``collectives.py``) and the step-time ratio (:class:`ShardReport`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Callable
+
+import jax
+
+from mlsys_jax import timing
+from mlsys_jax.parallel.shard import collectives, report, run, semantics, separability, step
+from mlsys_jax.parallel.shard.batch_explain import Statistics
+from mlsys_jax.parallel.shard.inputs import display_path, shard_shapes, trace_loss
+from mlsys_jax.parallel.shard.layout import memory_report
+from mlsys_jax.parallel.shard.report import ShardReport
+from mlsys_jax.parallel.shard.separability import shards_of
+from mlsys_jax.parallel.shard.setup import prepare
+
+
+class _Progress:
+    """Phase lines on stderr (``mlsys-jax shard: [12 s] ...``) when enabled."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0 = enabled, time.perf_counter()
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            print(f"mlsys-jax shard: [{time.perf_counter() - self.t0:.0f} s] {text}",
+                  file=sys.stderr, flush=True)
+
+
+class Programs(dict):
+    """Compiled one-device ``value_and_grad`` programs by loss name, compiled when first asked
+    for (a run needs three or four of the losses ``semantics.one_device_losses`` defines);
+    ``shards_loop`` runs one compiled shard at a time and averages."""
+
+    def __init__(self, losses: dict, trainable, batch, n: int, options):
+        super().__init__()
+        self.losses, self.args, self.n, self.options = losses, (trainable, batch), n, options
+
+    def __missing__(self, name: str):
+        if name == "shards_loop":
+            self[name] = step.shard_by_shard(self.losses["_per"].shard_loss, *self.args, self.n,
+                                             self.options)
+        else:
+            self[name] = step.value_and_grad(self.losses[name], *self.args, self.options)
+        return self[name]
+
+
+def one_device(setup, options, progress=None, check: bool = True) -> dict:
+    """The one-device programs and the separability verdict (unless not ``check``), the same for
+    every mesh of one data size: ``{"programs", "separability", "losses", "folded",
+    "positional"}``."""
+    from mlsys_jax.parallel.shard.batch_rules import follow_batch
+
+    losses, folded = semantics.one_device_losses(setup)
+    t, b, n = setup.trainable, setup.batch, setup.data_size
+    programs = Programs(losses, t, b, n, options)
+    programs["advance"] = step.update(setup.optimizer, t, setup.layout.opt_shapes, options)
+    programs["init"] = jax.jit(setup.optimizer.init)
+    rows = jax.tree.leaves(b)[0].shape[0]
+    synced = (setup.axis_name,) if setup.axis_name else ()
+    positional = any(m.kind == "position" for m in follow_batch(
+        setup.closed, setup.batch_invars, rows, synced).mixing)
+    sep = None
+    if n > 1 and check:
+        (progress or _Progress(False))("checking separability: whole-batch and per-shard "
+                                       "gradients at 4 points")
+        sep = separability.check_separable(setup.closed, setup.batch_invars, programs, t, b, n,
+                                           setup.eps, folded, synced, _statistics(setup))
+    return {"programs": programs, "separability": sep, "losses": losses, "folded": folded,
+            "positional": positional}
+
+
+def _statistics(setup) -> Statistics:
+    """Batch-wide sums of the loss evaluated on the whole batch and shard by shard."""
+    t, b, n = setup.trainable, setup.batch, setup.data_size
+    env = [(setup.axis_name, 1)] if setup.axis_name else ()
+    shard_closed = trace_loss(setup.loss, t, shard_shapes(b, n), env)
+    leaves = jax.tree_util.tree_flatten_with_path(b)[0]
+    n_params = len(jax.tree.leaves(t))
+    names = {v: f"batch{jax.tree_util.keystr(p)}"
+             for v, (p, _) in zip(setup.closed.jaxpr.invars[n_params:], leaves)}
+    flat = [x for _, x in leaves]
+    split = jax.jit(lambda xs: [list(x) for x in zip(*(shards_of(x, n) for x in xs))])(flat)
+    shards = [[None] * n_params + list(s) for s in split]
+    return Statistics(setup.closed, shard_closed, names, [None] * n_params + flat, shards)
+
+
+def separability_of(loss_fn: Callable, params, batch, data: int, options: dict | None = None,
+                    axis_names: dict | None = None):
+    """The separability verdict of a loss over ``data`` shards (``separability.Separability``),
+    without running a mesh."""
+    import optax
+
+    setup = prepare(loss_fn, params, batch, optax.sgd(0.0), {"data": data}, 0,
+                    axis_names=axis_names)
+    return one_device(setup, options)["separability"]
+
+
+def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
+             steps: int = 3, rules=None, options: dict | None = None, time_repeats: int = 5,
+             cache: dict | None = None, axis_rules=None, axis_names: dict | None = None,
+             keep_params: bool = False, record: str | run.Recorder | None = None,
+             progress: bool = False, separable: bool | None = None,
+             judge: bool = True) -> ShardReport:
+    """Run the user's step sharded and on one device; every figure of ``mlsys-jax shard``.
+
+    ``options``: XLA compile options for every program of the run (default: the compiler's
+    normal settings); ``time_repeats=0`` skips the timing; ``cache``, a dict shared by calls on
+    the same ``(loss_fn, params, batch, optimizer)``, keeps the one-device programs and the
+    separability verdict per data size; ``keep_params`` keeps the mesh's final parameters
+    (``report.sharded``); ``record``: a directory for each step's mesh values (multi-process
+    comparisons), or a :class:`run.Recorder` called with them; ``separable``: a verdict already
+    reached elsewhere (another process's), which skips the check; ``judge=False`` only runs and records the steps (the mesh from one device's
+    states, and free), for a run judged elsewhere: no equivalent computation, bytes or
+    collectives.
+    """
+    say = _Progress(progress)
+    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, axis_rules,
+                    axis_names)
+    say("traced the loss and laid out the state")
+    cache = {} if cache is None else cache
+    key = ("one device", setup.data_size, str(options), separable)
+    if key not in cache:
+        cache[key] = one_device(setup, options, say, check=separable is None)
+    ref = cache[key]
+    sep = ref["separability"]
+    sem = semantics.choose(setup, separable if sep is None else sep.separable, ref["losses"],
+                           ref["folded"], ref["positional"])
+    if not judge:
+        sem = dataclasses.replace(sem, reference="whole", twin="whole")
+    step.release_memory()
+    say("compiling the sharded step")
+    mesh_step = step.compile_sharded(setup, sem.mesh, options, donate=True)
+    _check_memory(setup, mesh_step)
+    programs = ref["programs"]
+    say(f"running {steps} steps, sharded and on one device")
+    figures = run.run(setup, sem, programs, mesh_step, steps, keep_params,
+                      record if isinstance(record, run.Recorder) else run.Recorder(record))
+    forced = figures.forced
+    say("reading the compiled step's bytes and collectives")
+    exact, here, reason = report.verdict(setup, sep, sem, forced)
+    lay = setup.layout
+    step_jaxpr = jax.make_jaxpr(step.make_step(sem.mesh, setup.optimizer, lay))(
+        setup.trainable, lay.opt_shapes, setup.batch)
+    split = setup.split
+    out = ShardReport(
+        mesh=dict(lay.mesh.shape), zero=lay.stage, steps=steps, exact=exact, reason=reason,
+        max_abs_diff=dict(figures.free), teacher_forced={q: j.diff for q, j in forced.items()},
+        bound={q: j.bound for q, j in forced.items()},
+        magnitude={q: j.scale for q, j in forced.items()},
+        noise={q: j.noise for q, j in forced.items()},
+        per_device_bytes=memory_report(lay, mesh_step, step_jaxpr), collectives=[],
+        step_time_ratio=None, semantics=sem.kind, equal_on_this_batch=here,
+        separability=sep.summary() if sep is not None else {},
+        axis_name=setup.axis_name,
+        tensor_parallel=report.tensor_parallel(split, int(lay.mesh.shape.get("model", 1))),
+        rules=[list(r) for r in split.rules], rules_derived=split.source == "derived",
+        replicated_no_rule=[display_path(p) for p in split.replicated]
+        if split.source in ("rules", "derived") and "model" in lay.mesh.axis_names else [],
+        zero_unsplit=[display_path(p) for p in lay.unsplit] if lay.stage else [],
+        sharded={"free": {"params": figures.final_params}} if keep_params else None)
+    out.notes += report.thin_evidence(forced) + list(sep.notes if sep is not None else ())
+    if not judge:
+        return out
+    _collectives(out, setup, sem, mesh_step, options)
+    if time_repeats:
+        say("timing the steps")
+        _time(out, setup, programs, mesh_step, time_repeats)
+    return out
+
+
+def _check_memory(setup, mesh_step) -> None:
+    """Refuse, before any step runs, a run whose steps cannot fit: every simulated device's
+    arguments, outputs and temporaries of the sharded step, beside one device's gradients and
+    update (the training state again)."""
+    from mlsys_jax import runtime
+    from mlsys_jax.parallel.comm import nbytes
+
+    ma, lay = mesh_step.memory_analysis(), setup.layout
+    devices = lay.mesh.devices.size
+    mesh = devices * (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes)
+    state = 2 * nbytes(setup.trainable) + nbytes(lay.opt_shapes)
+    runtime.check_memory(int(mesh + state), f"the sharded step on {devices} simulated devices "
+                         "beside one device's", "use fewer devices, a smaller batch or model, or a "
+                         "higher --zero stage")
+
+
+def _collectives(out: ShardReport, setup, sem, compiled, options) -> None:
+    lay = setup.layout
+    synced = None
+    if sem.kind == "synchronised":
+        n = setup.data_size
+        synced = (trace_loss(setup.loss, setup.trainable, shard_shapes(setup.batch, n),
+                             [(setup.axis_name, n)]), setup.axis_name)
+    formulas = collectives.formulas(sem.whole, setup.trainable, setup.batch, lay, synced)
+    out.collectives = collectives.table(lay, compiled.as_text(), formulas)
+    if "forward_all_reduces" in formulas:
+        megatron = (setup.split.megatron if setup.split.source == "derived"
+                    else formulas["forward_all_reduces"])
+        out.forward_all_reduces, out.forward_all_reduce_sources = \
+            collectives.forward_all_reduces(sem.mesh, setup.trainable, setup.batch, lay, megatron,
+                                            options)
+    if formulas["unused"]:
+        names = ", ".join(display_path(p) for p in formulas["unused"])
+        out.notes.append(f"{len(formulas['unused'])} parameters do not affect the loss (their "
+                         f"gradient is zero; nothing is sent for them): {names}")
+
+
+def _time(out: ShardReport, setup, programs, mesh_step, repeats: int) -> None:
+    """Sharded step against one device's (gradient, then update), side by side; the sharded
+    step donates its state, so it runs as a training loop does, each step on the last one's."""
+    lay, t, b = setup.layout, setup.trainable, setup.batch
+    s = programs["init"](t)
+    state = [step.copier(lay.params)(t), step.copier(lay.opt_state)(s)]
+    placed_b = step.place(b, lay.batch)
+
+    def sharded():
+        state[0], state[1], *rest = mesh_step(state[0], state[1], placed_b)
+        return rest
+
+    whole, advance = programs["whole"], programs["advance"]
+    times = timing.compare({"sharded": sharded,
+                            "one device": lambda: advance(whole(t, b)[1], s, t)},
+                           repeats=repeats, warmup=1, min_time_s=2e-3)
+    out.step_time_ratio = timing.ratio(times["sharded"], times["one device"]).median
+    out.notes.append(f"step time: {times['sharded'].summary()} sharded vs "
+                     f"{times['one device'].summary()} on one device (gradient, then update); "
+                     "simulated devices share this machine's cores, so the ratio is overhead, "
+                     "not speedup")

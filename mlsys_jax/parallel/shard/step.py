@@ -1,0 +1,121 @@
+"""The compiled programs of a sharded run: the sharded step and its one-device counterparts.
+
+Every program of one run is compiled with the same XLA options (the compiler's normal settings
+unless the caller asks otherwise): a reference compiled at other settings than the run it judges
+rounds differently, and that difference would be charged to the mesh.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+import optax
+
+
+def make_step(loss: Callable, optimizer: optax.GradientTransformation, layout=None) -> Callable:
+    """``step(trainable, opt_state, batch) -> (trainable, opt_state, loss, grads)``.
+
+    With a layout the parameters are constrained to their TP sharding for the forward pass (so
+    ZeRO-3 gathers them once, §7.3) and the gradients to the stage's sharding.
+    """
+    def step(t, s, b):
+        used = t if layout is None else jax.lax.with_sharding_constraint(t, layout.compute)
+        value, grads = jax.value_and_grad(loss)(used, b)
+        if layout is not None:  # reduce over data first (every stage), then keep the stage's part
+            grads = jax.lax.with_sharding_constraint(grads, layout.compute)
+            grads = jax.lax.with_sharding_constraint(grads, layout.grads)
+        updates, s = optimizer.update(grads, s, t)
+        return optax.apply_updates(t, updates), s, value, grads
+    return step
+
+
+def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
+                    donate: bool = False):
+    """The sharded step of ``setup``'s layout, differentiating ``mesh_loss``; with ``donate``
+    the new parameters and optimizer state take the buffers of the old ones (the step's
+    caller must not use its inputs again)."""
+    lay = setup.layout
+    fn = jax.jit(make_step(mesh_loss, setup.optimizer, lay),
+                 in_shardings=(lay.params, lay.opt_state, lay.batch),
+                 out_shardings=(lay.params, lay.opt_state, lay.replicated, lay.grads),
+                 donate_argnums=(0, 1) if donate else ())
+    return fn.lower(setup.trainable, lay.opt_shapes, setup.batch).compile(options)
+
+
+def value_and_grad(loss: Callable, trainable, batch, options: dict | None = None):
+    """``loss``'s value and gradient on one device, compiled."""
+    return jax.jit(jax.value_and_grad(loss)).lower(trainable, batch).compile(options)
+
+
+def shard_by_shard(shard_loss: Callable, trainable, batch, n: int, options: dict | None = None):
+    """``f(t, b) -> (loss, grads)``: the mean of the per-shard losses computed one shard at a
+    time (``shard_loss(index, t, shard)`` compiled once, at one shard's shapes), accumulated."""
+    import jax.numpy as jnp
+
+    rows = jax.tree.leaves(batch)[0].shape[0] // n
+    shard = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype), batch)
+    one = jax.jit(jax.value_and_grad(lambda t, s, i: shard_loss(i, t, s))).lower(
+        trainable, shard, jnp.int32(0)).compile(options)
+    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+    scale = jax.jit(lambda a: jax.tree.map(lambda x: x / n, a))
+    take = jax.jit(lambda b, i: jax.tree.map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, i * rows, rows), b))
+
+    def f(t, b):
+        total = None
+        for i in range(n):
+            part = one(t, take(b, jnp.int32(i)), jnp.int32(i))
+            total = part if total is None else add(total, part)
+        return scale(total)
+    return f
+
+
+def update(optimizer, trainable, opt_shapes, options: dict | None = None):
+    """One device's optimizer alone, compiled: ``advance(g, s, t) -> (t', s')``."""
+    def advance(g, s, t):
+        u, s = optimizer.update(g, s, t)
+        return optax.apply_updates(t, u), s
+    return jax.jit(advance).lower(trainable, opt_shapes, trainable).compile(options)
+
+
+def copier(shardings) -> Callable:
+    """``f(tree)``: fresh copies of a tree's arrays laid out by ``shardings``, which a step may
+    donate (``device_put`` hands back the source's own buffer where a replicated layout includes
+    its device, so donating that would delete the source)."""
+    if jax.process_count() > 1:
+        return lambda tree: place(tree, shardings)
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x + jax.numpy.zeros((), x.dtype), tree),
+                   out_shardings=shardings)
+
+
+def place(tree, shardings):
+    """Put host or single-device arrays on the mesh (each process supplies its own shards)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(
+        x.shape, s, lambda idx, x=np.asarray(x): x[idx]), tree, shardings)
+
+
+def on_one_device(tree):
+    """Arrays of the mesh gathered onto this process's first device (the one-device programs'
+    inputs)."""
+    from mlsys_jax.parallel.shard.compare import host
+
+    if jax.process_count() == 1:
+        return jax.device_put(tree, jax.local_devices()[0])
+    return jax.tree.map(lambda x: jax.device_put(host(x).astype(x.dtype), jax.local_devices()[0]),
+                        tree)
+
+
+def release_memory() -> None:
+    """Hand freed host memory back to the system between the phases of a run (glibc keeps freed
+    blocks of its arenas otherwise, and the next phase's peak lands on top of them)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+        pass
