@@ -156,6 +156,9 @@ def run(quick: bool = False) -> dict:
     figures["pp_executed_over_useful_ratio"] = pp[(8, 4)]["pp"] / pp[(8, 4)]["pp_useful"]
     notes.append(f"PP: 1F1B, {N} stages, 4 microbatches of 2 rows; the SPMD executor sends on "
                  "every step (idle stages send zeros), so executed/useful = steps/M")
+    pipeline = _user_pipeline(quick)
+    figures.update(pipeline["figures"])
+    notes += pipeline["notes"]
     if not quick and importlib.util.find_spec("flax") is not None:
         _gpt2_small(figures, notes)
     user = _user_transformer()
@@ -179,4 +182,62 @@ def run(quick: bool = False) -> dict:
               "has no reduce-scatter creator (XLA:GPU turns all-reduce + dynamic-slice into a "
               "reduce-scatter), so ZeRO-2 sends all-reduce + all-gather = 1.5x the textbook "
               "reduce-scatter + all-gather (zero2_over_textbook)"]
+    return {"figures": figures, "notes": notes}
+
+
+def _user_pipeline(quick: bool) -> dict:
+    """A user's flax transformer (8 blocks) as 4 pipeline stages (``mlsys_jax.parallel.pipe``):
+    point-to-point bytes and the executed bubble beside their formulas, in-flight microbatches,
+    the balance of the split and the teacher-forced exactness, per schedule and mesh."""
+    import importlib.util
+    import sys
+
+    if jax.device_count() % 8 or importlib.util.find_spec("flax") is None:
+        return {"figures": {}, "notes": ["pipeline of a user's transformer skipped: needs flax "
+                                         "and 8 simulated devices"]}
+    from mlsys_jax.parallel.comm import QUICK_COMPILE
+    from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    try:
+        import pipeline_stacks
+    finally:
+        sys.path.pop(0)
+    size = dict(d_model=16, heads=2, hidden=32, vocab=32, seq=4) if quick else {}
+    runs = {"1f1b": ({"pipe": 4}, "1f1b", False), "gpipe": ({"pipe": 4}, "gpipe", False),
+            "dp": ({"data": 2, "pipe": 4}, "1f1b", False),
+            "remat": ({"pipe": 4}, "1f1b", True)}
+    if quick:
+        runs.pop("remat")
+    with jax.enable_x64(False):  # users' float32 world
+        args = pipeline_stacks.transformer(**size)
+        reports = {k: run_pipeline(plan_pipeline(*args, mesh, 8, sched, remat=remat), 3,
+                                   options=QUICK_COMPILE, stage_memory=False)
+                   for k, (mesh, sched, remat) in runs.items()}
+    figures = {"pp_user_transformer_measured_over_formula_ratio": reports["1f1b"].p2p["ratio"],
+               "pp_user_transformer_dp_measured_over_formula_ratio": reports["dp"].p2p["ratio"]}
+    for k, r in reports.items():
+        figures[f"pp_user_transformer_{k}_executed_bubble_over_formula_ratio"] = float(
+            r.bubble["executed"] / r.bubble["formula"])
+        worst = max(r.teacher_forced[q]["ratio"] for q in ("loss", "grads", "params"))
+        figures[f"pp_user_transformer_{k}_teacher_forced_over_bound_ratio"] = worst
+    figures["pp_user_transformer_1f1b_over_gpipe_first_stage_in_flight_ratio"] = (
+        reports["1f1b"].in_flight["executed"][0] / reports["gpipe"].in_flight["executed"][0])
+    figures["pp_user_transformer_split_slowest_over_mean_ratio"] = \
+        reports["1f1b"].balance["max_over_mean"]
+    r = reports["1f1b"]
+    size_note = "tiny" if quick else "its default size"
+    notes = [f"pipeline: examples/pipeline_stacks.py:transformer ({size_note}, 8 blocks, "
+             f"float32, batch {args[2]['tokens'].shape[0]}) as 4 stages, 8 microbatches, 3 "
+             f"AdamW steps; split {[s['units'] for s in r.stages]}; "
+             "point-to-point bytes = compiled collective-permutes x the sends that ran, formula "
+             "= boundary activations x M forward + cotangents x M backward; teacher_forced_over"
+             "_bound <= 1 means loss, gradients and new parameters equal one device's within "
+             "the calibrated noise, every step"]
+    if "remat" in reports:  # --remat stashes each stage's inputs instead of the vjp's residuals
+        mem = {k: reports[k].memory for k in ("1f1b", "remat")}
+        figures["pp_user_transformer_remat_over_saved_stash_row_ratio"] = (
+            mem["remat"]["padded"]["stash_row"] / mem["1f1b"]["padded"]["stash_row"])
+        figures["pp_user_transformer_remat_over_saved_program_temp_ratio"] = (
+            mem["remat"]["program"]["temp"] / mem["1f1b"]["program"]["temp"])
     return {"figures": figures, "notes": notes}

@@ -1,4 +1,5 @@
-"""``mlsys-jax shard FILE.py:FN --mesh data=N[,model=M] [--zero 0-3] [--steps S] [--processes P]``.
+"""``mlsys-jax shard FILE.py:FN --mesh data=N[,model=M] [--zero 0-3] [--steps S] [--processes P]``
+(``--mesh [data=D,]pipe=P``: pipeline stages, ``cli/shard_pipe.py``).
 
 FN is an example factory returning ``(loss_fn, params, batch, optimizer[, rules])``: rules are
 ``(regex, PartitionSpec)`` pairs or logical axis rules (``--axis-rules`` gives the latter too).
@@ -17,17 +18,19 @@ import tempfile
 
 import numpy as np
 
+from mlsys_jax.cli import shard_pipe
 from mlsys_jax.cli.target import load_factory as load_factory_as
 from mlsys_jax.errors import MlsysError
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
-HELP = "your training step on a simulated mesh (DP, ZeRO, TP) against one device"
+HELP = "your training step on a simulated mesh (DP, ZeRO, TP, PP) against one device"
 
 
 def add_arguments(q) -> None:
     q.add_argument("target", metavar="FILE.py:FN", help=f"a factory returning {FORM}")
-    q.add_argument("--mesh", required=True, metavar="data=N[,model=M]",
-                   help="mesh axes: data (batch, ZeRO) and model (tensor parallel)")
+    q.add_argument("--mesh", required=True, metavar="data=N[,model=M] | [data=D,]pipe=P",
+                   help="mesh axes: data (batch, ZeRO) and model (tensor parallel), or pipe "
+                        "(pipeline stages, with data)")
     q.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                    help="ZeRO stage over data (0 = plain data parallel)")
     q.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
@@ -41,6 +44,7 @@ def add_arguments(q) -> None:
                    help="compile every program of the run without XLA's backend optimisation "
                         "(faster for small models; all programs alike)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
+    shard_pipe.add_arguments(q)
 
 
 def parse_mesh(text: str) -> dict:
@@ -114,6 +118,9 @@ def main(args) -> int:
     from mlsys_jax.parallel.shard import simulate
 
     mesh = parse_mesh(args.mesh)
+    shard_pipe.check_flags(args, mesh)
+    if "pipe" in mesh:
+        return shard_pipe.main(args, mesh)
     if args.steps < 1:
         raise MlsysError(f"--steps must be >= 1, got {args.steps}")
     _check_devices(mesh, args.processes)

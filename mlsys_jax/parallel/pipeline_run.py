@@ -100,7 +100,7 @@ def _vary(x, axes) -> Any:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _write(buf, index_plus_one, value):
+def write_row(buf, index_plus_one, value):
     """``buf[index] = value`` when ``index_plus_one > 0``; unchanged otherwise."""
     i = jnp.maximum(index_plus_one - 1, 0)
     new = jnp.where(index_plus_one > 0, value, lax.dynamic_index_in_dim(buf, i, keepdims=False))
@@ -163,8 +163,8 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
         op, mb, slot, recv_act, recv_grad = (c[0] for c in col)
         to_next, to_prev, grads, loss = lax.switch(
             op, (idle, forward, backward, backward_loss), mb, slot, stash, cot, grads, loss)
-        stash = _write(stash, recv_act, lax.ppermute(to_next, axis, fwd_perm))
-        cot = _write(cot, recv_grad, lax.ppermute(to_prev, axis, bwd_perm))
+        stash = write_row(stash, recv_act, lax.ppermute(to_next, axis, fwd_perm))
+        cot = write_row(cot, recv_grad, lax.ppermute(to_prev, axis, bwd_perm))
         return (stash, cot, grads, loss, idle_steps + (op == IDLE)), None
 
     cols = tuple(columns[k] for k in COLUMNS)

@@ -1,0 +1,158 @@
+"""Run a planned pipeline for S steps and report every figure: :func:`run_pipeline`.
+
+Teacher-forced steps decide *exact* (``verdict.py``); free-running steps show the drift after S
+steps; the last step's executed log, send counters and compiled program give the figures
+(``figures.py``). Long work (compiles, steps) prints progress on stderr.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+
+import jax
+
+from mlsys_jax.parallel.pipe import figures
+from mlsys_jax.parallel.pipe.balance import ranges_of
+from mlsys_jax.parallel.pipe.optim import update_function
+from mlsys_jax.parallel.pipe.step import PipelinePlan
+from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, PipelineVerdict, causes,
+                                             judge_step, leaf_diffs, references)
+
+
+@dataclass
+class PipelineReport:
+    """Every figure of ``mlsys-jax shard --mesh [data=D,]pipe=P``; JSON via :meth:`to_json`."""
+
+    mesh: dict
+    schedule: str
+    microbatches: int
+    remat: bool
+    steps: int
+    exact: bool
+    reason: str
+    separable: bool
+    teacher_forced: dict
+    optimizer_check: dict
+    max_abs_diff: dict
+    units: list
+    unit_source: str
+    split_given: bool
+    stages: list
+    balance: dict
+    bubble: dict
+    in_flight: dict
+    p2p: dict
+    memory: dict
+    stacked: dict | None
+    replica_spread: float
+    timeline: list = field(repr=False, default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for k in ("executed", "table", "formula"):
+            frac = self.bubble[k]
+            out["bubble"][k] = {"fraction": f"{frac.numerator}/{frac.denominator}",
+                                "value": float(frac)}
+        return out
+
+
+def _progress(msg: str) -> None:
+    print(f"pipeline: {msg}", file=sys.stderr, flush=True)
+
+
+def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None,
+                 stage_memory: bool = True) -> PipelineReport:
+    """S teacher-forced and S free-running steps of ``plan``, against one device.
+
+    ``options``: XLA compile options for every program (the pipeline's and the one-device
+    references alike); ``stage_memory``: also compile each stage alone for its temp bytes.
+    """
+    opt, t0 = plan.optimizer, plan.trainable
+    s0 = jax.jit(opt.init)(t0)
+    groups = plan.mesh_shape.get("data", 1) * plan.microbatches
+    _progress(f"compiling the {plan.stages}-stage program and the one-device references")
+    compiled = plan.compile(options)
+    refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss)).lower(
+        t0, plan.batch).compile(options)
+    update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
+    twin = Float64Twin(plan.loss, t0, plan.batch, groups, options)
+    verdict, t, s = PipelineVerdict(), t0, s0
+    for k in range(steps):
+        _progress(f"teacher-forced step {k + 1}/{steps}")
+        refs = jax.device_get(refs_fn(t, plan.batch))
+        refs.update({k: (*refs[k], *jax.device_get(update(refs[k][1], s, t))) for k in "ABC"})
+        refs.update(twin(t, plan.batch) or {})
+        got = plan.step(t, s, options)
+        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])
+        ref = refs["A" if verdict.separable_steps[0] else "B"]
+        t, s = ref[2], ref[3]
+    free_t, free_s = t0, s0
+    for k in range(steps):
+        _progress(f"free-running step {k + 1}/{steps}")
+        last = plan.step(free_t, free_s, options)
+        free_t, free_s = last["params"], last["opt_state"]
+    free = {"params": max(leaf_diffs(free_t, t))}
+    separable = all(verdict.separable_steps)
+    exact, reason = _reason(plan, verdict, separable)
+    notes = [twin.note] if twin.note else []
+    log, log_mb = last["log"], last["log_mb"]
+    in_flight = figures.executed_in_flight(log)
+    bubble = figures.executed_bubble(log, plan.microbatches)
+    bubble["table"] = plan.schedule.bubble_fraction()
+    data = plan.mesh_shape.get("data", 1)
+    _progress("reading the compiled program's point-to-point traffic and memory")
+    p2p = figures.point_to_point(compiled.as_text(), last["sends"], plan.split,
+                                 plan.microbatches, plan.stages, data)
+    memory = figures.stage_memory(plan, in_flight, compiled, options, stage_memory)
+    times = plan.stage_times_us
+    mean = sum(times) / len(times)
+    stages = [{"units": [plan.units.units[k].name for k in range(lo, hi)],
+               "estimated_us": t_us, "params_bytes": b}
+              for (lo, hi), t_us, b in zip(ranges_of(plan.stage_of_unit), times,
+                                           plan.leaves.bytes_per_stage())]
+    return PipelineReport(
+        mesh=dict(plan.mesh_shape), schedule=plan.schedule.name, microbatches=plan.microbatches,
+        remat=plan.remat, steps=steps, exact=exact, reason=reason, separable=separable,
+        teacher_forced={q: verdict.worst[q] for q in QUANTITIES + ("separability",)},
+        optimizer_check=verdict.worst["optimizer"], max_abs_diff=free,
+        units=[u.name for u in plan.units.units], unit_source=plan.units.source,
+        split_given=plan.split_given, stages=stages,
+        balance={"hw": plan.hw, "max_over_mean": max(times) / mean,
+                 "min_over_mean": min(times) / mean},
+        bubble=bubble,
+        in_flight={"executed": in_flight, "table": list(plan.schedule.in_flight_peaks()),
+                   "buffer_rows": plan.program.rows},
+        p2p=p2p, memory=memory, stacked=figures.stacked_share(plan),
+        replica_spread=last["replica_spread"],
+        timeline=figures.timeline_table(log, log_mb), notes=notes)
+
+
+def _reason(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool) -> tuple[bool, str]:
+    w = verdict.worst
+    worst = max(QUANTITIES, key=lambda q: w[q]["ratio"])
+    off = (f"max |Δ{worst}| {w[worst]['diff']:.3g} > bound {w[worst]['bound']:.3g} "
+           f"(noise {w[worst]['noise']:.3g})")
+    opt_ok = verdict.within("optimizer")
+    opt_off = (f"the optimizer on the stages differs from optax on one device given the same "
+               f"gradients: max |Δ| {w['optimizer']['diff']:.3g} > {w['optimizer']['bound']:.3g}")
+    if not separable:
+        sep = w["separability"]
+        if not all(verdict.within(q) for q in QUANTITIES):
+            same = f"and the pipeline does not even compute that: {off}"
+        else:
+            same = ("the pipeline computes exactly that (within the noise)" if opt_ok else
+                    f"the pipeline computes that, but {opt_off}")
+        return False, (f"not separable over microbatches: whole-batch and per-microbatch "
+                       f"{'gradients' if sep['diff'] else 'losses'} differ by {sep['diff']:.3g} "
+                       f"(noise {sep['noise']:.3g}); "
+                       + "; ".join(causes(plan.split.closed, plan.paths)) + f"; {same}")
+    if not all(verdict.within(q) for q in QUANTITIES):
+        return False, f"the pipeline differs from one device beyond the rounding noise: {off}"
+    if not opt_ok:
+        return False, opt_off
+    g = w["grads"]
+    return True, (f"separable over microbatches; loss, gradients and new parameters equal one "
+                  f"device's, step by step, within the calibrated noise (worst: {worst} "
+                  f"{w[worst]['diff']:.3g} <= {w[worst]['bound']:.3g}; gradients "
+                  f"{g['diff']:.3g}, noise {g['noise']:.3g})")

@@ -1,0 +1,200 @@
+"""Exact, or why not: the pipeline against one device, teacher-forced, within calibrated noise.
+
+On one device, at the same state and compiler settings as the pipeline, three computations of
+the step: **A** the whole batch; **B** the mean over the pipeline's microbatches of each
+microbatch's loss and gradients (a ``vmap``); **C** the same mean with each microbatch computed
+on its own, one at a time from the last (a reversed ``lax.scan``), as a pipeline stage computes
+them. B and C compute the same mathematics in other orders and fusions, so their difference is
+rounding noise, whatever the loss (C summing B's values would measure the rounding of the sum
+alone, narrower than what a stage's own compile of a microbatch rounds: docs/pipeline.md). A
+equals B in exact arithmetic only if the loss is *separable* over microbatches: a loss that
+mixes the examples of a batch (training BatchNorm's statistics, a mask drawn for the whole
+batch) computes something else per microbatch, and the pipeline can only compute B.
+
+So per step, from one device's state (teacher forcing): the loss is separable if A - B is within
+the noise |B - C| (A - B in float64 when the model has a float64 twin: in float32 it is mostly
+rounding, as large as the mathematics' difference may be small); the pipeline's loss and
+gradients are then compared with A's (else with B's, and the report says why it is not exact),
+each parameter leaf on its own, against ``NOISE_MARGIN`` x the measured noise (the largest
+difference between any two of A, B, C and A64, the same step in float64 (:class:`Float64Twin`),
+when separable; of B, C and B64 when not) plus ``FLOOR_EPS`` eps of the magnitude the sums add
+up (the largest microbatch's loss or gradient). The new parameters are compared against what one
+device's optimizer makes of gradients anywhere within that bound (each element moved by the
+bound both ways) plus their own rounding. Separately, the pipeline's new parameters must equal
+what optax makes of the pipeline's own gradients on one device, within ``FLOOR_EPS`` eps: the
+optimizer ran on the whole tree.
+"""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
+from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
+
+
+QUANTITIES = ("loss", "grads", "params")
+NOISE_MARGIN = 4.0
+FLOOR_EPS = 4.0
+RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
+_BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
+
+
+def references(loss, groups: int, microbatch_loss=None):
+    """``f(trainable, batch) -> {A, B, C: (loss, grads), "terms": (loss, grads)}``; ``terms``
+    holds the largest |loss| and, per leaf, |gradient| of a single microbatch (the scale of what
+    the sums add). ``microbatch_loss`` (the loss on one microbatch, e.g. its traced jaxpr as a
+    function: the user's Python is not traced again) serves B and C. The optimizer is applied to
+    A, B and C by one separately compiled update."""
+    vg, vg_mb = jax.value_and_grad(loss), jax.value_and_grad(microbatch_loss or loss)
+
+    def f(t, batch):
+        mbs = jax.tree.map(lambda x: x.reshape((groups, x.shape[0] // groups) + x.shape[1:]),
+                           batch)
+        bv, bg = jax.vmap(vg_mb, in_axes=(None, 0))(t, mbs)
+
+        def body(acc, mb):  # one microbatch at a time, as a pipeline stage computes it
+            return jax.tree.map(jnp.add, acc, vg_mb(t, mb)), None
+        a = vg(t, batch)
+        total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
+        terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
+        return {"A": a, "B": (bv.mean(), jax.tree.map(lambda x: x.mean(0), bg)),
+                "C": jax.tree.map(lambda x: x / groups, total), "terms": terms}
+    return f
+
+
+def _as64(tree):
+    return jax.tree.map(lambda x: np.asarray(x, np.float64)
+                        if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x, tree)
+
+
+class Float64Twin:
+    """A, B and C in float64 (the user's code with float64 parameters and inputs, traced again):
+    how far one device's float32 results are from exact ones, and whether the loss is
+    separable. A gradient that is mathematically zero (an attention key bias: softmax ignores a
+    shift of every score) is pure rounding in float32, on one device and on the mesh alike; only
+    this shows it. And float32's A - B mixes rounding (a whole batch's contraction against
+    microbatch ones) with non-separability; float64's A - B is the non-separability alone."""
+
+    def __init__(self, loss, trainable, batch, groups: int, options=None):
+        self.fn, self.note = None, None
+        with jax.enable_x64(True):
+            try:
+                lowered = jax.jit(references(loss, groups)).lower(_as64(trainable), _as64(batch))
+                wide = all(jnp.dtype(a.dtype) == jnp.float64 for a in jax.tree.leaves(
+                    lowered.out_info))
+                self.fn = lowered.compile(options) if wide else None
+                if not wide:
+                    self.note = ("float64 twin unavailable: the model computes in float32 with "
+                                 "float64 parameters; the noise is float32's alone")
+            except Exception as e:  # the user's code may not run in float64
+                self.note = (f"float64 twin unavailable ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''})"
+                             "; the noise is float32's alone")
+
+    def __call__(self, trainable, batch) -> dict | None:
+        """``{"A64": .., "B64": ..}``, each ``{"loss", "grads"}``; None without a twin."""
+        if self.fn is None:
+            return None
+        with jax.enable_x64(True):
+            out = jax.device_get(self.fn(_as64(trainable), _as64(batch)))
+        return {f"{k}64": {"loss": out[k][0], "grads": out[k][1]} for k in "AB"}
+
+
+def leaf_bounds(noise, scale, like) -> list[float]:
+    """``NOISE_MARGIN`` x noise + ``FLOOR_EPS`` eps x scale, per leaf (eps of ``like``'s dtype)."""
+    out = []
+    for n, m, r in zip(noise, scale, jax.tree.leaves(like)):
+        dtype = np.asarray(r).dtype
+        eps = float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.inexact) else 0.0
+        out.append(NOISE_MARGIN * n + FLOOR_EPS * eps * m)
+    return out
+
+
+class PipelineVerdict:
+    """Accumulates, step by step, the worst difference / bound per quantity."""
+
+    def __init__(self):
+        self.worst = {q: {"diff": 0.0, "noise": 0.0, "bound": 0.0, "ratio": 0.0}
+                      for q in QUANTITIES + ("separability", "optimizer")}
+        self.separable_steps: list[bool] = []
+
+    def record(self, what: str, diffs, noise, bounds) -> None:
+        for d, n, b in zip(diffs, noise, bounds):
+            ratio = d / b if b > 0 else (0.0 if d == 0 else float("inf"))
+            if ratio >= self.worst[what]["ratio"]:
+                self.worst[what] = {"diff": d, "noise": n, "bound": b, "ratio": ratio}
+
+    def within(self, what: str) -> bool:
+        return self.worst[what]["ratio"] <= 1.0
+
+
+def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> bool:
+    """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
+    one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]`` and
+    ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)``
+    is the one-device optimizer's new parameters from the step's state. Returns whether the loss was separable."""
+    A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
+    scale = {"loss": leaf_magnitudes(refs["terms"][0]),
+             "grads": leaf_magnitudes(refs["terms"][1])}
+    noise_bc = {q: leaf_diffs(B[q], C[q]) for q in QUANTITIES}
+    ab = {q: leaf_diffs(A[q], B[q]) for q in ("loss", "grads")}
+    sep_bounds = {q: leaf_bounds(noise_bc[q], scale[q], B[q]) for q in ab}
+    if "B64" in refs:  # the mathematics' own A - B, against what float32 could distinguish
+        ab = {q: leaf_diffs(refs["A64"][q], refs["B64"][q]) for q in ab}
+    separable = all(d <= b for q in ab for d, b in zip(ab[q], sep_bounds[q]))
+    for q in ab:
+        verdict.record("separability", ab[q], noise_bc[q], sep_bounds[q])
+    ref = A if separable else B
+    bounds = {}
+    for q in ("loss", "grads"):
+        # the noise: the largest difference between any two equivalent one-device computations
+        # of what the pipeline computes (A, B, C and the twin's A64 = B64 when separable; B, C
+        # and B64 when not): float64's are how far each float32 result is from the exact one
+        same = [B[q], C[q]] + ([A[q]] if separable else [])
+        if "B64" in refs:
+            same.append(refs["A64" if separable else "B64"][q])
+        noise = [max(d) for d in zip(*(leaf_diffs(x, y) for i, x in enumerate(same)
+                                       for y in same[i + 1:]))]
+        bounds[q] = leaf_bounds(noise, scale[q], ref[q])
+        verdict.record(q, leaf_diffs(got[q], ref[q]), noise, bounds[q])
+    # New parameters: what the optimizer makes of gradients anywhere within their bound (per
+    # element, both ways: Adam divides a gradient by its own magnitude, so a gradient that is
+    # rounding noise moves its parameter by up to the learning rate), plus their own rounding.
+    spread = [0.0] * len(bounds["grads"])
+    for sign in (1.0, -1.0):
+        shifted = jax.tree.unflatten(jax.tree.structure(ref["grads"]), [
+            np.asarray(g + sign * b, np.asarray(g).dtype)
+            for g, b in zip(jax.tree.leaves(ref["grads"]), bounds["grads"])])
+        spread = [max(x, y) for x, y in zip(spread, leaf_diffs(own_update(shifted),
+                                                                ref["params"]))]
+    floor = leaf_bounds([0.0] * len(spread), leaf_magnitudes(ref["params"]), ref["params"])
+    verdict.record("params", leaf_diffs(got["params"], ref["params"]), spread,
+                   [x + y for x, y in zip(spread, floor)])
+    mine = own_update(got["grads"])
+    zero = [0.0] * len(jax.tree.leaves(mine))
+    verdict.record("optimizer", leaf_diffs(got["params"], mine), zero,
+                   leaf_bounds(zero, leaf_magnitudes(mine), mine))
+    verdict.separable_steps.append(separable)
+    return separable
+
+
+def causes(closed, paths) -> list[str]:
+    """Why a loss may mix the examples of a batch, read from its jaxpr and parameter names."""
+    from mlsys_jax.ir import primitive_counts
+
+    prims, out = primitive_counts(closed), []
+    if any(p in prims for p in RANDOM_PRIMITIVES):
+        out.append("the loss draws random numbers from a key fixed inside it (e.g. dropout): "
+                   "every microbatch draws the mask for its own rows from that same key")
+    stats = [jax.tree_util.keystr(p) for p in paths if _BATCH_STATS.search(
+        jax.tree_util.keystr(p))]
+    if stats:
+        out.append(f"batch statistics (training-mode BatchNorm: {stats[0]}): each microbatch "
+                   "normalises by its own mean and variance")
+    return out or ["the loss couples the examples of a batch (a batch statistic or a "
+                   "normalisation by the batch): each microbatch computes it on its own rows"]
