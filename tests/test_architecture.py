@@ -1,4 +1,5 @@
-"""Imports point one way, no module imports itself back, and only compat.py touches jax._src."""
+"""Imports point one way, no module imports itself back, only compat.py touches jax._src, and
+no two public classes of the package share a name."""
 import ast
 from pathlib import Path
 
@@ -167,3 +168,25 @@ def test_every_pass_name_comes_from_the_registry():
         bad += [hit for hit in _pass_name_literals(path, names, own)
                 if (hit.split(":")[0], hit.split(" ")[1].strip("'")) not in NOT_PASS_NAMES]
     assert bad == []
+
+
+def public_classes(root: Path = PKG) -> dict[str, list[str]]:
+    """Every top-level public class under ``root``, by name: the files that define it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(str(path.relative_to(root)))
+    return found
+
+
+def test_the_class_finder_sees_a_shared_name(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("class Plan:\n    pass\n\nclass _Private:\n    pass\n")
+    found = public_classes(tmp_path)
+    assert set(found) == {"Plan"} and len(found["Plan"]) == 2
+
+
+def test_no_two_public_classes_share_a_name():
+    shared = {name: where for name, where in public_classes().items() if len(where) > 1}
+    assert not shared, f"public classes defined in more than one module: {shared}"

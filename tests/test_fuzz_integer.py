@@ -20,7 +20,7 @@ from mlsys_jax.ir import evaluate, rebuild
 INT_DIV_FOLD = next(m for m in MUTANTS if m.name == "conv_bn_folds_int_div")
 CONV = {"op": "conv", "out": 8, "k": 3, "stride": 1, "pad": "SAME", "dil": 1, "groups": 1,
         "precision": None, "seed": 3, "args": [0]}
-# the issue's program: an int32 3x3 conv, then lax.div by 3 (truncating)
+# the unsafe case: an int32 3x3 conv, then lax.div by 3 (truncating)
 CONV_DIV = Spec("nchw", "i32", [[2, 4, 9, 9]],
                 [CONV, {"op": "ibn", "form": "scalar_div", "seed": 5, "args": [1]}], [2])
 
@@ -133,7 +133,7 @@ def test_enlarge_makes_nan_of_an_inf_input_so_it_is_judged_on_finite_inputs():
 @pytest.mark.slow
 def test_an_integer_division_folded_into_a_conv_is_caught():
     """The unsafe fold (a mutant, so this test holds whatever the real pass does): on the
-    issue's program, and on a campaign of random integer conv programs."""
+    unsafe case (CONV_DIV), and on a campaign of random integer conv programs."""
     broken = {"fold_conv_bn": INT_DIV_FOLD.make()}
     out = check_program(CONV_DIV, broken, 0)
     assert [(f.pass_name, f.kind) for f in out.failures] == [("fold_conv_bn", "mismatch")]

@@ -10,8 +10,8 @@ from experiments._s04_pipeline import LECTURE_TIMELINE, pipeline_checks, pipelin
 from experiments._s04_threed import threed_checks, threed_section
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.parallel.pipeline import (Action, Schedule, bubble_formula, gpipe, make_schedule,
-                                         min_microbatches, one_f_one_b)
+from mlsys_jax.parallel.pipeline import (Action, PipelineSchedule, bubble_formula, gpipe,
+                                         make_schedule, min_microbatches, one_f_one_b)
 from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, FORWARD, IDLE,
                                              action_arrays, buffer_rows, mse_loss,
                                              pipeline_value_and_grad, sequential_value_and_grad,
@@ -84,9 +84,9 @@ def test_check_dependencies_catches_a_broken_table():
     rows = [list(r) for r in good.table]
     rows[0][1], rows[1][1] = Action("F", 0), None  # stage 2 runs F1 before stage 1 sent it
     with pytest.raises(MlsysError, match="before its input"):
-        Schedule("broken", 2, 2, tuple(map(tuple, rows))).check_dependencies()
+        PipelineSchedule("broken", 2, 2, tuple(map(tuple, rows))).check_dependencies()
     with pytest.raises(MlsysError, match="actions, expected"):
-        Schedule("short", 2, 2, good.table[:-1]).check_dependencies()
+        PipelineSchedule("short", 2, 2, good.table[:-1]).check_dependencies()
 
 
 def test_buffer_rows_follow_in_flight_peaks():

@@ -27,7 +27,7 @@ class Action:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class PipelineSchedule:
     """``table[step][stage]`` is an :class:`Action` or ``None`` (idle: a bubble slot)."""
 
     name: str
@@ -112,7 +112,7 @@ def validate_pipeline(stages: int, microbatches: int, layers: int | None = None,
 
 
 def _simulate(name: str, stages: int, microbatches: int,
-              order: Callable[[int], Sequence[Action]]) -> Schedule:
+              order: Callable[[int], Sequence[Action]]) -> PipelineSchedule:
     """Run each stage's ``order`` in lock step; an action waits until its inputs are ready."""
     queues = [list(order(s)) for s in range(stages)]
     done: dict[tuple[str, int, int], int] = {}
@@ -129,10 +129,10 @@ def _simulate(name: str, stages: int, microbatches: int,
             if a is not None:
                 done[(a.kind, s, a.mb)] = t
         table.append(tuple(row))
-    return Schedule(name, stages, microbatches, tuple(table))
+    return PipelineSchedule(name, stages, microbatches, tuple(table))
 
 
-def gpipe(stages: int, microbatches: int, layers: int | None = None) -> Schedule:
+def gpipe(stages: int, microbatches: int, layers: int | None = None) -> PipelineSchedule:
     """GPipe: every stage forwards all M microbatches, then backwards them (last first, §5.3)."""
     validate_pipeline(stages, microbatches, layers, api="gpipe")
     f = [Action("F", i) for i in range(microbatches)]
@@ -140,7 +140,7 @@ def gpipe(stages: int, microbatches: int, layers: int | None = None) -> Schedule
     return _simulate("gpipe", stages, microbatches, lambda s: f + b)
 
 
-def one_f_one_b(stages: int, microbatches: int, layers: int | None = None) -> Schedule:
+def one_f_one_b(stages: int, microbatches: int, layers: int | None = None) -> PipelineSchedule:
     """1F1B (PipeDream-flush): stage s warms up with P-s-1 forwards, then alternates F and B.
 
     Same bubble as GPipe, but a stage holds at most P-s microbatches in flight instead of M.
@@ -157,10 +157,11 @@ def one_f_one_b(stages: int, microbatches: int, layers: int | None = None) -> Sc
     return _simulate("1f1b", stages, microbatches, order)
 
 
-SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES: dict[str, Callable[..., PipelineSchedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
-def make_schedule(name: str, stages: int, microbatches: int, layers: int | None = None) -> Schedule:
+def make_schedule(name: str, stages: int, microbatches: int,
+                  layers: int | None = None) -> PipelineSchedule:
     """Build a schedule by name ('gpipe' or '1f1b')."""
     if name not in SCHEDULES:
         raise MlsysError(f"make_schedule: unknown schedule {name!r}; choose one of "

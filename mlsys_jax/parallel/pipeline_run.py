@@ -25,7 +25,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from mlsys_jax.compat import varying_axes
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import require_axes
-from mlsys_jax.parallel.pipeline import Schedule, validate_pipeline
+from mlsys_jax.parallel.pipeline import PipelineSchedule, validate_pipeline
 
 IDLE, FORWARD, BACKWARD, BACKWARD_LOSS = range(4)
 COLUMNS = ("op", "mb", "slot", "recv_act", "recv_grad")
@@ -41,7 +41,7 @@ class PipelineResult(NamedTuple):
     buffer_rows: int
 
 
-def action_arrays(schedule: Schedule) -> dict[str, np.ndarray]:
+def action_arrays(schedule: PipelineSchedule) -> dict[str, np.ndarray]:
     """The table as int32 arrays of shape [steps, stages]: what to do, and where data lives.
 
     ``op``: IDLE/FORWARD/BACKWARD (BACKWARD_LOSS on the last stage, which starts from the loss);
@@ -174,7 +174,7 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
     return lax.psum(loss, axis), grads, idle_steps
 
 
-def pipeline_value_and_grad(schedule: Schedule, stage_fn: Callable, loss_fn: Callable,
+def pipeline_value_and_grad(schedule: PipelineSchedule, stage_fn: Callable, loss_fn: Callable,
                             stage_params, x, y, mesh: Mesh, axis: str = "pipe"):
     """Loss and gradients of mean_i loss_fn(microbatch i) with stages on ``mesh[axis]``.
 

@@ -36,7 +36,7 @@ from mlsys_jax.parallel.pipe.placement import StageLeaves
 from mlsys_jax.parallel.pipe.split import Split
 from mlsys_jax.parallel.pipe.stagefn import (differentiable, forward_with_vjp, rebuild_vjp,
                                              residuals_of, stage_io)
-from mlsys_jax.parallel.pipeline import Schedule
+from mlsys_jax.parallel.pipeline import PipelineSchedule
 from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, COLUMNS, FORWARD, IDLE,
                                              action_arrays, buffer_rows, write_row)
 
@@ -54,7 +54,7 @@ class PipelineProgram:
     """The compiled-on-demand step for a split, a schedule and a mesh."""
 
     def __init__(self, split: Split, leaves: StageLeaves, optimizer: PartitionedOptimizer,
-                 schedule: Schedule, mesh, remat: bool = False):
+                 schedule: PipelineSchedule, mesh, remat: bool = False):
         self.split, self.leaves, self.optimizer = split, leaves, optimizer
         self.schedule, self.mesh, self.remat = schedule, mesh, remat
         self.stages, self.microbatches = schedule.stages, schedule.microbatches

@@ -29,7 +29,7 @@ from mlsys_jax.parallel.pipe.program import PipelineProgram
 from mlsys_jax.parallel.pipe.split import Split, build_split
 from mlsys_jax.parallel.pipe.stagefn import estimated_time_us
 from mlsys_jax.parallel.pipe.units import Units, find_units
-from mlsys_jax.parallel.pipeline import SCHEDULES, Schedule, make_schedule
+from mlsys_jax.parallel.pipeline import SCHEDULES, PipelineSchedule, make_schedule
 from mlsys_jax.parallel.shard.inputs import combine, split_params
 
 AXES = ("data", "pipe")
@@ -46,7 +46,7 @@ class PipelinePlan:
     batch: object
     optimizer: optax.GradientTransformation
     mesh_shape: dict
-    schedule: Schedule
+    schedule: PipelineSchedule
     remat: bool
     units: Units
     stage_of_unit: tuple

@@ -38,7 +38,7 @@ class _Progress:
                   file=sys.stderr, flush=True)
 
 
-class Programs(dict):
+class OneDevicePrograms(dict):
     """Compiled one-device ``value_and_grad`` programs by loss name, compiled when first asked
     for (a run needs three or four of the losses ``semantics.one_device_losses`` defines);
     ``shards_loop`` runs one compiled shard at a time and averages."""
@@ -64,7 +64,7 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
 
     losses, folded = semantics.one_device_losses(setup)
     t, b, n = setup.trainable, setup.batch, setup.data_size
-    programs = Programs(losses, t, b, n, options)
+    programs = OneDevicePrograms(losses, t, b, n, options)
     programs["advance"] = step.update(setup.optimizer, t, setup.layout.opt_shapes, options)
     programs["init"] = jax.jit(setup.optimizer.init)
     rows = jax.tree.leaves(b)[0].shape[0]
@@ -121,9 +121,9 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     separability verdict per data size; ``keep_params`` keeps the mesh's final parameters
     (``report.sharded``); ``record``: a directory for each step's mesh values (multi-process
     comparisons), or a :class:`run.Recorder` called with them; ``separable``: a verdict already
-    reached elsewhere (another process's), which skips the check; ``judge=False`` only runs and records the steps (the mesh from one device's
-    states, and free), for a run judged elsewhere: no equivalent computation, bytes or
-    collectives.
+    reached elsewhere (another process's), which skips the check; ``judge=False`` only runs and
+    records the steps (the mesh from one device's states, and free), for a run judged elsewhere:
+    no equivalent computation, bytes or collectives.
     """
     say = _Progress(progress)
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, axis_rules,
