@@ -193,9 +193,8 @@ def test_cli_json_reports_every_campaign_figure(capsys):
     assert set(d["per_pass"]["cse"]) == {"fired", "rewrites"}
 
 
-@pytest.mark.slow
-def test_hypothesis_shrinks_a_broken_pass_to_a_small_program():
-    """The strategy's point: a param-blind CSE is caught and shrunk to its near-duplicates."""
+def shrunk_cse_failure() -> Spec:
+    """What Hypothesis shrinks a param-blind CSE's first failure to."""
     from hypothesis import find
 
     from mlsys_jax.fuzz.mutants import cse_ignoring_params
@@ -207,10 +206,28 @@ def test_hypothesis_shrinks_a_broken_pass_to_a_small_program():
                                                                 gradients=False).failures)
     # report_multiple_bugs=False: shrink the first failure found. Otherwise Hypothesis keeps
     # generating for up to 10 s of wall time after it, and what it shrinks depends on the load
-    small = find(specs(), cse_fails,
-                 settings=settings(max_examples=200, deadline=None, database=None,
-                                   derandomize=True, report_multiple_bugs=False,
-                                   suppress_health_check=list(HealthCheck)))
+    return find(specs(), cse_fails,
+                settings=settings(max_examples=200, deadline=None, database=None,
+                                  derandomize=True, report_multiple_bugs=False,
+                                  suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.slow
+def test_hypothesis_shrinks_a_broken_pass_to_a_small_program():
+    """The strategy's point: a param-blind CSE is caught and shrunk to its near-duplicates. In a
+    fresh process: the shrink path follows every failure on the way, and what ran before in this
+    process (an in-process `fuzz` command) has been seen to change it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import tests.conftest; from tests.test_fuzz import shrunk_cse_failure; "
+            "print(shrunk_cse_failure().to_json())")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    small = Spec.from_json(out.stdout.strip().splitlines()[-1])
     assert small.size() <= 10, small
     assert not any("body" in n for n in small.nodes)
     assert {"pow", "reduce", "scalar"} & all_ops(small.nodes)

@@ -87,7 +87,10 @@ def test_flax_transformer_with_dropout_inspects_differentiates_and_optimizes():
     grad = run_json("inspect", name, "--grad")
     assert grad["total"]["flops"] >= 2 * forward["total"]["flops"]  # weight gradients included
     opt = run_json("optimize", name)
-    assert opt["verified"] and opt["max_abs_diff"] <= 1e-6 and opt["new_nonfinite"] == 0
+    # per element on several inputs, within float32's tolerance (the attention scale folded into
+    # the query projection rounds differently, so the diff is not zero)
+    assert opt["verified"] and opt["wrong_elements"] == 0 and opt["new_nonfinite"] == 0
+    assert opt["inputs_checked"] >= 2 and not opt["vacuous_outputs"]
     assert opt["before"]["primitives"]["random_bits"] == opt["after"]["primitives"]["random_bits"]
 
 
