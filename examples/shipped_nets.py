@@ -8,11 +8,8 @@
 - ``keras_mobilenet_v2``: ``keras.applications.MobileNetV2(weights=None)`` called through
   ``stateless_call`` with ``training=True`` (Keras 3 on the JAX backend);
 - ``equinox_vit``: the vision transformer of equinox's example notebook
-  (``docs/examples/vision_transformer.ipynb``), rewritten here: patches embedded by a vmapped
-  ``eqx.nn.Linear``, a class token and learned positions, blocks of vmapped ``LayerNorm``,
-  ``eqx.nn.MultiheadAttention``, GELU MLP and ``eqx.nn.Dropout`` driven by keys split per block,
-  the model ``jax.vmap``-ed over the batch with one key per example (the notebook rearranges
-  patches with einops; a reshape does the same here);
+  (``docs/examples/vision_transformer.ipynb``) as ``examples/equinox_vit.py`` writes it, the
+  model ``jax.vmap``-ed over the batch with one dropout key per example;
 - ``penzai_llama``: penzai's shipped llama-like transformer (``llamalike_common``) with a
   next-token cross-entropy over its named-axis logits.
 
@@ -26,6 +23,7 @@ import os
 import jax
 import jax.numpy as jnp
 import optax
+from equinox_vit import VisionTransformer  # examples/, on the path as a target's folder
 
 
 def _labels(batch: int, classes: int = 10):
@@ -69,85 +67,10 @@ def keras_mobilenet_v2(batch: int = 2, size: int = 96):
     return loss_fn, trainable, {"images": images, "labels": _labels(batch)}
 
 
-def _vit_classes():
-    import equinox as eqx
-
-    class PatchEmbedding(eqx.Module):
-        linear: eqx.nn.Linear
-        patch: int
-
-        def __init__(self, channels, embedding, patch, key):
-            self.patch = patch
-            self.linear = eqx.nn.Linear(patch * patch * channels, embedding, key=key)
-
-        def __call__(self, x):                      # (c, h, w) -> (patches, embedding)
-            c, h, w = x.shape
-            p = self.patch
-            x = x.reshape(c, h // p, p, w // p, p).transpose(1, 3, 0, 2, 4)
-            return jax.vmap(self.linear)(x.reshape((h // p) * (w // p), c * p * p))
-
-    class AttentionBlock(eqx.Module):
-        layer_norm1: eqx.nn.LayerNorm
-        layer_norm2: eqx.nn.LayerNorm
-        attention: eqx.nn.MultiheadAttention
-        linear1: eqx.nn.Linear
-        linear2: eqx.nn.Linear
-        dropout1: eqx.nn.Dropout
-        dropout2: eqx.nn.Dropout
-
-        def __init__(self, embedding, hidden, heads, rate, key):
-            k1, k2, k3 = jax.random.split(key, 3)
-            self.layer_norm1 = eqx.nn.LayerNorm(embedding)
-            self.layer_norm2 = eqx.nn.LayerNorm(embedding)
-            self.attention = eqx.nn.MultiheadAttention(heads, embedding, key=k1)
-            self.linear1 = eqx.nn.Linear(embedding, hidden, key=k2)
-            self.linear2 = eqx.nn.Linear(hidden, embedding, key=k3)
-            self.dropout1 = eqx.nn.Dropout(rate)
-            self.dropout2 = eqx.nn.Dropout(rate)
-
-        def __call__(self, x, enable_dropout, key):
-            h = jax.vmap(self.layer_norm1)(x)
-            x = x + self.attention(h, h, h)
-            h = jax.nn.gelu(jax.vmap(self.linear1)(jax.vmap(self.layer_norm2)(x)))
-            k1, k2 = jax.random.split(key)
-            h = self.dropout1(h, inference=not enable_dropout, key=k1)
-            h = self.dropout2(jax.vmap(self.linear2)(h), inference=not enable_dropout, key=k2)
-            return x + h
-
-    class VisionTransformer(eqx.Module):
-        patch_embedding: PatchEmbedding
-        positional_embedding: jax.Array
-        cls_token: jax.Array
-        attention_blocks: list
-        dropout: eqx.nn.Dropout
-        mlp: eqx.nn.Sequential
-
-        def __init__(self, embedding, hidden, heads, layers, rate, patch, patches, classes, key):
-            k1, k2, k3, k4, k5 = jax.random.split(key, 5)
-            self.patch_embedding = PatchEmbedding(3, embedding, patch, k1)
-            self.positional_embedding = jax.random.normal(k2, (patches + 1, embedding))
-            self.cls_token = jax.random.normal(k3, (1, embedding))
-            self.attention_blocks = [AttentionBlock(embedding, hidden, heads, rate, k)
-                                     for k in jax.random.split(k4, layers)]
-            self.dropout = eqx.nn.Dropout(rate)
-            self.mlp = eqx.nn.Sequential([eqx.nn.LayerNorm(embedding),
-                                          eqx.nn.Linear(embedding, classes, key=k5)])
-
-        def __call__(self, x, enable_dropout, key):
-            x = jnp.concatenate((self.cls_token, self.patch_embedding(x)), axis=0)
-            x = x + self.positional_embedding[:x.shape[0]]
-            dropout_key, *block_keys = jax.random.split(key, len(self.attention_blocks) + 1)
-            x = self.dropout(x, inference=not enable_dropout, key=dropout_key)
-            for block, k in zip(self.attention_blocks, block_keys):
-                x = block(x, enable_dropout, key=k)
-            return self.mlp(x[0])                    # the class token
-    return VisionTransformer
-
-
 def equinox_vit(embedding: int = 64, hidden: int = 128, heads: int = 4, layers: int = 2,
                 batch: int = 8, size: int = 32, patch: int = 4):
-    model = _vit_classes()(embedding, hidden, heads, layers, 0.1, patch, (size // patch) ** 2, 10,
-                           jax.random.key(0))
+    model = VisionTransformer(embedding, hidden, heads, layers, 0.1, patch, (size // patch) ** 2,
+                              10, 3, jax.random.key(0))
 
     def loss_fn(model, data):
         logits = jax.vmap(model, in_axes=(0, None, 0))(data["images"], True, data["keys"])
