@@ -81,6 +81,11 @@ def search_title(searched: dict) -> str:
             f"(budget {budget} not reached); {tail}]")
 
 
+def other_machine_note(hw_name: str) -> str:
+    """Said beside a time measured here when the estimate is of another machine."""
+    return "" if hw_name in ("cpu", "here") else " (this machine's CPU: compare with --hw here)"
+
+
 def measured_line(measured: dict, hardware) -> str:
     """``optimize --measure``'s line: both medians, and the speedup as the median of the
     per-round ratios (not the ratio of the medians), with their spread."""
@@ -89,6 +94,12 @@ def measured_line(measured: dict, hardware) -> str:
             f"{measured['original_us']:.4g} µs, optimized {measured['optimized_us']:.4g} µs "
             f"(medians); speedup ×{measured['speedup']:.3g}, the median of the {rounds} rounds' "
             f"ratios original/optimized [{measured['speedup_min']:.3g}–"
-            f"{measured['speedup_max']:.3g}]"
-            + ("" if hardware.name in ("cpu", "here") else
-               " (this machine's CPU: compare with --hw here)"))
+            f"{measured['speedup_max']:.3g}]" + other_machine_note(hardware.name))
+
+
+def predicted_beside_measured_line(measured: dict, hardware) -> str:
+    """``optimize --measure``'s second line: each graph's estimate beside its measured median."""
+    return (f"predicted on {hardware.name} (the tables' estimate) beside measured: original "
+            f"{measured['original_predicted_us']:.4g} vs {measured['original_us']:.4g} µs, "
+            f"optimized {measured['optimized_predicted_us']:.4g} vs "
+            f"{measured['optimized_us']:.4g} µs")

@@ -193,6 +193,7 @@ def measure_whole(closed, user, args, report):
 
 
 def print_measured(report, measured) -> None:
+    from mlsys_jax.cli.headline import other_machine_note
     from mlsys_jax.cli.measured import efficiency_line, prediction_line
     from mlsys_jax.tables import wrap
 
@@ -201,9 +202,9 @@ def print_measured(report, measured) -> None:
         print(wrap(line, first=""))
     if measured:
         hw = report.hardware.name
-        note = "" if hw in ("cpu", "here") else " (this machine's CPU: compare with --hw here)"
         print(wrap(prediction_line("whole function", f"{hw}, the table's estimate",
-                                   report.time_us, measured[1]) + note, first=""))
+                                   report.time_us, measured[1]) + other_machine_note(hw),
+                   first=""))
 
 
 def _input_dtypes(closed) -> list[str]:

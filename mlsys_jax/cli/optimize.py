@@ -49,7 +49,8 @@ def _summary(both) -> dict:
 
 def main(args) -> int:
     from mlsys_jax import passes as P
-    from mlsys_jax.cli.headline import (compiler_note, estimates, measured_line, search_title,
+    from mlsys_jax.cli.headline import (compiler_note, estimates, measured_line,
+                                        predicted_beside_measured_line, search_title,
                                         speedup_line)
     from mlsys_jax.cli.per_module import Inputs
     from mlsys_jax.passes.value_check import check_values
@@ -139,10 +140,7 @@ def main(args) -> int:
     print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
     if measured:
         print(wrap(measured_line(measured, hw), first=""))
-        print(wrap(f"predicted on {hw.name} (the tables' estimate) beside measured: original "
-                   f"{measured['original_predicted_us']:.4g} vs {measured['original_us']:.4g} µs, "
-                   f"optimized {measured['optimized_predicted_us']:.4g} vs "
-                   f"{measured['optimized_us']:.4g} µs", first=""))
+        print(wrap(predicted_beside_measured_line(measured, hw), first=""))
     first = "the example inputs" if user.examples else "seeded random inputs"
     print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
                f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
