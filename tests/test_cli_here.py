@@ -57,6 +57,7 @@ def test_inspect_measures_the_kernels_then_reads_them_and_times_the_whole_functi
 
 
 def test_inspect_table_names_each_rows_model_and_the_least_efficient_kernels(target):
+    run("inspect", target, *ARGS, "--hw", "here", "--json")  # measured (or read) and cached
     rc, out = run("inspect", target, *ARGS, "--hw", "here", "--ops")  # the per-kernel table
     _, js = run("inspect", target, *ARGS, "--hw", "here", "--json")  # the same cached kernels
     worst = max(json.loads(js)["ops"], key=lambda op: op["x_roofline"])["name"]
