@@ -33,7 +33,8 @@ def loss_of(model):
 def train(model=None):
     model = BNMLP() if model is None else model
     batch = batch_of(16, 32, 10)
-    variables = model.init(jax.random.key(0), batch["x"], train=False)
+    variables = jax.jit(model.init, static_argnames="train")(jax.random.key(0), batch["x"],
+                                                                train=False)
     return loss_of(model), variables, batch, optax.adam(1e-3)
 
 

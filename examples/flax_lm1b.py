@@ -126,7 +126,7 @@ def batch_of(config: Config, n: int, seq: int, padded: bool, seed: int = 1) -> d
 def _train(padded: bool, n: int = 8, seq: int = 16, config: Config = Config()):
     model = TransformerLM(config)
     batch = batch_of(config, n, seq, padded)
-    variables = model.init(jax.random.key(0), batch["inputs"])
+    variables = jax.jit(model.init)(jax.random.key(0), batch["inputs"])
     optimizer = optax.adamw(1e-3, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.1)
     return loss_of(model), variables, batch, optimizer, RULES
 

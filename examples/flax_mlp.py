@@ -7,6 +7,8 @@ way its library wants and return example arguments, parameters first (``loss(par
     mlsys-jax remat examples/flax_mlp.py:loss ...       # (loss_fn, params, batch)
     mlsys-jax shard examples/flax_mlp.py:train ...      # (loss_fn, params, batch, optimizer)
 """
+from functools import partial
+
 import flax.linen as nn
 import jax
 import optax
@@ -25,6 +27,7 @@ class MLP(nn.Module):
         return nn.Dense(self.classes)(x)
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2))  # one compile per shape, not one per op
 def batch_of(n: int, features: int, classes: int, seed: int = 1) -> dict:
     """Inputs and integer labels, a leading batch axis on both."""
     kx, ky = jax.random.split(jax.random.key(seed))
@@ -43,7 +46,7 @@ def loss_of(model):
 def _setup(widths, n, features=32, classes=10, dropout=0.0):
     model = MLP(widths, classes, dropout)
     batch = batch_of(n, features, classes)
-    return model, model.init(jax.random.key(0), batch["x"]), batch
+    return model, jax.jit(model.init)(jax.random.key(0), batch["x"]), batch  # one compile
 
 
 def inspect():

@@ -41,7 +41,7 @@ def _xent(logits, labels):
 def _setup(n=64, features=32):
     model = ScanMLP()
     batch = batch_of(n, features, model.classes)
-    return model, model.init(jax.random.key(0), batch["x"]), batch
+    return model, jax.jit(model.init)(jax.random.key(0), batch["x"]), batch  # one compile
 
 
 def inspect():

@@ -1,6 +1,8 @@
 """A small flax linen transformer (pre-LayerNorm blocks of self-attention and an MLP, dropout),
 written the way flax code usually is. Example factories as in ``flax_mlp.py``; ``inspect`` takes
 a PRNG key for dropout, as training code does (``rngs={"dropout": key}``)."""
+from functools import partial
+
 import flax.linen as nn
 import jax
 import optax
@@ -46,6 +48,7 @@ class Transformer(nn.Module):
         return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2))  # one compile per shape, not one per op
 def batch_of(n: int, seq: int, vocab: int, seed: int = 1) -> dict:
     """Token ids and next-token labels, a leading batch axis on both."""
     tokens = jax.random.randint(jax.random.key(seed), (n, seq + 1), 0, vocab)
@@ -65,7 +68,7 @@ def loss_of(model, dropout_key=None):
 def _setup(layers, n=4, seq=32, dropout=0.0):
     model = Transformer(layers=layers, dropout=dropout)
     batch = batch_of(n, seq, model.vocab)
-    return model, model.init(jax.random.key(0), batch["tokens"]), batch
+    return model, jax.jit(model.init)(jax.random.key(0), batch["tokens"]), batch  # one compile
 
 
 def inspect():

@@ -31,7 +31,7 @@ def transformer(layers=8, d_model=64, heads=4, hidden=128, vocab=128, rows=16, s
     model = flax_transformer.Transformer(layers=layers, d_model=d_model, heads=heads,
                                          hidden=hidden, vocab=vocab)
     batch = flax_transformer.batch_of(rows, seq, vocab)
-    variables = model.init(jax.random.key(0), batch["tokens"])
+    variables = jax.jit(model.init)(jax.random.key(0), batch["tokens"])
     return flax_transformer.loss_of(model), variables, batch, optax.adamw(1e-3)
 
 
@@ -64,7 +64,7 @@ def equinox_mlp():
 def scan_mlp_of(rows=16, features=32):
     model = flax_scan.ScanMLP()
     batch = batch_of(rows, features, model.classes)
-    variables = model.init(jax.random.key(0), batch["x"])
+    variables = jax.jit(model.init)(jax.random.key(0), batch["x"])
     return ((lambda v, b: _xent(model.apply(v, b["x"]), b["y"])), variables, batch,
             optax.adamw(1e-3))
 
@@ -86,7 +86,7 @@ class BatchNormMLP(nn.Module):
 def batchnorm_mlp(depth=6):
     model = BatchNormMLP(depth)
     batch = batch_of(16, 32, 10)
-    variables = model.init(jax.random.key(0), batch["x"])
+    variables = jax.jit(model.init)(jax.random.key(0), batch["x"])
 
     def loss_fn(variables, batch):
         logits, _ = model.apply(variables, batch["x"], mutable=["batch_stats"])

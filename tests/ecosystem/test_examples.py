@@ -18,14 +18,14 @@ def _float_leaves(tree):
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_factories_run_in_float32(module):
     f, args = module.inspect()
-    assert f(*args).dtype == jnp.float32
+    assert eqx.filter_jit(f)(*args).dtype == jnp.float32  # jitted: one compile, not one per op
     loss_fn, params, batch = module.loss()
     assert all(x.dtype == jnp.float32 for x in _float_leaves(params))
-    grads = eqx.filter_grad(loss_fn)(params, batch)
+    grads = eqx.filter_jit(eqx.filter_grad(loss_fn))(params, batch)
     assert all(bool(jnp.isfinite(g).all()) for g in _float_leaves(grads))
     loss_fn, params, batch, optimizer = module.train()
     state = optimizer.init(eqx.filter(params, eqx.is_array))
-    assert jnp.isfinite(loss_fn(params, batch)) and state is not None
+    assert jnp.isfinite(eqx.filter_jit(loss_fn)(params, batch)) and state is not None
 
 
 @pytest.mark.parametrize("name", ["flax_resnet", "nnx_resnet", "equinox_cnn", "stax_cnn"])
