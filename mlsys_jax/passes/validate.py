@@ -109,9 +109,24 @@ def special_values(dtype) -> np.ndarray:
     return np.asarray(vals, np.float64).astype(dtype)
 
 
+_DRAWN: dict = {}          # (shape, dtype, k) -> that draw, read-only: rules validate the same
+DRAWN_BYTES = 1 << 22      # shapes again and again (each conv of a model, a search's graphs)
+
+
 def draw(shape: tuple, dtype, k: int):
     """Input ``k`` of ``DRAWS`` of ``shape`` and ``dtype`` (seeded; k = DRAWS-1: the special
-    values, in a seeded arrangement)."""
+    values, in a seeded arrangement), read-only."""
+    key = (tuple(shape), np.dtype(dtype), k)
+    got = _DRAWN.get(key)
+    if got is None:
+        got = np.asarray(_draw(*key))
+        got.flags.writeable = False
+        if got.nbytes <= DRAWN_BYTES and len(_DRAWN) < 64:
+            _DRAWN[key] = got
+    return got
+
+
+def _draw(shape: tuple, dtype, k: int):
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(k)
     if k == DRAWS - 1:

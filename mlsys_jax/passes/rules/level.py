@@ -98,8 +98,16 @@ class Emit:
             eqn = eqn.replace(params={**eqn.params, **param_overrides})
         if self.concrete:  # validating, maybe on fewer examples or features than the program has
             picks = None if self.cut is None else self.cut.picks
-            return rebind(eqn, list(args), partial(approximate, widen=self.widen), picks)
+            outs = rebind(eqn, list(args), partial(approximate, widen=self.widen), picks)
+            return [_host(o) for o in outs]  # what the rule computes next: NumPy's
         return bind_equation(eqn, list(map(_held, args)))
+
+
+def _host(x):
+    """A computed array as NumPy holds it (PRNG keys as they are)."""
+    if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return np.asarray(x)
+    return x
 
 
 def _held(x):
