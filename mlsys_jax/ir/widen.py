@@ -49,8 +49,8 @@ def widen_value(x, dtype=None):
     """A float value (rounded to ``dtype`` first, when given) as float64; others unchanged."""
     if isinstance(x, Tracer):
         return x.astype(F64) if is_float(x.dtype) and x.dtype != F64 else x
-    if dtype is None and hasattr(x, "dtype") and not is_float(x.dtype):
-        return x  # integers, booleans, PRNG keys: as they are
+    if dtype is None and hasattr(x, "dtype") and (not is_float(x.dtype) or x.dtype == F64):
+        return x  # integers, booleans, PRNG keys, float64: as they are (a jax Array stays one)
     a = np.asarray(x, dtype) if dtype is not None else np.asarray(x)
     return a.astype(F64) if is_float(a.dtype) and a.dtype != F64 else a
 
