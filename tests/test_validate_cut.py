@@ -136,7 +136,9 @@ def test_a_replacement_that_does_not_read_the_cut_is_validated_whole():
     assert V.check(region, right)[1] is not None  # the rule's own replacement: on the cut
     blind = lambda read, widen, cut=None: right(read, widen)  # noqa: E731 (ignores the cut)
     assert V.check(region, blind) == (None, None)
-    wrong = lambda read, widen, cut=None: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
+
+    def wrong(read, widen, cut=None):  # ignores the cut too, and scales everything
+        return {k: v * 1.5 for k, v in right(read, widen).items()}
     why, scope = V.check(region, wrong)
     assert scope is None and why.startswith("output 0 differs in float64")
 

@@ -1,4 +1,4 @@
-"""Translation validation on a cut of a linear site's output features, for regions with large weights.
+"""Translation validation on a cut of a linear site's output features, where its weights are large.
 
 A rewrite of a factory's 512 MiB kernel would be validated by running that kernel — in float64,
 a 1 GiB copy — on every draw, on both sides. But each output feature of a conv or ``dot_general``
