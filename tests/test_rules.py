@@ -140,7 +140,7 @@ def test_a_large_kernel_is_scaled_a_block_at_a_time_and_its_overflow_found_per_f
         want = (w.astype(np.float64) * vec).astype(np.float16)
     got = linear.scale_weights(w, vec, site, np.float16)
     np.testing.assert_array_equal(got, want)
-    assert got.ctypes.data % 64 == 0  # held by the runtime without a copy
+    assert got.ctypes.data % 64 == 0  # aligned: a compiled program reads it in place
     new = int((np.isfinite(w) & ~np.isfinite(want)).sum())
     assert new > 0 and f"{new} of {w.size} are Inf" in linear.weights_overflow(level, site, vec)
     assert linear.weights_overflow(level, site, np.ones(6)) is None

@@ -10,7 +10,6 @@ import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
 from mlsys_jax.ir.consts import Consts
-from mlsys_jax.ir.interpret import LIFT_BYTES
 from mlsys_jax.ir.opview import consumers
 from mlsys_jax.ir.rebatch import rebind
 from mlsys_jax.ir.widen import literal_value, widen_dtype, widen_value
@@ -90,7 +89,7 @@ class Emit:
     def call(self, fn, *args):
         """``fn(*args)`` as one named op of the rewrite (``jax.jit``: ``conv_bias``); run directly
         when validating (a fresh jit per rewrite would compile once per call)."""
-        return fn(*args) if self.concrete else jax.jit(fn)(*map(_held, args))
+        return fn(*args) if self.concrete else jax.jit(fn)(*args)
 
     def bind(self, eqn, args, **param_overrides) -> list:
         """``eqn`` (its params updated by ``param_overrides``) bound on ``args``."""
@@ -100,7 +99,7 @@ class Emit:
             picks = None if self.cut is None else self.cut.picks
             outs = rebind(eqn, list(args), partial(approximate, widen=self.widen), picks)
             return [_host(o) for o in outs]  # what the rule computes next: NumPy's
-        return bind_equation(eqn, list(map(_held, args)))
+        return bind_equation(eqn, args)
 
 
 def _host(x):
@@ -109,11 +108,3 @@ def _host(x):
         return np.asarray(x)
     return x
 
-
-def _held(x):
-    """A new constant of the rewrite as the runtime holds it: a large NumPy array (folded
-    weights, ``linear.aligned_empty``) is aliased, not copied (another copy of a factory's
-    parameters otherwise)."""
-    if isinstance(x, np.ndarray) and x.nbytes >= LIFT_BYTES:
-        return jax.device_put(x, may_alias=True)
-    return x

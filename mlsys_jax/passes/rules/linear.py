@@ -199,7 +199,7 @@ def _block_axis(shape: tuple, blocks: int) -> int:
 def _scale_known(w: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
     """``(w ⊙ v).astype(dtype)`` computed in ``v``'s wide dtype a block of ``w`` at a time: a
     whole wide copy of a large kernel (a factory's parameters) would take twice its size again.
-    The result is aligned for the runtime to hold it without a copy (``level.Emit``)."""
+    The result is aligned (:func:`aligned_empty`)."""
     with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
         if w.ndim == 0:
             return (w.astype(v.dtype) * v).astype(dtype)
@@ -220,8 +220,9 @@ def _scale_known(w: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
 
 
 def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
-    """``np.empty`` whose data starts on an ``align``-byte boundary: XLA:CPU then holds it as an
-    array without copying it (``jax.device_put(..., may_alias=True)``)."""
+    """``np.empty`` whose data starts on an ``align``-byte boundary. A rewrite's new constant is
+    kept as the NumPy array it is; passed to a compiled program (the value check, ``--measure``)
+    XLA:CPU reads an aligned one in place, and copies any other on every call."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
