@@ -154,15 +154,14 @@ def cache_reuse(quick: bool, cache_dir: Path) -> tuple[dict, list]:
 def _reachable(start, depth: int) -> list:
     """Graphs the search's moves reach from ``start`` in up to ``depth`` steps (distinct)."""
     from mlsys_jax.passes import registry
-    from mlsys_jax.passes.conv import candidates
 
     seen, frontier, found = {ir.structural_hash(start)}, [start], []
     for _ in range(depth):
         nxt = []
         for g in frontier:
-            for factory in registry.search_moves().values():
-                for k in range(candidates(factory, g)):
-                    res = factory(only=k)(g)
+            for entry in registry.search_moves().values():
+                for k in range(entry.candidates(g)):
+                    res = entry.move(k)(g)
                     h = ir.structural_hash(res.jaxpr)
                     if res.changed and h not in seen:
                         seen.add(h)

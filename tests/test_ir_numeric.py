@@ -1,6 +1,6 @@
 """What validation evaluates with: NumPy's conv and dot_general (ir/numpy_eval.py) against lax,
-equations bound again on one example of their batch (ir/rebatch.py), and the float64 meaning of
-an equation (ir/widen.py)."""
+equations bound again on one example of their batch or some of their features (ir/rebatch.py),
+and the float64 meaning of an equation (ir/widen.py), large weights widened a block at a time."""
 from __future__ import annotations
 
 import itertools
@@ -16,7 +16,8 @@ from mlsys_jax import ir
 from mlsys_jax.ir import numpy_eval
 from mlsys_jax.ir.evaluate import eval_equation
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
-from mlsys_jax.ir.widen import widened_params
+from mlsys_jax.ir import widen
+from mlsys_jax.ir.widen import widen_value, widened_params
 
 LAYOUTS = [("NCHW", "OIHW", "NCHW"), ("NHWC", "HWIO", "NHWC"), ("NCHW", "HWIO", "NHWC")]
 CONFIGS = [c for c in itertools.product(LAYOUTS, (1, 3), (1, 2), ("SAME", ((1, 0), (2, -1))),
@@ -99,3 +100,52 @@ def test_widening_maps_every_float_dtype_of_an_equation():
     with jax.enable_x64(True):
         out = eval_equation(convert, [np.float64(1.0 + 2**-20)], widen=True)[0]
     assert np.asarray(out).dtype == np.float64 and float(out) == 1.0 + 2**-20  # not rounded
+
+
+def test_rebind_cuts_a_full_size_operand_at_the_features_a_cut_keeps():
+    keep = np.array([0, 3, 4])
+    bias = np.arange(10.0).reshape(2, 5)  # full size along the features: sliced at keep
+    closed = jax.make_jaxpr(lambda y: y * 2.0 + bias)(np.zeros((2, 5)))
+    env = dict(zip(closed.jaxpr.constvars, closed.consts))
+    y = np.arange(10.0).reshape(2, 5) - 3.0
+    env[closed.jaxpr.invars[0]] = y[:, keep]
+    for eqn in closed.jaxpr.eqns:
+        vals = [v.val if type(v) is Literal else env[v] for v in eqn.invars]
+        env.update(zip(eqn.outvars, rebind(eqn, vals, lambda e, a: eval_equation(e, a),
+                                           {(5, 3): keep})))
+    np.testing.assert_array_equal(env[closed.jaxpr.outvars[0]], (y * 2.0 + bias)[:, keep])
+
+
+def test_rebind_refuses_a_grouped_conv_on_a_cut_of_its_kernel():
+    x, w = np.ones((1, 3, 3, 4), np.float32), np.ones((1, 1, 2, 8), np.float32)
+    (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=2))(x, w).jaxpr.eqns
+    keep = np.array([0, 1, 6, 7])
+    with pytest.raises(Unshrinkable):
+        rebind(eqn, [x, w[..., keep]], lambda e, a: eval_equation(e, a), {(8, 4): keep})
+    assert widen.bind_widened_blocks(eqn, [x, w]) is None  # nor widened a block at a time
+
+
+@pytest.mark.slow  # a float64 kernel compiled per block shape: ~1 s
+def test_large_weights_are_widened_a_block_of_output_features_at_a_time(monkeypatch):
+    """What widening the whole contraction gives, by blocks: concrete (a bind per block, the
+    last one shorter) and traced (a fori_loop, the last block overlapping the one before)."""
+    monkeypatch.setattr(widen, "WIDE_BLOCK_BYTES", 1 << 10)
+    rng = np.random.default_rng(2)
+    conv = lambda x, w: lax.conv_general_dilated(  # noqa: E731
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    dot = lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())))  # noqa: E731
+    cases = ((conv, (rng.standard_normal((2, 5, 5, 3)), rng.standard_normal((3, 3, 3, 70)))),
+             (dot, (rng.standard_normal((4, 9)), rng.standard_normal((9, 6, 23)))))
+    for f, args in cases:
+        args = [a.astype(np.float32) for a in args]
+        (eqn,) = jax.make_jaxpr(f)(*args).jaxpr.eqns
+        with jax.enable_x64(True):
+            whole = np.asarray(eval_equation(eqn, [widen_value(a) for a in args], widen=True)[0])
+            blocks = widen.bind_widened_blocks(eqn, args)[0]
+            traced = np.asarray(jax.jit(lambda *a: widen.bind_widened_blocks(eqn, list(a))[0])(
+                *args))
+        for got in (blocks, traced):
+            assert got.dtype == np.float64 and got.shape == whole.shape
+            np.testing.assert_allclose(got, whole, rtol=1e-12, atol=1e-12)

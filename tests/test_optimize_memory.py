@@ -36,7 +36,7 @@ def test_folding_a_kernel_in_blocks_of_channels_gives_the_same_weights(monkeypat
         return y * scale + shift
     closed = ir.trace(f, jax.ShapeDtypeStruct((1, 6, 6, 4), jnp.float32))
     whole = fold_conv_bn()(closed).jaxpr
-    monkeypatch.setattr(linear, "_SCALE_BLOCK_BYTES", w.nbytes // 3 * 1)  # blocks of 1 row
+    monkeypatch.setattr(linear, "_SCALE_BLOCK_BYTES", w.nbytes // 3)  # blocks of 2 channels
     blocks = fold_conv_bn()(closed).jaxpr
     assert whole is not closed and len(whole.consts) == len(blocks.consts) >= 1
     for a, b in zip(whole.consts, blocks.consts):

@@ -120,6 +120,31 @@ def test_scaling_the_output_is_scaling_the_weights_along_their_axes():
     np.testing.assert_allclose(np.einsum("bk,kij->bij", np.asarray(x), scaled), want, rtol=1e-12)
 
 
+
+def test_a_large_kernel_is_scaled_a_block_at_a_time_and_its_overflow_found_per_feature(
+        monkeypatch):
+    """Scaled in blocks (an HWIO kernel: along its input features, past the 1×1 window axes), the
+    weights are what scaling the whole kernel in float64 gives; the overflow check, from each
+    feature's largest weight, counts the Infs that scaling would make (and none for an Inf or NaN
+    the kernel had)."""
+    monkeypatch.setattr(linear, "_SCALE_BLOCK_BYTES", 256)
+    w = (np.random.default_rng(0).standard_normal((1, 1, 8, 6)) * 100).astype(np.float16)
+    w[0, 0, 3, 2], w[0, 0, 1, 4] = np.inf, np.nan
+    closed = ir.trace(lambda x: lax.conv_general_dilated(
+        x, jnp.asarray(w), (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        jax.ShapeDtypeStruct((1, 2, 2, 8), jnp.float16))
+    level = Level(closed)
+    (site,) = linear.convs(closed.jaxpr)
+    vec = np.array([1.0, 700.0, 2.0, 1.0, 3.0, 1e-3])
+    with np.errstate(over="ignore"):
+        want = (w.astype(np.float64) * vec).astype(np.float16)
+    got = linear.scale_weights(w, vec, site, np.float16)
+    np.testing.assert_array_equal(got, want)
+    assert got.ctypes.data % 64 == 0  # aligned: a compiled program reads it in place
+    new = int((np.isfinite(w) & ~np.isfinite(want)).sum())
+    assert new > 0 and f"{new} of {w.size} are Inf" in linear.weights_overflow(level, site, vec)
+    assert linear.weights_overflow(level, site, np.ones(6)) is None
+
 # ---- per feature, proved from the dataflow -------------------------------------------------------
 
 def test_provenance_follows_broadcasts_to_the_axes_an_operand_varies_along():

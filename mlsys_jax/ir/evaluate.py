@@ -21,7 +21,8 @@ from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.interpret import eval_jaxpr
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
-from mlsys_jax.ir.widen import bind_params_widened, literal_value, widen_dtype, widen_value
+from mlsys_jax.ir.widen import bind_params_widened, bind_widened_blocks, literal_value, \
+    widen_dtype, widen_value
 
 
 def eval_open(jaxpr, consts, args, widen: bool = False) -> list:
@@ -30,22 +31,30 @@ def eval_open(jaxpr, consts, args, widen: bool = False) -> list:
     def handler(eqn, invals):
         return eval_equation(eqn, invals, widen)
     if widen:
-        consts = [widen_value(c) for c in consts]
-        args = [widen_value(a) for a in args]
         return _eval_widened(jaxpr, consts, args)
     return eval_jaxpr(jaxpr, consts, *args, handler=handler)
 
 
 def _eval_widened(jaxpr, consts, args) -> list:
-    """:func:`eval_open` in float64: literals are widened as they are read."""
+    """:func:`eval_open` in float64. A value is widened where an equation reads it, not before:
+    a contraction's large float32 weights (a factory's parameters) are widened a block at a time
+    (``ir.widen.bind_widened_blocks``), and a call's body gets its arguments as they are."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
 
     def read(v):
         return literal_value(v, True) if type(v) is Literal else env[v]
     for eqn in jaxpr.eqns:
-        env.update(zip(eqn.outvars, eval_equation(eqn, [read(v) for v in eqn.invars], True)))
-    return [read(v) for v in jaxpr.outvars]
+        vals = [read(v) for v in eqn.invars]
+        inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
+        if len(inner) == 1:
+            outs = _eval_widened(inner[0].jaxpr, inner[0].consts, vals)
+        else:
+            outs = bind_widened_blocks(eqn, vals)
+            if outs is None:
+                outs = eval_equation(eqn, [widen_value(x) for x in vals], True)
+        env.update(zip(eqn.outvars, outs))
+    return [widen_value(read(v)) for v in jaxpr.outvars]
 
 
 def _closed(c, args, widen=False):

@@ -1,4 +1,5 @@
-"""Binding equations again on fewer examples: a region evaluated on one row of its batch.
+"""Binding equations again on fewer examples: a region evaluated on one row of its batch, or on
+some of its output features.
 
 Translation validation (``passes/validate.py``) runs a rewrite's region and its replacement on
 seeded inputs; at a real model's size that is a real conv, several times over. Most regions treat
@@ -10,6 +11,12 @@ the equation provably treats those rows independently: elementwise ops, movement
 the axis whole, reductions along other axes, a conv's batch axis, a ``dot_general``'s free axes
 (and batch axes, both operands sliced), named calls (body by body). Reductions and contractions
 over the axis, gathers and everything else keep their full batch.
+
+The rows kept are the first ones, unless ``picks`` says otherwise: ``{(length, kept): indices}``
+names, for an axis traced with ``length`` and cut to ``kept``, which ones (validation's cut of a
+linear site's output features, ``passes/feature_cut.py``); a full-size operand is then sliced at
+those indices. A conv's kernel may be cut so along its output features, ungrouped, and nowhere
+else (a rewrite may still bind a conv with a kernel of its own).
 """
 from __future__ import annotations
 
@@ -36,13 +43,17 @@ def _changed(old: tuple, new: tuple) -> list:
     return [a for a, (o, n) in enumerate(zip(old, new)) if o != n]
 
 
-def _slice_to(x, shape: tuple):
-    """``x`` cut to ``shape`` along the axes where it is longer (its first rows)."""
-    cut = tuple(slice(0, n) if m > n else slice(None) for m, n in zip(_shape(x), shape))
-    return x[cut] if any(s != slice(None) for s in cut) else x
+def _slice_to(x, shape: tuple, picks=None):
+    """``x`` cut to ``shape`` along the axes where it is longer (its first rows, or ``picks``)."""
+    for axis, (m, n) in enumerate(zip(_shape(x), shape)):
+        if m > n:
+            keep = (picks or {}).get((m, n))
+            x = x[tuple(slice(0, n) if a == axis else slice(None) for a in range(len(shape)))] \
+                if keep is None else np.take(np.asarray(x), keep, axis=axis)
+    return x
 
 
-def _elementwise(eqn, args) -> list:
+def _elementwise(eqn, args, picks=None) -> list:
     """An elementwise op's operands made to agree: a full-size operand (a constant) is cut to the
     rows the shrunk ones keep (unit axes still broadcast)."""
     full = [(a, tuple(v.aval.shape)) for a, v in zip(args, eqn.invars)
@@ -53,10 +64,10 @@ def _elementwise(eqn, args) -> list:
     # along each axis, the rows every operand that was not broadcast there (size > 1) keeps
     target = tuple(min((_shape(a)[d] for a, o in full if o[d] != 1), default=1)
                    for d in range(rank))
-    return [_slice_to(a, target) if len(_shape(a)) == rank else a for a in args]
+    return [_slice_to(a, target, picks) if len(_shape(a)) == rank else a for a in args]
 
 
-def _params(eqn, args) -> dict:
+def _params(eqn, args, picks=None) -> dict:
     """The equation's params for inputs of the shapes of ``args`` (or Unshrinkable)."""
     prim, p = eqn.primitive.name, eqn.params
     old = [tuple(v.aval.shape) for v in eqn.invars]
@@ -81,8 +92,15 @@ def _params(eqn, args) -> dict:
             sizes[hit[0]] = new[0][a]
         return {**p, "new_sizes": tuple(sizes)}
     if prim == "conv_general_dilated":  # (a rewrite may bind it with another kernel: its own)
-        if set(_changed(old[0], new[0])) - {p["dimension_numbers"].lhs_spec[0]}:
+        dn = p["dimension_numbers"]
+        if set(_changed(old[0], new[0])) - {dn.lhs_spec[0]}:
             raise Unshrinkable("conv rows other than its batch")
+        if _changed(old[0], new[0]) and p["batch_group_count"] != 1:
+            raise Unshrinkable("conv batch groups mix the rows")
+        cut = [a for a in _changed(old[1], new[1]) if (old[1][a], new[1][a]) in (picks or {})]
+        if cut and (cut != [dn.rhs_spec[0]] or p["feature_group_count"] != 1
+                    or p["batch_group_count"] != 1):
+            raise Unshrinkable("conv kernel cut other than along ungrouped output features")
         return p
     if prim == "dot_general":
         (lc, rc), _ = p["dimension_numbers"]
@@ -96,9 +114,10 @@ def _params(eqn, args) -> dict:
     raise Unshrinkable(prim)
 
 
-def rebind(eqn, args, bind) -> list:
+def rebind(eqn, args, bind, picks=None) -> list:
     """``eqn`` on ``args`` (fewer rows than it was traced with, or the same), through
-    ``bind(eqn, args)``; see the module doc. Calls run their body, equation by equation."""
+    ``bind(eqn, args)``; ``picks``: which rows a cut axis keeps (see the module doc). Calls run
+    their body, equation by equation."""
     old = [tuple(getattr(v.aval, "shape", ())) for v in eqn.invars]
     if [_shape(a) for a in args] == old:
         return bind(eqn, args)
@@ -110,21 +129,21 @@ def rebind(eqn, args, bind) -> list:
         env.update(zip(b.jaxpr.invars, args))
         for e in b.jaxpr.eqns:
             vals = [v.val if type(v) is Literal else env[v] for v in e.invars]
-            env.update(zip(e.outvars, rebind(e, vals, bind)))
+            env.update(zip(e.outvars, rebind(e, vals, bind, picks)))
         return [v.val if type(v) is Literal else env[v] for v in b.jaxpr.outvars]
     if name in ELEMENTWISE:
-        args = _elementwise(eqn, args)
+        args = _elementwise(eqn, args, picks)
     if name == "dot_general":
-        args = _dot_batch(eqn, args)
-    return bind(eqn.replace(params=_params(eqn, args)), args)
+        args = _dot_batch(eqn, args, picks)
+    return bind(eqn.replace(params=_params(eqn, args, picks)), args)
 
 
-def _dot_batch(eqn, args) -> list:
+def _dot_batch(eqn, args, picks=None) -> list:
     """A dot_general's batch axes cut alike on both operands."""
     _, (lb, rb) = eqn.params["dimension_numbers"]
     a, b = args
     for i, j in zip(lb, rb):
         n = min(_shape(a)[i], _shape(b)[j])
-        a = a[tuple(slice(0, n) if k == i else slice(None) for k in range(len(_shape(a))))]
-        b = b[tuple(slice(0, n) if k == j else slice(None) for k in range(len(_shape(b))))]
+        a = _slice_to(a, tuple(n if k == i else m for k, m in enumerate(_shape(a))), picks)
+        b = _slice_to(b, tuple(n if k == j else m for k, m in enumerate(_shape(b))), picks)
     return [a, b]

@@ -16,6 +16,10 @@ subnormal; integers: their extremes; docs/verification.md §1).
 - In the program's own dtypes every value must stay finite where the original's is (folded
   constants overflowing float16's 65504 make Inf) and integer and boolean results stay exact.
 
+Regions whose inputs are large run on one example of their batch (``ir.rebatch``: the same
+verdict); regions whose linear site's weights are large, on a cut of its output features
+(``passes/feature_cut.py``: a verdict on those features, and the log line says which).
+
 A rewrite that fails is not applied; the rule logs a refusal with the measured reason. ``run``
 validates by default (``passes.run(..., validate=False)`` turns it off for speed measurements); a
 pass called directly, like a pipeline called directly, runs without the checks.
@@ -40,7 +44,8 @@ from mlsys_jax.ir.evaluate import eval_equation
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
 from mlsys_jax.ir.walk import bodies
-from mlsys_jax.ir.widen import is_float, literal_value, widen_value
+from mlsys_jax.ir.widen import bind_widened_blocks, is_float, literal_value, widen_value
+from mlsys_jax.passes import feature_cut
 
 RTOL_F64 = 1e-9            # per element, float64: a wrong rewrite is off by O(1)
 ROUNDING_SHARE = 1e-6      # of the original's own rounding error (program dtype vs float64)
@@ -71,7 +76,8 @@ class Region:
     """The equations a rewrite replaces and the constant subgraphs they read, in program order;
     the non-constant values they read (``inputs``); the constants those subgraphs start from
     (``consts``: var -> value: the program's constants, literals aside); the values the rewrite
-    replaces (``outputs``); and which of ``eqns`` the rewrite removes (``removed``: their ids).
+    replaces (``outputs``); which of ``eqns`` the rewrite removes (``removed``: their ids); and
+    the linear site it rewrites, if any (``site``: what a cut of its features needs).
     Those are evaluated as computations even where all they read is constant (a conv of a
     constant), so the float64 comparison widens them; the constant subgraphs are the program's
     constants, in its dtypes, as the rewrite reads them."""
@@ -81,6 +87,7 @@ class Region:
     consts: dict
     outputs: tuple
     removed: frozenset = frozenset()
+    site: feature_cut.Site | None = None
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -102,9 +109,24 @@ def special_values(dtype) -> np.ndarray:
     return np.asarray(vals, np.float64).astype(dtype)
 
 
+_DRAWN: dict = {}          # (shape, dtype, k) -> that draw, read-only: rules validate the same
+DRAWN_BYTES = 1 << 22      # shapes again and again (each conv of a model, a search's graphs)
+
+
 def draw(shape: tuple, dtype, k: int):
     """Input ``k`` of ``DRAWS`` of ``shape`` and ``dtype`` (seeded; k = DRAWS-1: the special
-    values, in a seeded arrangement)."""
+    values, in a seeded arrangement), read-only."""
+    key = (tuple(shape), np.dtype(dtype), k)
+    got = _DRAWN.get(key)
+    if got is None:
+        got = np.asarray(_draw(*key))
+        got.flags.writeable = False
+        if got.nbytes <= DRAWN_BYTES and len(_DRAWN) < 64:
+            _DRAWN[key] = got
+    return got
+
+
+def _draw(shape: tuple, dtype, k: int):
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(k)
     if k == DRAWS - 1:
@@ -147,10 +169,12 @@ def _constants(eqns, env: dict) -> None:
 _UNKNOWN = object()
 
 
-def _run(eqns, env: dict, widen: bool, given: dict) -> None:
+def _run(eqns, env: dict, widen: bool, given: dict, picks=None) -> None:
     """Evaluate ``eqns`` into ``env``; values in ``given`` (the region's constants,
     :func:`_constants`) are taken as they are — constants of the program, in its dtypes, even
-    when widening — and everything computed from an input is widened. Calls run their bodies."""
+    when widening — and everything computed from an input is widened (where an equation reads
+    it: :func:`approximate`). Calls run their bodies; ``picks``: a cut's features
+    (``ir.rebatch``)."""
     def read(v):
         return literal_value(v, widen) if type(v) is Literal else env[v]
     for eqn in eqns:
@@ -158,46 +182,45 @@ def _run(eqns, env: dict, widen: bool, given: dict) -> None:
             env.update((v, given[v]) for v in eqn.outvars)
             continue
         inner = bodies(eqn) if eqn.primitive.name in TRANSPARENT_CALLS else []
-        vals = [widen_value(x) if widen else x for x in map(read, eqn.invars)]
+        vals = list(map(read, eqn.invars))
         if len(inner) == 1:
             b = inner[0]
             sub = {v: given.get(v, c) for v, c in zip(b.jaxpr.constvars, b.consts)}
             sub.update(zip(b.jaxpr.invars, vals))
-            _run(b.jaxpr.eqns, sub, widen, given)
+            _run(b.jaxpr.eqns, sub, widen, given, picks)
             outs = [literal_value(v, widen) if type(v) is Literal else sub[v]
                     for v in b.jaxpr.outvars]
         else:
-            outs = rebind(eqn, vals, partial(_bind, widen=widen))
+            outs = rebind(eqn, vals, partial(approximate, widen=widen), picks)
         env.update(zip(eqn.outvars, outs))
-
-
-def _bind(eqn, args, widen):
-    return approximate(eqn, args, widen)
 
 
 def approximate(eqn, args, widen: bool) -> list:
     """One equation as validation computes it: NumPy where it has the primitive
-    (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen``."""
-    if not widen and len(eqn.outvars) == 1:
+    (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen`` (``args``
+    widened here, a contraction's large weights a block at a time: ``ir.widen``)."""
+    if widen:
+        outs = bind_widened_blocks(eqn, args)
+        return outs if outs is not None else eval_equation(eqn, list(map(widen_value, args)), True)
+    if len(eqn.outvars) == 1:
         got = numpy_eval.evaluate(eqn, args, eqn.outvars[0].aval.dtype)
         if got is not None:
             return got
-    return eval_equation(eqn, args, widen)
+    return eval_equation(eqn, args, False)
 
 
-def _evaluate(region: Region, inputs: list, widen: bool, given: dict) -> list:
+def _evaluate(region: Region, inputs: list, widen: bool, given: dict, cut=None) -> list:
     env = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
     env.update(given)
-    _run(region.eqns, env, widen, given)
+    _run(region.eqns, env, widen, given, None if cut is None else cut.picks)
     return [np.asarray(widen_value(env[v]) if widen else env[v]) for v in region.outputs]
 
 
-def _replaced(region: Region, replacement: Callable, inputs: list, widen: bool) -> list:
-    given = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
-
-    def read(v):
-        return given[v]
-    outs = replacement(read, widen)
+def _replaced(region: Region, replacement: Callable, inputs: list, widen: bool,
+              cut=None) -> list:
+    values = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
+    outs = replacement(values.__getitem__, widen) if cut is None else \
+        replacement(values.__getitem__, widen, cut)
     return [np.asarray(outs[v]) for v in region.outputs]
 
 
@@ -258,77 +281,111 @@ def _one_row(region: Region):
 
 def validate(region: Region, replacement: Callable) -> str | None:
     """None if the rewrite computes what ``region`` computes (see the module doc), else the
-    measured reason it does not. ``replacement(read, widen)`` returns ``{output var: value}``
-    computed from ``read(input var)``; ``widen``: in float64. The region runs on one example of
-    its batch where every equation of both sides provably treats examples alike
-    (``ir.rebatch``), else on the whole batch."""
+    measured reason it does not (naming the features checked, on a cut). ``replacement(read,
+    widen[, cut])`` returns ``{output var: value}`` computed from ``read(input var)``;
+    ``widen``: in float64; ``cut``: on some output features (``feature_cut.Cut``)."""
+    return check(region, replacement)[0]
+
+
+def check(region: Region, replacement: Callable) -> tuple:
+    """``(reason or None, scope)``: :func:`validate`'s verdict and what it covers — None for the
+    whole region, else the cut's description (``feature_cut.Cut.describe``). The region runs on
+    one example of its batch where every equation of both sides provably treats examples alike
+    (``ir.rebatch``), on a cut of its site's output features where its weights are large and no
+    equation mixes the features, else whole."""
     for v in region.inputs:
         if jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
-            return f"cannot validate: the region reads a {v.aval.dtype} value, which has no draws"
+            return (f"cannot validate: the region reads a {v.aval.dtype} value, which has no "
+                    "draws"), None
     if not region.outputs:
-        return None
-    cut = _one_row(region)
+        return None, None
+    whole = [tuple(v.aval.shape) for v in region.inputs]
+    rows = _one_row(region)
+    cut = feature_cut.choose(region.site)
+    tries = [(shapes, c) for c in ((cut, None) if cut is not None else (None,))
+             for shapes in ((rows, whole) if rows is not None else (whole,))]
+    for shapes, c in tries[:-1]:
+        try:
+            why = _validate(region, replacement, shapes, c)
+        except Unshrinkable:
+            continue
+        except (TypeError, ValueError, IndexError):
+            if c is None:
+                break  # not well-typed on one row: the whole region says so, below
+            continue  # the replacement cannot run on the cut: judge it whole
+        if c is None:
+            return why, None
+        return (None if why is None else f"on {c.describe()}: {why}"), c.describe()
     try:
-        if cut is not None:
-            try:
-                return _validate(region, replacement, cut)
-            except Unshrinkable:
-                pass
-        return _validate(region, replacement, [tuple(v.aval.shape) for v in region.inputs])
+        return _validate(region, replacement, whole), None
     except (TypeError, ValueError) as e:  # the replacement is not even well-typed here
-        return f"the replacement cannot run on its region: {type(e).__name__}: {e}"[:300]
+        return f"the replacement cannot run on its region: {type(e).__name__}: {e}"[:300], None
 
 
 def _narrow(region: Region) -> bool:
     """Some float of the region is narrower than float64 (else widening changes nothing)."""
     dtypes = [v.aval.dtype for v in region.inputs + region.outputs]
-    dtypes += [np.asarray(c).dtype for c in region.consts.values()]
+    dtypes += [c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype
+               for c in region.consts.values()]
     dtypes += [v.aval.dtype for e in region.eqns for v in e.outvars]
     return any(is_float(d) and np.dtype(d) != np.float64 for d in dtypes)
 
 
-def _validate(region: Region, replacement: Callable, shapes: list) -> str | None:
+def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> str | None:
     floats = any(is_float(v.aval.dtype) for v in region.outputs)
     narrow = floats and _narrow(region)
-    given = _given(region, with_removed=True)
+    given = _given(region, with_removed=True, cut=cut)
+    alone = None  # the constants of the equations kept alone: only where needed (below), once
+    if cut is not None:
+        shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
     for i in range(DRAWS):
         inputs = [draw(s, v.aval.dtype, i) for s, v in zip(shapes, region.inputs)]
-        before = _evaluate(region, inputs, False, given)
-        after = _replaced(region, replacement, inputs, widen=False)
+        before = _evaluate(region, inputs, False, given, cut)
+        after = _replaced(region, replacement, inputs, False, cut)
         for k, (a, b) in enumerate(zip(before, after)):
+            if a.shape != b.shape:  # (on a cut: a replacement that does not read it)
+                raise ValueError(f"output {k} is {list(b.shape)}, the region's {list(a.shape)}")
             why = _finite(k, i, a, b) if is_float(a.dtype) else _exact(k, i, a, b)
             if why:
                 return why
         if not floats:
             continue
-        why = _compare64(region, replacement, inputs, before, after, given, narrow, i)
+        why = _compare64(region, replacement, inputs, before, after, given, narrow, i, cut)
         if why and narrow and any(id(e) in region.removed and all(v in given for v in e.outvars)
                                   for e in region.eqns):
             # Some equation the rewrite removes reads constants alone (a conv of a constant):
             # its float64 meaning is the program's float32 constant or its float64 value, and a
             # rewrite may compute either. Agreeing with one of them is agreeing.
-            why = _compare64(region, replacement, inputs, before, after,
-                             _given(region, with_removed=False), narrow, i) and why
+            if alone is None:
+                alone = _given(region, with_removed=False, cut=cut)
+            why = _compare64(region, replacement, inputs, before, after, alone, narrow, i,
+                             cut) and why
         if why:
             return why
     return None
 
 
-def _given(region: Region, with_removed: bool) -> dict:
+def _given(region: Region, with_removed: bool, cut=None) -> dict:
     """The values computed from constants alone (:func:`_constants`), from the program's
-    constants: in the equations the rewrite removes too, or in the subgraphs they read only."""
-    given = {v: np.asarray(c) for v, c in region.consts.items()}
+    constants: in the equations the rewrite removes too, or in the subgraphs they read only;
+    the site's weights (and bias) as ``cut`` reads them."""
+    given = {v: np.asarray(c) for v, c in region.consts.items()}  # (no copy of a jax Array)
     with eval_context():
         _constants([e for e in region.eqns if with_removed or id(e) not in region.removed], given)
+    if cut is not None:
+        for v in (cut.site.weight, cut.site.bias):
+            if v is not None and v in given:
+                given[v] = cut.constant(v, given[v])
     return given
 
 
-def _compare64(region, replacement, inputs, before, after, given, narrow, i) -> str | None:
+def _compare64(region, replacement, inputs, before, after, given, narrow, i,
+               cut=None) -> str | None:
     before64, after64 = before, after  # a float64 program: already what it means
     if narrow:
         with jax.enable_x64(True):
-            before64 = _evaluate(region, inputs, True, given)
-            after64 = _replaced(region, replacement, inputs, widen=True)
+            before64 = _evaluate(region, inputs, True, given, cut)
+            after64 = _replaced(region, replacement, inputs, True, cut)
     for k, (a, b, ap) in enumerate(zip(before64, after64, before)):
         if is_float(ap.dtype):
             why = _close64(k, i, a.astype(np.float64), b.astype(np.float64), ap)

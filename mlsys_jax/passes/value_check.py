@@ -219,16 +219,34 @@ def _rng_plan(before, after) -> tuple:
 
 # ---- judging -----------------------------------------------------------------------------------
 
-def _twin(before, sets) -> list | None:
-    """The original in float64 on each input set (None if it cannot run widened)."""
+def _twin(before):
+    """``twin(inputs)``: the original in float64 on one input set (None if it cannot run
+    widened). Its large constants enter the compiled program as arguments, in their own dtype
+    (``ir.interpret.lifted``), and are widened where they are read (``ir.evaluate``: a large
+    kernel a block of output features at a time), so the twin holds no float64 copy of a
+    factory's parameters."""
     from mlsys_jax.ir.evaluate import eval_open
 
-    try:
-        with jax.enable_x64(True):
-            fn = jax.jit(lambda *a: eval_open(before.jaxpr, before.consts, list(a), widen=True))
-            return [[np.asarray(o, np.float64) for o in fn(*xs)] for xs in sets]
-    except Exception:  # a primitive without a float64 meaning: the plain tolerance stands
-        return None
+    where = _large_consts(before)
+    big = [before.consts[i] for i in where]
+
+    def widened(values, *args):
+        consts = list(before.consts)
+        for i, x in zip(where, values):
+            consts[i] = x
+        return eval_open(before.jaxpr, consts, list(args), widen=True)
+    fn, broken = jax.jit(widened), []
+
+    def twin(xs):
+        if broken:
+            return None
+        try:
+            with jax.enable_x64(True):
+                return [np.asarray(o, np.float64) for o in fn(big, *xs)]
+        except Exception:  # a primitive without a float64 meaning: the plain tolerance stands
+            broken.append(True)
+            return None
+    return twin
 
 
 def _floats(k, i, a, b, rtol, atol, twin, check: ValueCheck) -> None:
@@ -248,8 +266,8 @@ def _floats(k, i, a, b, rtol, atol, twin, check: ValueCheck) -> None:
         check.problems.append(f"output {k} on input {i}: {changed} NaN/Inf value(s) of the "
                               "original changed")
     bad = both & (err > atol + rtol * np.abs(a64))
-    if bad.any() and twin() is not None:
-        r = twin()[i][k]
+    if bad.any() and twin(i) is not None:
+        r = twin(i)[k]
         with np.errstate(invalid="ignore"):
             bound = 2 * np.abs(a64 - r) + atol + rtol * np.abs(r)
             bad &= ~(np.abs(b64 - r) <= bound)
@@ -280,11 +298,12 @@ def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = F
     computes_in = least_precise_float(before)
     check = ValueCheck(inputs=len(sets), uncompared=uncompared)
     twin_cache: dict = {}
+    run_twin = None if sites else _twin(before)
 
-    def twin():
-        if "r" not in twin_cache:
-            twin_cache["r"] = None if sites else _twin(before, sets)
-        return twin_cache["r"]
+    def twin(i):  # the float64 original on input set i, computed only where it is needed
+        if i not in twin_cache:
+            twin_cache[i] = None if run_twin is None else run_twin(sets[i])
+        return twin_cache[i]
     for k in range(len(before.jaxpr.outvars)):
         if k in uncompared:
             continue

@@ -61,16 +61,18 @@ CHECKS = (Precondition("finite_map", finite_map),
 
 
 def folded(em, site: LinearSite, aff):
-    """(W ⊙ a, B ⊙ a + b) in the dtypes ``em`` computes in (see the module doc)."""
-    new_w = scale_weights(em.value(site.w), aff.a, site, em.dtype(site.w))
+    """(W ⊙ a, B ⊙ a + b) in the dtypes ``em`` computes in (see the module doc); a and b as
+    ``em`` reads the site's features (``Emit.features``: on a validation cut, cut alike)."""
+    a, b = em.features(aff.a), em.features(aff.b)
+    new_w = scale_weights(em.value(site.w), a, site, em.dtype(site.w))
     dtype = em.dtype(site.out)
     b0 = None if site.b is None else em.value(site.b)
     with np.errstate(over="ignore", invalid="ignore"):  # an Inf is judged by validation
         if b0 is None:
-            return new_w, aff.b.astype(dtype)
+            return new_w, b.astype(dtype)
         if not isinstance(b0, Tracer):
-            return new_w, (np.asarray(b0).astype(aff.b.dtype) * aff.a + aff.b).astype(dtype)
-    return new_w, b0 * jnp.asarray(aff.a.astype(dtype)) + jnp.asarray(aff.b.astype(dtype))
+            return new_w, (np.asarray(b0).astype(b.dtype) * a + b).astype(dtype)
+    return new_w, b0 * jnp.asarray(a.astype(dtype)) + jnp.asarray(b.astype(dtype))
 
 
 def emit(m: Fold, em):

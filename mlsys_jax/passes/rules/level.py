@@ -54,11 +54,13 @@ class Emit:
     """How a rule computes its replacement. In the program's dtypes it is the rewrite itself
     (values are constants or tracers of the new jaxpr); widened (``ir.widen``) it is what the
     rewrite means in float64, for translation validation. Rules read values, dtypes and bind
-    equations through it, so one emit function serves both."""
+    equations through it, so one emit function serves both. Validated on a cut of the site's
+    output features (``passes/feature_cut.py``), its weights and bias read cut, and a rule's own
+    feature-shaped vectors go through :meth:`features`."""
 
     def __init__(self, level: Level, read: Callable, widen: bool = False,
-                 concrete: bool = False):
-        self.level, self.read, self.widen = level, read, widen
+                 concrete: bool = False, cut=None):
+        self.level, self.read, self.widen, self.cut = level, read, widen, cut
         self.concrete = concrete or widen  # validating: values are arrays, nothing is traced
 
     def value(self, v):
@@ -68,9 +70,16 @@ class Emit:
         known = self.level.value(v)
         if known is None:
             return self.read(v)
+        if self.cut is not None:
+            known = self.cut.constant(v, known)
         if self.widen:
             return widen_value(known)
         return np.asarray(known) if self.concrete else known
+
+    def features(self, vec):
+        """A feature-shaped vector of the rule's own (a folded scale or shift) as this emit
+        reads the site's features: cut like them on a cut, else as it is."""
+        return vec if self.cut is None else self.cut.vector(vec)
 
     def dtype(self, v):
         """The dtype ``v`` has here: its own, or float64 for a float when widening."""
@@ -86,7 +95,16 @@ class Emit:
         """``eqn`` (its params updated by ``param_overrides``) bound on ``args``."""
         if param_overrides:
             eqn = eqn.replace(params={**eqn.params, **param_overrides})
-        if self.concrete:  # validating, maybe on fewer examples than the program has
-            args = [widen_value(a) for a in args] if self.widen else list(args)
-            return rebind(eqn, args, partial(approximate, widen=self.widen))
+        if self.concrete:  # validating, maybe on fewer examples or features than the program has
+            picks = None if self.cut is None else self.cut.picks
+            outs = rebind(eqn, list(args), partial(approximate, widen=self.widen), picks)
+            return [_host(o) for o in outs]  # what the rule computes next: NumPy's
         return bind_equation(eqn, args)
+
+
+def _host(x):
+    """A computed array as NumPy holds it (PRNG keys as they are)."""
+    if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return np.asarray(x)
+    return x
+

@@ -52,6 +52,17 @@ class LinearSite:
     def feature_shape(self) -> tuple:
         return tuple(self.out.aval.shape[a] for a in self.features)
 
+    @property
+    def cuttable(self) -> tuple:
+        """Which of ``features`` validation may cut (``passes/feature_cut.py``): a conv's output
+        features unless it is grouped (a group reads its own input features), a dot_general's
+        weight axes that are not batch axes (the input would be cut too)."""
+        if self.kind == "conv":
+            p = self.params
+            return (0,) if p["feature_group_count"] == 1 and p["batch_group_count"] == 1 else ()
+        batch = len(self.params["dimension_numbers"][1][0])
+        return tuple(range(batch, len(self.features)))
+
     # -- convolutions ------------------------------------------------------------------------
     @property
     def dims(self):
@@ -174,37 +185,82 @@ def scale_weights(w, vec, site: LinearSite, dtype):
     return w * jax.numpy.asarray(v.astype(dtype))
 
 
-_SCALE_BLOCK_BYTES = 1 << 26  # a known W is scaled this many of its bytes at a time
+_SCALE_BLOCK_BYTES = 1 << 20  # a known W is scaled a block of this many wide bytes at a time
+# (a block that stays in cache: faster than a large one)
+
+
+def _block_axis(shape: tuple, blocks: int) -> int:
+    """The axis to cut into ``blocks`` pieces: the first long enough (an HWIO kernel's leading
+    1×1 window axes are not), else the longest."""
+    return next((a for a, n in enumerate(shape) if n >= blocks),
+                int(np.argmax(shape)) if shape else 0)
 
 
 def _scale_known(w: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
-    """``(w ⊙ v).astype(dtype)`` computed in ``v``'s wide dtype a block of ``w``'s first axis at
-    a time: a whole wide copy of a large kernel (a factory's parameters) would take twice its
-    size again."""
+    """``(w ⊙ v).astype(dtype)`` computed in ``v``'s wide dtype a block of ``w`` at a time: a
+    whole wide copy of a large kernel (a factory's parameters) would take twice its size again.
+    The result is aligned (:func:`aligned_empty`)."""
     with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
         if w.ndim == 0:
             return (w.astype(v.dtype) * v).astype(dtype)
-        out = np.empty(w.shape, dtype)
-        rows = w.shape[0]
-        step = max(1, rows * _SCALE_BLOCK_BYTES // max(w.nbytes, 1))
-        for start in range(0, rows, step):
-            part = v if v.shape[0] == 1 else v[start:start + step]
-            out[start:start + step] = w[start:start + step].astype(v.dtype) * part
+        out = aligned_empty(w.shape, dtype)
+        blocks = max(1, -(-w.size * v.dtype.itemsize // _SCALE_BLOCK_BYTES))
+        axis = _block_axis(w.shape, blocks)
+        n = w.shape[axis]
+        step = max(1, -(-n // blocks))
+        wide = np.empty(w.size // n * step, v.dtype)  # one product buffer: no allocation a block
+        for start in range(0, n, step):
+            cut = tuple(slice(start, start + step) if a == axis else slice(None)
+                        for a in range(w.ndim))
+            block = w[cut]
+            part = v if v.shape[axis] == 1 else v[cut]
+            product = wide[:block.size].reshape(block.shape)
+            out[cut] = np.multiply(block, part, out=product, dtype=v.dtype)
     return out
+
+
+def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
+    """``np.empty`` whose data starts on an ``align``-byte boundary. A rewrite's new constant is
+    kept as the NumPy array it is; passed to a compiled program (the value check, ``--measure``)
+    XLA:CPU reads an aligned one in place, and copies any other on every call."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def weights_overflow(level, site: LinearSite, vec) -> str | None:
     """Why W ⊙ vec does not fit the weights' dtype (an Inf where W is finite), or None; None too
-    for traced weights (their product is computed in the program)."""
+    for traced weights (their product is computed in the program). Rounding is monotone, so a
+    feature overflows only if its largest finite |w| does: the product is computed for those
+    features alone, not for the whole kernel (which the rewrite then scales once)."""
     w = level.value(site.w)
     if w is None or not is_float(np.asarray(w).dtype):
         return None
-    dtype = np.asarray(w).dtype
-    folded = scale_weights(w, vec, site, dtype)
-    new = np.isfinite(np.asarray(w)) & ~np.isfinite(folded)  # no float64 copies of a large W
+    w = np.asarray(w)
+    dtype = w.dtype
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.asarray(vec)
+        if not np.isfinite(v).all():  # a NaN or Inf scale: count it the long way
+            return _overflowed(w, scale_weights(w, vec, site, dtype))
+        others = tuple(a for a in range(w.ndim) if a not in site.weight_axes)
+        # the largest |w| of each feature (NaN ignored; an Inf in W takes the long way below)
+        peak = np.fmax(np.fmax.reduce(w, axis=others), -np.fmin.reduce(w, axis=others))
+        # peak's axes are the weight axes in increasing order; vec's are in features order
+        scale = np.abs(np.transpose(v, np.argsort(site.weight_axes)))
+        hot = ~np.isfinite(np.multiply(peak, scale, dtype=v.dtype).astype(dtype))
+        if not hot.any():
+            return None  # as scale_weights computes each element: |w·v| rounds as |w|·|v|
+        folded = scale_weights(w, vec, site, dtype)
+    return _overflowed(w, folded)
+
+
+def _overflowed(w, folded) -> str | None:
+    new = np.isfinite(w) & ~np.isfinite(folded)
     if not new.any():
         return None
-    return (f"the folded weights overflow {dtype} (at most {float(jnp.finfo(dtype).max):.6g}): "
+    return (f"the folded weights overflow {w.dtype} (at most {float(jnp.finfo(w.dtype).max):.6g}): "
             f"{int(new.sum())} of {new.size} are Inf; left as it was")
 
 

@@ -28,7 +28,8 @@ from mlsys_jax.ir.walk import bodies, body_path, equations
 from mlsys_jax.passes.basic import dce_jaxpr
 from mlsys_jax.passes.core import Log, Pass, PassResult, transform
 from mlsys_jax.passes.rules.level import Emit, Level
-from mlsys_jax.passes.validate import Region, enabled, validate
+from mlsys_jax.passes.feature_cut import Site
+from mlsys_jax.passes.validate import Region, check, enabled
 
 # A rule's kind picks the fuzzer's oracle tier: structural rewrites compute bit-for-bit the same
 # values, numeric ones may round differently.
@@ -127,12 +128,15 @@ class Rule:
             stack += [x for x in producer.invars if type(x) is not Literal]
         eqns = [level.eqns[i] for i in sorted(sub | set(main))]
         removed = frozenset(id(level.eqns[i]) for i in main)
-        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), removed)
+        s = getattr(m, "site", None)  # a fold's linear site: validation may cut its features
+        site = None if s is None else Site(s.w, s.weight_axes, s.feature_shape, s.cuttable, s.b)
+        return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), removed, site)
 
     def replacement(self, level: Level, m: Match) -> Callable:
-        """``m``'s emit as a function of the region's inputs (what ``validate`` runs)."""
-        def run(read, widen):
-            return self.emit(m, Emit(level, read, widen, concrete=True))
+        """``m``'s emit as a function of the region's inputs (what ``validate`` runs), on a cut
+        of the site's output features when given one."""
+        def run(read, widen, cut=None):
+            return self.emit(m, Emit(level, read, widen, concrete=True, cut=cut))
         return run
 
     # -- the pass ----------------------------------------------------------------------------
@@ -146,22 +150,24 @@ class Rule:
                 matches = matches[only:only + 1]
             at = {}
             for m in matches:
+                scope = None  # validated whole, or on the features named
                 if enabled():
-                    why = validate(self.region(level, m), self.replacement(level, m))
+                    why, scope = check(self.region(level, m), self.replacement(level, m))
                     if why is not None:
                         log.refused(level.where(m.anchor), f"translation validation: {why}",
                                     check="translation_validation")
                         continue
-                at[_placement(level, m)[0]] = m
+                at[_placement(level, m)[0]] = (m, scope)
             if not at:
                 return None
 
             def rule(i, eqn, invals, lookup, here):
-                m = at.get(i)
-                if m is None:
+                if i not in at:
                     return None
+                m, scope = at[i]
                 outs = self.emit(m, Emit(level, lookup))
-                log.fired(level.where(m.anchor), m.detail)
+                log.fired(level.where(m.anchor), m.detail if scope is None else
+                          f"{m.detail} (translation validation on {scope})")
                 return outs
             return rule
 
