@@ -103,6 +103,14 @@ def test_float64_twin_vouches_only_for_a_rewrite_that_mirrors_it():
     # a different program
     other = jax.make_jaxpr(lambda x: jax.numpy.sin(x * w.astype(np.float32)) + 1e-8)(x32)
     assert "differs" in oracles.mirrors(other, orig64, orig, orig64, "f32")
+    # a constant that is NaN where the twin's is finite (NaN - x compares as no ulp at all)
+    nan = w.copy()
+    nan[3] = np.nan
+    assert "Inf/NaN" in oracles.mirrors(scaled(nan.astype(np.float32))(x32), orig64, orig,
+                                        orig64, "f32")
+    inf = np.where(np.arange(8) == 0, np.inf, w)  # Inf where the twin has Inf: no difference
+    assert oracles.mirrors(scaled(inf.astype(np.float32))(x32), scaled(inf)(x64), orig,
+                           orig64, "f32") == ""
 
 
 def test_derivative_modes_are_the_ones_jax_can_take():

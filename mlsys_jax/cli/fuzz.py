@@ -5,6 +5,7 @@ import json
 import math
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.progress import Progress
 from mlsys_jax.tables import format_table, wrap
 
 HELP = "differential testing of passes on random programs"
@@ -55,8 +56,10 @@ def main(args) -> int:
         return 0 if res["caught"] == res["total"] else 1
     passes = registry.instantiate(args.passes, "fuzz --passes")
     # failures are shrunk and saved as pytest files (created only when something fails)
+    progress = Progress("mlsys-jax fuzz")
     s = run_campaign(args.programs, args.seed, passes, time_budget=args.time_budget,
-                     out_dir=args.out or DEFAULT_OUT)
+                     out_dir=args.out or DEFAULT_OUT, progress=progress)
+    progress.done()
     d = s.as_dict()
     if args.json:
         print(json.dumps(d, indent=1))

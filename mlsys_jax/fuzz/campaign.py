@@ -60,12 +60,15 @@ class Summary:
                 "reproducers": list(self.reproducers)}
 
 
+PROGRESS_EVERY = 500  # programs a stage line of progress covers
+
+
 def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
                  time_budget: float | None = None,
                  out_dir: str | None = None, gradient_every: int = 1, knobs: Knobs | None = None,
                  stop_at_first_failure: bool = False, shrink_failures: bool = True,
                  system_every: int = 50, first: int = 0, fixpoint_every: int = 5,
-                 validate: bool = True) -> Summary:
+                 validate: bool = True, progress=None) -> Summary:
     """Generate ``programs`` random programs and run every pass on each (see module doc).
 
     Programs are numbered from ``first`` (to split one campaign over processes). Every
@@ -74,7 +77,8 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
     ``fixpoint_every``-th program also repeats every pass and pipeline to a fixpoint
     (``judge.fixpoints``; 0: never). ``validate``: the passes run with translation validation,
     as users run them; the rewrites it refuses are listed (a correct rule proposes none but
-    those its own dtype cannot hold)."""
+    those its own dtype cannot hold). ``progress`` (a ``progress.Progress``): a stage line every
+    ``PROGRESS_EVERY`` programs, each program as an item."""
     if not isinstance(programs, int) or programs < 1:
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {programs!r}")
     if time_budget is not None and time_budget <= 0:
@@ -86,6 +90,12 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
         if time_budget is not None and time.perf_counter() - t0 > time_budget:
             s.stopped_by_time_budget = True
             break
+        if progress is not None:
+            done = i - first
+            if done % PROGRESS_EVERY == 0:
+                progress.stage(f"programs {done + 1}-{min(done + PROGRESS_EVERY, programs)} of "
+                               f"{programs} (seed {seed})")
+            progress.item(done + 1, programs, f"program {i}")
         pseed = program_seed(seed, i)
         if system_every and i % system_every == 0:
             _system_cases(s, pseed)

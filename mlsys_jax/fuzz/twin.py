@@ -88,6 +88,10 @@ def mirrors(new, new64, orig, orig64, dtype: str) -> str:
         if _is_float(a.dtype) and _is_float(b.dtype):
             b = np.asarray(b, a.dtype)  # the twin's value as the program holds it (1e-8→0 f16)
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        finite = np.isfinite(a) & np.isfinite(b)
+        if not np.array_equal(a[~finite], b[~finite], equal_nan=True):  # Inf - Inf is no ulp
+            return "a constant's Inf/NaN differ from its float64 twin's"
+        a, b = a[finite], b[finite]
         scale = np.max(np.abs(b), initial=0.0)
         if a.size and np.max(np.abs(a - b)) > MIRROR_ULPS * ulp * scale:
             return (f"a constant differs from its float64 twin by "
