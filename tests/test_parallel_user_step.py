@@ -183,3 +183,30 @@ def test_memory_is_flat_in_the_step_count(lecture):
         sizes.append(len(jax.tree.leaves(json.loads(json.dumps(r.to_json())))))
         del r
     assert alive[1] <= alive[0] and sizes[1] == sizes[0]
+
+
+@pytest.mark.parametrize("spec", [P("data"), P(None, "data"), P(("model", "data")), P(),
+                                  P("model", "data")])
+def test_leaf_comparisons_read_shards_a_block_at_a_time(monkeypatch, spec):
+    """The run's comparisons (max |a - b|, max |a|) read a sharded leaf shard by shard, a few
+    elements at a time, and give the float64 figures of whole host copies, NaN included."""
+    from jax.sharding import NamedSharding
+
+    from mlsys_jax.parallel.shard import compare
+
+    monkeypatch.setattr(compare, "BLOCK", 7)   # several blocks per shard
+    mesh = make_mesh({"data": 4, "model": 2})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 24), dtype=np.float32)
+    y = x + np.float32(1e-3) * rng.standard_normal((8, 24), dtype=np.float32)
+    on_mesh, one = jax.device_put(x, NamedSharding(mesh, spec)), jnp.asarray(y)
+
+    def whole(u, v=0.0):
+        return float(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64))))
+    for a, b in [(on_mesh, one), (one, on_mesh), (x, y)]:
+        assert (compare.leaf_diffs({"s": a[0, 0], "w": a}, {"s": b[0, 0], "w": b})
+                == [whole(x[0, 0], y[0, 0]), whole(x, y)])
+    assert compare.leaf_scales([on_mesh, one]) == [whole(x), whole(y)]
+    x[3, 5] = np.nan
+    nan = jax.device_put(x, NamedSharding(mesh, spec))
+    assert np.isnan(compare.leaf_diffs(nan, one)[0]) and np.isnan(compare.leaf_scales(nan)[0])

@@ -115,7 +115,7 @@ def main(args) -> int:
     import jax
 
     from mlsys_jax.cli.shard_render import render
-    from mlsys_jax.parallel.shard import simulate
+    from mlsys_jax.parallel.shard import simulate, step
 
     mesh = parse_mesh(args.mesh)
     shard_pipe.check_flags(args, mesh)
@@ -125,6 +125,7 @@ def main(args) -> int:
         raise MlsysError(f"--steps must be >= 1, got {args.steps}")
     _check_devices(mesh, args.processes)
     extra = _options(args)
+    step.map_large_blocks()   # this process is the command's: freed steps go back at once
     record = tempfile.mkdtemp(prefix="mlsys-shard-") if args.processes > 1 else None
     try:
         # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
@@ -201,8 +202,9 @@ def worker_main(argv=None) -> int:
 def _worker_steps(a) -> dict:
     import jax
 
-    from mlsys_jax.parallel.shard import simulate
+    from mlsys_jax.parallel.shard import simulate, step
 
+    step.map_large_blocks()
     cfg = json.loads(a.settings)
     loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
     simulate(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], cfg["steps"], rules,

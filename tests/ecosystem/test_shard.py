@@ -171,18 +171,47 @@ class _LiveBytes(Recorder):
                              sum(b for k, b in now.items() if k not in self.before)))
 
 
-def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps():
+class _AtMeshCalls:
+    """The compiled sharded step, probed: at every call, the bytes of the new device buffers
+    alive beside the call's own arguments (what the run holds while its largest program runs)."""
+
+    def __init__(self, compiled, probe: _LiveBytes):
+        self.compiled, self.probe, self.held = compiled, probe, []
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+    def __call__(self, *args):
+        own = _buffers(jax.tree.leaves(args))
+        now = _buffers(jax.live_arrays())
+        self.held.append(sum(b for k, b in now.items()
+                             if k not in self.probe.before and k not in own))
+        return self.compiled(*args)
+
+
+def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps(monkeypatch):
     """GPT-2's code at a tiny size on data=4,model=2 with ZeRO-3: at every point of every step
     the run holds at most 4 training states (params + optimizer state + gradients) of new
     arrays, and as many at the last step as at the second (the first still trains the factory's
-    own parameters): nothing per step outlives it."""
+    own parameters): nothing per step outlives it. While the sharded step runs, the run holds
+    beside the step's own arguments at most one device's parameters and optimizer state (the
+    trajectory it follows), and as much at the last step as at the second."""
     import flax_gpt2
 
+    from mlsys_jax.parallel.shard import step as shard_step
+
     loss_fn, params, batch, optimizer = flax_gpt2.train_tiny()
-    probe, steps = _LiveBytes(), 4
+    probe, steps, calls = _LiveBytes(), 4, []
+    compile_sharded = shard_step.compile_sharded
+
+    def probed(*args, **kwargs):
+        calls.append(_AtMeshCalls(compile_sharded(*args, **kwargs), probe))
+        return calls[-1]
+    monkeypatch.setattr(shard_step, "compile_sharded", probed)
     simulate(loss_fn, params, batch, optimizer, {"data": 4, "model": 2}, 3, steps=steps,
              options=comm.QUICK_COMPILE, time_repeats=0, record=probe)
-    state = 2 * comm.nbytes(params) + comm.nbytes(jax.eval_shape(optimizer.init, params))
+    opt_state = comm.nbytes(jax.eval_shape(optimizer.init, params))
+    state = 2 * comm.nbytes(params) + opt_state
     held = max(b for *_, b in probe.samples)
     assert held <= 4 * state, (held, state)
     by_point = {}
@@ -191,3 +220,7 @@ def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps():
     for point, per_step in by_point.items():
         if len(per_step) > 2:
             assert per_step[steps - 1] == per_step[1], (point, per_step)
+    beside = calls[0].held          # teacher-forced steps, then free-running ones
+    assert len(beside) == 2 * steps
+    assert max(beside) <= comm.nbytes(params) + opt_state + 4096, (beside, state)  # + scalars
+    assert beside[steps - 1] == beside[1] and beside[-1] == beside[steps + 1], beside

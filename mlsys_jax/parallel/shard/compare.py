@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 FLOOR_EPS = 16
+BLOCK = 1 << 20   # elements compared at a time: float64 copies of a block, never of a leaf
 
 
 def host(x) -> np.ndarray:
@@ -29,16 +30,63 @@ def host(x) -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
+def _sharded(x) -> bool:
+    return isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
+
+
+def _pieces(x):
+    """``(index, view)`` for each distinct shard of an array of this process (one replica of a
+    replicated one), each a host view of the shard's own buffer: no copy of the whole array is
+    assembled (NumPy's conversion of a sharded array builds one and keeps it on the array)."""
+    if _sharded(x):
+        for s in x.addressable_shards:
+            if s.replica_id == 0:
+                yield s.index, np.asarray(s.data)
+    else:
+        yield (), np.asarray(x)
+
+
+def _blockwise_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """max |a - b| (max |a| without ``b``) in float64, BLOCK elements at a time; NaN if any."""
+    a = a.reshape(-1)
+    b = None if b is None else b.reshape(-1)
+    worst = np.float64(0.0)
+    for i in range(0, a.size, BLOCK):
+        d = a[i:i + BLOCK].astype(np.float64)
+        if b is not None:
+            d -= b[i:i + BLOCK]
+        worst = np.maximum(worst, np.max(np.abs(d), initial=0.0))
+    return float(worst)
+
+
+def _max_abs_diff(u, v) -> float:
+    if (np.shape(u) != np.shape(v)
+            or any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (u, v))):
+        return float(np.max(np.abs(host(u) - host(v)), initial=0.0))
+    if _sharded(v) and not _sharded(u):
+        u, v = v, u
+    whole = np.asarray(v)      # one device's array: on the CPU a view of its buffer, no copy
+    worst = 0.0
+    for index, piece in _pieces(u):
+        worst = np.maximum(worst, _blockwise_max(piece, whole[index]))
+    return float(worst)
+
+
 def leaf_diffs(a, b) -> list[float]:
-    """max |a - b| for each pair of leaves of two pytrees of the same structure."""
-    out = []
-    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        out.append(float(np.max(np.abs(host(u) - host(v)), initial=0.0)))
-    return out
+    """max |a - b| for each pair of leaves of two pytrees of the same structure, computed in
+    float64 shard by shard and block by block: the comparison holds no host copy of a leaf."""
+    return [_max_abs_diff(u, v) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
 
 
 def leaf_scales(a) -> list[float]:
-    return [float(np.max(np.abs(host(u)), initial=0.0)) for u in jax.tree.leaves(a)]
+    """max |a| for each leaf, as :func:`leaf_diffs` computes."""
+    out = []
+    for u in jax.tree.leaves(a):
+        if isinstance(u, jax.Array) and not u.is_fully_addressable:
+            out.append(float(np.max(np.abs(host(u)), initial=0.0)))
+        else:
+            out.append(float(np.max([_blockwise_max(p) for _, p in _pieces(u)], initial=0.0)))
+    return out
 
 
 @dataclass

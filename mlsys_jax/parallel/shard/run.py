@@ -113,8 +113,8 @@ def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> Non
         # one-device optimizer on the mesh's gradients: the largest program runs first, alone,
         # with the last step's freed transients handed back first
         release_memory()
-        nt, _, lm, gm = mesh(params_to_mesh(t), state_to_mesh(s), mesh_b)
-        want, _ = advance(on_one_device(gm), s, t)
+        nt, lm, gm = _without_state(mesh(params_to_mesh(t), state_to_mesh(s), mesh_b))
+        want = advance(on_one_device(gm), s, t)[0]   # its new state is not judged: dropped here
         forced["params"].add(leaf_diffs(nt, want), [0.0] * len(jax.tree.leaves(want)),
                              leaf_scales(want), eps)
         record("forced", k, "params", nt)
@@ -132,6 +132,13 @@ def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> Non
         t, s = advance(gw, s, t)
         del gw
         _progress("teacher-forced", k, steps, t0)
+
+
+def _without_state(out):
+    """A teacher-forced mesh step's parameters, loss and gradients; its new optimizer state is
+    dropped at once (a name bound to it would hold it through the next step's mesh call)."""
+    nt, _, lm, gm = out
+    return nt, lm, gm
 
 
 def _free(setup, programs, mesh, steps: int, free: dict, record):

@@ -220,6 +220,7 @@ def _collectives(out: ShardReport, setup, sem, compiled, options) -> None:
 def _time(out: ShardReport, setup, programs, mesh_step, repeats: int) -> None:
     """Sharded step against one device's (gradient, then update), side by side; the sharded
     step donates its state, so it runs as a training loop does, each step on the last one's."""
+    step.release_memory()   # the runs' freed host memory back first: the steps' own lands on it
     lay, t, b = setup.layout, setup.trainable, setup.batch
     s = programs["init"](t)
     state = [step.copier(lay.params)(t), step.copier(lay.opt_state)(s)]

@@ -119,3 +119,19 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to hand back this way
         pass
+
+
+def map_large_blocks(threshold: int = 1 << 20) -> None:
+    """From now on, for the rest of the process, let the C allocator map each block of
+    ``threshold`` bytes or more on its own and unmap it when freed (glibc's
+    ``M_MMAP_THRESHOLD``), so a freed array's memory goes back to the system at once. By default
+    glibc raises that threshold as large blocks are freed (up to 32 MiB), and the freed buffers of
+    one step stay in the arenas of the threads that held them, where the next step's buffers,
+    allocated on other threads, cannot reuse them. For a process of its own (the command's)."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, threshold)
+    except (OSError, AttributeError):  # not glibc: its allocator's own policy stands
+        pass
