@@ -94,19 +94,39 @@ def markdown(report: dict, names: list[str]) -> str:
            "as ratios.",
            ""]
     for name, res in report["benchmarks"].items():
-        flat: dict = {}
-        _flatten("", res.get("figures", {}), flat)
-        rows = {}
-        for key, value in flat.items():  # fold {ratio,min,max} and timing dicts into one cell
-            base, _, leaf = key.rpartition(".")
-            if leaf in ("ratio", "median_us", "repeats", "number", "rounds") or _BOUND.fullmatch(leaf):
-                rows.setdefault(base, {})[leaf] = value
-            else:
-                rows[key] = value
-        out += [f"## {name} ({res.get('seconds')} s)", "",
-                markdown_table([{"figure": k, "value": _cell(v)} for k, v in rows.items()])]
-        out += [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
+        out += section(name, res)
     return "\n".join(out)
+
+
+def section(name: str, res: dict, alone: str = "") -> list:
+    """One benchmark's lines: its heading, ``alone`` (where it ran apart from the rest), its
+    figures as a table, its notes."""
+    flat: dict = {}
+    _flatten("", res.get("figures", {}), flat)
+    rows = {}
+    for key, value in flat.items():  # fold {ratio,min,max} and timing dicts into one cell
+        base, _, leaf = key.rpartition(".")
+        if leaf in ("ratio", "median_us", "repeats", "number", "rounds") or _BOUND.fullmatch(leaf):
+            rows.setdefault(base, {})[leaf] = value
+        else:
+            rows[key] = value
+    out = [f"## {name} ({res.get('seconds')} s)", ""] + ([alone, ""] if alone else [])
+    out += [markdown_table([{"figure": k, "value": _cell(v)} for k, v in rows.items()])]
+    return out + [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
+
+
+def merged(old: str, report: dict) -> str:
+    """``old`` (a BENCHMARKS.md) with the sections of ``report``'s benchmarks replaced (or
+    appended), each saying it ran alone; the other sections are kept as they were."""
+    m = report["machine"]
+    parts = re.split(r"(?m)^(?=## )", old)
+    head, sections = parts[0], {p.split()[1]: p for p in parts[1:]}
+    for name, res in report["benchmarks"].items():
+        alone = (f"This section alone: `mlsys-jax bench {name} --json` on {m['time']} ({m['cpu']}, "
+                 f"{m['cores']} cores, jax {m['jax']}); the other sections are from the run "
+                 "named at the top.")
+        sections[name] = "\n".join(section(name, res, alone)) + "\n"
+    return head + "".join(sections[k] for k in sections)
 
 
 def main(args) -> int:
@@ -128,8 +148,10 @@ def main(args) -> int:
     report = {"machine": machine(), "benchmarks": to_jsonable(results),
               "seconds": round(time.perf_counter() - total, 2)}
     if getattr(args, "md", None):
-        with open(args.md, "w") as f:
-            f.write(markdown(report, names))
+        whole = set(names) == set(available) or not os.path.exists(args.md)
+        text = markdown(report, names) if whole else merged(open(args.md).read(), report)
+        with open(args.md, "w") as f:  # a subset replaces its own sections only
+            f.write(text)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

@@ -1,5 +1,5 @@
 """BENCHMARKS.md: every kind of figure a benchmark returns becomes one readable cell."""
-from benchmarks.runner import discover, markdown
+from benchmarks.runner import discover, markdown, merged
 
 REPORT = {
     "machine": {"time": "t", "cpu": "cpu", "cores": 2, "python": "3", "jax": "0", "platform": "cpu",
@@ -26,3 +26,15 @@ def test_every_figure_kind_is_one_cell():
     assert "- a note" in md
     assert not any(row.startswith(("| timings_us.eager.", "| timings_us.warm.")) for row in
                    md.splitlines())  # repeats, number and rounds are folded into their cell
+
+
+def test_one_benchmarks_markdown_replaces_its_own_section_only():
+    old = markdown({**REPORT, "benchmarks": {"demo": {"seconds": 9, "figures": {"old_ratio": 2}},
+                                             "other": {"seconds": 1, "figures": {"kept": 3}}}},
+                   ["demo", "other"])
+    new = merged(old, REPORT)
+    assert new.startswith(old.split("## ")[0])  # the heading of the whole run, as it was
+    assert "| kept | 3 |" in new and "| old_ratio |" not in new and "| plain_ratio | 1.5 |" in new
+    assert new.count("## demo") == 1 and "This section alone: `mlsys-jax bench demo --json`" in new
+    added = merged(old, {**REPORT, "benchmarks": {"fresh": REPORT["benchmarks"]["demo"]}})
+    assert "## fresh" in added and "| old_ratio | 2 |" in added

@@ -12,7 +12,8 @@ def add_arguments(p) -> None:
     p.add_argument("names", nargs="*", help="benchmark names (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quick", action="store_true", help="small sizes (the CI tier)")
-    p.add_argument("--md", metavar="FILE", help="also write the figures as markdown (BENCHMARKS.md)")
+    p.add_argument("--md", metavar="FILE", help="also write the figures as markdown (BENCHMARKS.md; "
+                   "named benchmarks replace their own sections of an existing file)")
 
 
 def main(args) -> int:
