@@ -126,7 +126,7 @@ def merged(old: str, report: dict) -> str:
                  f"{m['cores']} cores, jax {m['jax']}); the other sections are from the run "
                  "named at the top.")
         sections[name] = "\n".join(section(name, res, alone)) + "\n"
-    return head + "".join(sections[k] for k in sections)
+    return head + "".join(sections.values())
 
 
 def main(args) -> int:

@@ -70,15 +70,17 @@ def lifted(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> tuple[Callable, 
     (MLIR, the compilation cache key's hash, XLA's constant folding: seconds and several copies
     per 100 MB); an argument is read where it lies. Smaller constants stay in the program, where
     XLA folds them as it would in the user's own jitted code."""
-    jaxpr, consts = closed.jaxpr, list(closed.consts)
-    big = lifted_indices(closed, min_bytes)
-
     def fn(values, *args):
-        full = list(consts)
-        for i, x in zip(big, values):
-            full[i] = x
-        return eval_jaxpr(jaxpr, full, *args)
-    return fn, [consts[i] for i in big]
+        return eval_jaxpr(closed.jaxpr, with_lifted(closed, values, min_bytes), *args)
+    return fn, [closed.consts[i] for i in lifted_indices(closed, min_bytes)]
+
+
+def with_lifted(closed: ClosedJaxpr, values, min_bytes: int = LIFT_BYTES) -> list:
+    """The constants of ``closed``, those :func:`lifted` passes in replaced by ``values``."""
+    full = list(closed.consts)
+    for i, x in zip(lifted_indices(closed, min_bytes), values):
+        full[i] = x
+    return full
 
 
 def lifted_indices(closed: ClosedJaxpr, min_bytes: int = LIFT_BYTES) -> list[int]:

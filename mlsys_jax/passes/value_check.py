@@ -30,6 +30,7 @@ import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.interpret import lifted_indices, with_lifted
 from mlsys_jax.ir.primitives import CONTROL, TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies, walk
 from mlsys_jax.ir.widen import is_float
@@ -164,19 +165,7 @@ def _threaded(closed, draws: list, big: list = ()):
                 outs = bind_equation(eqn, vals)
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
-    def consts():
-        full = list(closed.consts)
-        for i, x in zip(_large_consts(closed), big):
-            full[i] = x
-        return full
-    return lambda *args: interpret(closed.jaxpr, consts(), list(args), [0])
-
-
-def _large_consts(closed) -> list[int]:
-    """Indices of the constants :func:`mlsys_jax.ir.interpret.lifted` passes as arguments."""
-    from mlsys_jax.ir.interpret import lifted_indices
-
-    return lifted_indices(closed)
+    return lambda *args: interpret(closed.jaxpr, with_lifted(closed, big), list(args), [0])
 
 
 def _draws(sites, seed: int) -> list:
@@ -227,14 +216,10 @@ def _twin(before):
     factory's parameters."""
     from mlsys_jax.ir.evaluate import eval_open
 
-    where = _large_consts(before)
-    big = [before.consts[i] for i in where]
+    big = [before.consts[i] for i in lifted_indices(before)]
 
     def widened(values, *args):
-        consts = list(before.consts)
-        for i, x in zip(where, values):
-            consts[i] = x
-        return eval_open(before.jaxpr, consts, list(args), widen=True)
+        return eval_open(before.jaxpr, with_lifted(before, values), list(args), widen=True)
     fn, broken = jax.jit(widened), []
 
     def twin(xs):
@@ -291,7 +276,7 @@ def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = F
     sites, uncompared = _rng_plan(before, after)
     sets = input_sets(inputs, fresh, seed)
     # a factory's parameters, folded in as constants, enter the program as arguments
-    big = [[g.consts[i] for i in _large_consts(g)] for g in (before, after)]
+    big = [[g.consts[i] for i in lifted_indices(g)] for g in (before, after)]
     both = jax.jit(lambda draws, bb, ba, *a: (_threaded(before, draws, bb)(*a),
                                               _threaded(after, draws, ba)(*a)))
     runs = [both(_draws(sites, seed + i), *big, *xs) for i, xs in enumerate(sets)]

@@ -107,4 +107,3 @@ def _host(x):
     if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
         return np.asarray(x)
     return x
-
