@@ -18,7 +18,7 @@ GPT2_BUDGET = "70%"
 
 def _frontier(factory, **kw):
     with jax.enable_x64(False):          # module fixtures start before the float32 fixture
-        return Frontier(*factory(**kw), repeats=3, timing_budget_s=2.0)
+        return Frontier(*factory(**kw), repeats=3, timing_budget_s=1.0)
 
 
 def test_gpt2_shape_meets_its_budget_with_the_gradient_of_jax_grad():
