@@ -24,7 +24,7 @@ def train_mlp(widths=(64, 64, 10), n: int = 16, features: int = 32):
     kx, ky = jax.random.split(jax.random.key(1))
     batch = {"x": jax.random.normal(kx, (n, features)),
              "y": jax.random.randint(ky, (n,), 0, widths[-1])}
-    params = net.init(jax.random.key(0), batch["x"])
+    params = jax.jit(net.init)(jax.random.key(0), batch["x"])  # one compile, not one per op
 
     def loss_fn(params, batch):
         logits = net.apply(params, batch["x"])
@@ -44,7 +44,8 @@ def train_resnet(n: int = 8, size: int = 16, classes: int = 10):
 
     net = hk.without_apply_rng(hk.transform_with_state(forward))
     batch = _images(n, size, classes)
-    params, state = net.init(jax.random.key(0), batch["x"], is_training=True)
+    params, state = jax.jit(net.init, static_argnames="is_training")(
+        jax.random.key(0), batch["x"], is_training=True)
 
     def loss_fn(params, batch):
         logits, _ = net.apply(params, state, batch["x"], is_training=True)

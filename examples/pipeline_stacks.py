@@ -43,7 +43,7 @@ def haiku_mlp_of(depth=12, width=64, features=32, classes=10, rows=16):
     net = hk.without_apply_rng(hk.transform(
         lambda x: hk.nets.MLP([width] * depth + [classes])(x)))
     batch = batch_of(rows, features, classes)
-    params = net.init(jax.random.key(0), batch["x"])
+    params = jax.jit(net.init)(jax.random.key(0), batch["x"])  # one compile, not one per op
     return (lambda p, b: _xent(net.apply(p, b["x"]), b["y"])), params, batch, optax.adamw(1e-3)
 
 
