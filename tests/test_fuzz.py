@@ -9,11 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from mlsys_jax.fuzz import Spec, generate_seeded, program_seed
 from mlsys_jax.fuzz import oracles
 from mlsys_jax.fuzz.program import build
-from mlsys_jax.fuzz.judge import check_program, reason
+from mlsys_jax.fuzz.judge import apply_pass, check_program, reason
 from mlsys_jax.fuzz.mutants import MUTANTS
 from mlsys_jax.fuzz.reproduce import replay, reproducer_source, shrink
 from mlsys_jax.fuzz.spec import all_ops
 from mlsys_jax.ir import as_function, rebuild
+from mlsys_jax.passes import registry
 from tests.fuzz_strategies import specs
 
 SEEDS = [program_seed(11, i) for i in range(24)]
@@ -111,6 +112,80 @@ def test_float64_twin_vouches_only_for_a_rewrite_that_mirrors_it():
     inf = np.where(np.arange(8) == 0, np.inf, w)  # Inf where the twin has Inf: no difference
     assert oracles.mirrors(scaled(inf.astype(np.float32))(x32), scaled(inf)(x64), orig,
                            orig64, "f32") == ""
+
+
+# 10k-campaign reproducers (seed 0), shrunk: fold_matmul_scale exact in real arithmetic, its
+# float32/float16 excess amplified by pow chains; the twin could not vouch for them program-wide.
+# 9713: the float64 program alone casts a dead float32 draw to float64 (the rewrite drops it).
+TWIN_DEAD_CAST = (3178590862, 0, {
+    "dtype": "f32", "inputs": [[4, 8]], "keys": 1, "layout": "dense", "special": False,
+    "nodes": [{"args": [0], "form": "scores_scaled", "op": "attention", "seed": 577257683},
+              {"args": [1], "op": "pow", "y": 2},
+              {"args": [1], "fn": "uniform", "op": "rng", "seed": 29},
+              {"args": [2], "name": "blk18", "op": "while",
+               "body": [{"args": [0], "op": "pow", "y": 3},
+                        {"args": [0, 1], "fn": "max", "op": "binary"}]}],
+    "outputs": [4]})
+# 6091: a float16 variance is subnormal, so no known constant: the Dense + BN of output 0 folds
+# its scale only in float16; output 1's attention is folded alike at both dtypes.
+TWIN_OTHER_OUTPUT = (3790859076, 1, {
+    "dtype": "f16", "inputs": [[4, 8]], "keys": 0, "layout": "dense", "special": True,
+    "nodes": [{"args": [0], "bias_axis": None, "n": 8, "op": "dense", "seed": 1581750045},
+              {"args": [1], "eps": 0.001, "form": "rsqrt", "neg_gamma": False, "op": "bn",
+               "seed": 879058974, "var": "tiny"},
+              {"args": [0], "form": "q_scaled", "op": "attention", "seed": 1270535287},
+              {"args": [3], "op": "pow", "y": 3},
+              {"args": [], "fn": "sin", "op": "const", "seed": 1827851165, "shape": [4, 8]},
+              {"args": [4, 5], "fn": "max", "op": "binary"}],
+    "outputs": [2, 6]})
+
+
+def _judge_matmul_scale(spec: Spec, seed: int, p):
+    closed = build(spec)
+    ref = oracles.reference(spec, closed, seed, gradients=False)
+    return oracles.compare(ref, apply_pass(p, closed).jaxpr, oracles.NUMERIC, gradients=False,
+                           rewrite64=lambda: apply_pass(p, ref.closed64).jaxpr)
+
+
+@pytest.mark.parametrize("case", [TWIN_DEAD_CAST, TWIN_OTHER_OUTPUT], ids=["9713", "6091"])
+def test_float64_twin_vouches_for_the_output_whose_computation_mirrors_it(case):
+    """The twin is asked about what the excused output is computed by: dead code and another
+    output's computation may differ by dtype."""
+    seed, out, raw = case
+    spec = Spec.from_json(raw)
+    assert replay(spec, "fold_matmul_scale", seed) == []
+    v = _judge_matmul_scale(spec, seed, registry.make("fold_matmul_scale"))
+    assert v.ok and v.twin_checks == 1  # past the allowance, excused by the twin
+    if out == 1:  # output 0's computation differs from its twin's, and would not be excused
+        p = registry.make("fold_matmul_scale")
+        closed, closed64 = build(spec), build(spec, "f64")
+        new, new64 = apply_pass(p, closed).jaxpr, apply_pass(p, closed64).jaxpr
+        assert "differs" in oracles.mirrors(new, new64, closed, closed64, "f16", (0,))
+        assert oracles.mirrors(new, new64, closed, closed64, "f16", (1,)) == ""
+
+
+def _wrong_below_float64(wrong):
+    """fold_matmul_scale with its folded weights made ``wrong`` in programs narrower than float64
+    only: translation validation (float64) and the float64 twin see the exact fold."""
+    from mlsys_jax.fuzz.mutants import _during
+    from mlsys_jax.passes.rules import fold
+
+    real = fold.scale_weights
+
+    def lossy(w, vec, site, dtype):
+        out = real(w, vec, site, dtype)
+        return wrong(out) if isinstance(out, np.ndarray) and out.dtype != np.float64 else out
+    return _during(registry.make("fold_matmul_scale"), (fold, "scale_weights", lossy))
+
+
+@pytest.mark.parametrize("case,wrong", [
+    (TWIN_DEAD_CAST, lambda w: w.astype(jax.numpy.bfloat16).astype(w.dtype)),
+    (TWIN_OTHER_OUTPUT, lambda w: (w * 1.25).astype(w.dtype))], ids=["9713", "6091"])
+def test_float64_twin_still_refuses_a_wrong_fold_on_the_output_it_would_excuse(case, wrong):
+    seed, out, raw = case
+    v = _judge_matmul_scale(Spec.from_json(raw), seed, _wrong_below_float64(wrong))
+    failed = [f for f in v.failures if f.startswith(f"output {out}:")]
+    assert failed and "a constant differs from its float64 twin" in failed[0], v.failures
 
 
 def test_derivative_modes_are_the_ones_jax_can_take():

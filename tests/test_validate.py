@@ -141,16 +141,41 @@ def test_large_regions_run_on_one_example_of_their_batch():
 
 
 
-@pytest.mark.parametrize("program", [67, 23])
+def _seed0(program: int):
+    from mlsys_jax.fuzz import generate_seeded, program_seed
+    from mlsys_jax.fuzz.program import build
+
+    return build(generate_seeded(program_seed(0, program)))
+
+
+@pytest.mark.parametrize("program", [67, 23, 1601])
 def test_constants_are_what_the_program_and_the_rewrite_make_of_them(program):
     """Campaign programs of seed 0 where a float32 rounding of constants could pass for a wrong
     value: 67, a jitted conv + bias helper on a constant input (sin of one, times 2) then
     a BatchNorm of tiny variance — the conv, removed by the rewrite, reads constants alone, and
     its float64 meaning is its float32 value or its float64 one; 23, a named ``batch_norm`` call
-    whose constants (rsqrt(var + eps)) are the program's float32 values, as the rule reads them."""
-    from mlsys_jax.fuzz import generate_seeded, program_seed
-    from mlsys_jax.fuzz.program import build
-
-    res = P.run(P.fold_conv_bn(), build(generate_seeded(program_seed(0, program))))
+    whose constants (rsqrt(var + eps)) are the program's float32 values, as the rule reads them;
+    1601, both at once — a conv of a constant then a named ``batch_norm``, which the rule folds
+    computing the conv in float64 and reading rsqrt(var + eps) as the float32 program has it
+    (its site's operand taken as an input)."""
+    res = P.run(P.fold_conv_bn(), _seed0(program))
     assert res.changed
     assert not [r for r in res.refusals if r.check == "translation_validation"], res.refusals
+
+
+def test_a_fold_off_by_more_than_rounding_on_constants_alone_is_refused():
+    """Program 1601's fold with one channel's scale 1e-5 too large (a hundred float32 ulps):
+    every float64 meaning of its constant region refuses it."""
+    from mlsys_jax.passes.rules import fold
+
+    real = fold.scale_weights
+
+    def off(w, vec, site, dtype):
+        vec = np.array(vec)
+        vec.flat[0] *= 1 + 1e-5
+        return real(w, vec, site, dtype)
+    with mutants.patched(fold, "scale_weights", off):
+        res = P.run(P.fold_conv_bn(), _seed0(1601))
+    assert not res.changed
+    (refused,) = [r for r in res.refusals if r.check == "translation_validation"]
+    assert "differs in float64" in refused.reason

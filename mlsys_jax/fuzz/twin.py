@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import Literal
-from mlsys_jax.ir import walk
+from mlsys_jax.ir.walk import bodies, walk
 from mlsys_jax.ir.trace import DTYPES
 
 TWIN_RTOL = 1e-9                   # the rewrite on the float64 program vs the float64 program
@@ -45,41 +45,68 @@ def twin_equal(new64, ref64, err32: float = 0.0, norm=None) -> bool:
     return bool(err32 > 0 and norm is not None and norm(a, b) <= PRECISION_SCALING * err32)
 
 
-def _skeleton(closed) -> tuple:
-    """What a program is, dtype aside: (primitive, output shapes) of every equation except casts
-    (a float16 sum upcasts, its float64 twin does not), the number of casts, and every constant
-    and literal."""
-    consts = dict(zip(closed.jaxpr.constvars, closed.consts))
+def _cone(jaxpr, outputs) -> list:
+    """The top-level equations the outputs at indices ``outputs`` are computed by, in order: the
+    rest (another output's computation, dead code) cannot change those outputs."""
+    need = {v for i in outputs if not isinstance(v := jaxpr.outvars[i], Literal)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in need for v in eqn.outvars):
+            kept.append(eqn)
+            need.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return kept[::-1]
+
+
+def _skeleton(closed, outputs=None) -> tuple:
+    """What the outputs at indices ``outputs`` (None: all) are computed by, dtype aside:
+    (primitive, output shapes) of every equation of their cone (:func:`_cone`, into nested
+    bodies) except casts (a float16 sum upcasts, its float64 twin does not), the number of casts,
+    and every constant and literal they read."""
+    jaxpr = closed.jaxpr
+    outputs = range(len(jaxpr.outvars)) if outputs is None else outputs
+    consts = dict(zip(jaxpr.constvars, closed.consts))
     ops, casts, values = [], 0, []
-    for _, eqn in walk(closed):
-        for v in eqn.invars:  # constants in order of first use: their list order is arbitrary
-            if isinstance(v, Literal):
-                values.append(np.asarray(v.val))
-            elif v in consts:
-                values.append(np.asarray(consts.pop(v)))
-        if eqn.primitive.name == "convert_element_type":
-            casts += 1
-            continue
-        ops.append((eqn.primitive.name, tuple(tuple(v.aval.shape) for v in eqn.outvars)))
-    return ops, casts, values + [np.asarray(c) for c in consts.values()]
+
+    def read(v):  # constants in order of first use: their list order is arbitrary
+        if isinstance(v, Literal):
+            values.append(np.asarray(v.val))
+        elif v in consts:
+            values.append(np.asarray(consts.pop(v)))
+    for top in _cone(jaxpr, outputs):
+        for eqn in (top, *(e for b in bodies(top) for _, e in walk(b.jaxpr))):
+            for v in eqn.invars:
+                read(v)
+            if eqn.primitive.name == "convert_element_type":
+                casts += 1
+                continue
+            ops.append((eqn.primitive.name, tuple(tuple(v.aval.shape) for v in eqn.outvars)))
+    for i in outputs:  # an output that is a constant itself
+        read(jaxpr.outvars[i])
+    return ops, casts, values
 
 
-def mirrors(new, new64, orig, orig64, dtype: str) -> str:
+def mirrors(new, new64, orig, orig64, dtype: str, outputs=None) -> str:
     """'' if ``new`` (the rewrite of the program) is ``new64`` (the same pass on the float64 twin)
-    in the program's dtype — same equations and shapes, no cast the twin lacks, constants equal
-    (the twin's rounded to the program's dtype) to ``MIRROR_ULPS`` ulp of the array's largest
-    value; else the reason it is not.
+    in the program's dtype, where it computes the outputs at indices ``outputs`` (None: all) —
+    same equations and shapes, no cast the twin lacks, constants equal (the twin's rounded to the
+    program's dtype) to ``MIRROR_ULPS`` ulp of the array's largest value; else the reason it is
+    not.
 
     Only then may the twin vouch for a float32 excess: a pass that behaves differently at the
     program's dtype (say, rounds folded weights to bfloat16 in float32 programs only) leaves the
-    twin exact, and would otherwise pass unseen (mutant ``conv_bn_bf16_in_f32``)."""
-    (ops, casts, vals), (ops64, casts64, vals64) = _skeleton(new), _skeleton(new64)
+    twin exact, and would otherwise pass unseen (mutant ``conv_bn_bf16_in_f32``). What the
+    outputs are not computed by is left out on all four sides: a site folded at one dtype only
+    (a float16 variance that is subnormal is no known constant) is another output's business,
+    and dead code that only the float64 program has (the cast of a float32 draw) is no cast
+    the rewrite added."""
+    (ops, casts, vals), (ops64, casts64, vals64) = (_skeleton(new, outputs),
+                                                    _skeleton(new64, outputs))
     if ops != ops64:
         at = next((i for i, (a, b) in enumerate(zip(ops, ops64)) if a != b),
                   min(len(ops), len(ops64)))
         return (f"the rewrite differs from its float64 twin at equation {at} "
                 f"({len(ops)} vs {len(ops64)} equations)")
-    if casts - _skeleton(orig)[1] > casts64 - _skeleton(orig64)[1]:
+    if casts - _skeleton(orig, outputs)[1] > casts64 - _skeleton(orig64, outputs)[1]:
         return "the rewrite adds casts that its float64 twin does not"
     if len(vals) != len(vals64) or any(a.shape != b.shape for a, b in zip(vals, vals64)):
         return "the rewrite's constants differ in number or shape from its float64 twin's"

@@ -35,14 +35,15 @@ EDGES = 2             # kept at each end
 class Site:
     """What a region says about the linear site it rewrites (``rules/linear.LinearSite``): its
     weights, the weight axes that own its output features, the feature axes' sizes, those of
-    them a cut may slice (none for a grouped conv or a dot's batch axes), and a conv_bias call's
-    bias (feature-shaped), if any."""
+    them a cut may slice (none for a grouped conv or a dot's batch axes), a conv_bias call's
+    bias (feature-shaped), if any, and the value the weights are applied to (``operand``)."""
 
     weight: object
     weight_axes: tuple
     sizes: tuple
     cuttable: tuple
     bias: object = None
+    operand: object = None
 
 
 @dataclass(frozen=True)

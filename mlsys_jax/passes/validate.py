@@ -12,7 +12,9 @@ subnormal; integers: their extremes; docs/verification.md §1).
   in float64, not rounded to the program's dtype) every output element must agree to
   ``1e-9·(|original| + rms(original))`` plus a millionth of the original's own rounding error at
   that element (the program-dtype evaluation against the float64 one): an algebraically exact
-  rewrite differs by ~1e-15, a wrong one by O(1), so the test needs no tuning.
+  rewrite differs by ~1e-15, a wrong one by O(1), so the test needs no tuning. Constants are the
+  program's values on both sides; where a removed equation reads constants alone, the region has
+  several float64 meanings (:func:`_meanings`) and agreeing with one is agreeing.
 - In the program's own dtypes every value must stay finite where the original's is (folded
   constants overflowing float16's 65504 make Inf) and integer and boolean results stay exact.
 
@@ -335,7 +337,7 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
     floats = any(is_float(v.aval.dtype) for v in region.outputs)
     narrow = floats and _narrow(region)
     given = _given(region, with_removed=True, cut=cut)
-    alone = None  # the constants of the equations kept alone: only where needed (below), once
+    others = None  # the other meanings of a region on constants alone (below): once, if needed
     if cut is not None:
         shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
     for i in range(DRAWS):
@@ -351,27 +353,56 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
         if not floats:
             continue
         why = _compare64(region, replacement, inputs, before, after, given, narrow, i, cut)
-        if why and narrow and any(id(e) in region.removed and all(v in given for v in e.outvars)
-                                  for e in region.eqns):
+        if why and narrow and _removes_a_constant(region, given):
             # Some equation the rewrite removes reads constants alone (a conv of a constant):
-            # its float64 meaning is the program's float32 constant or its float64 value, and a
-            # rewrite may compute either. Agreeing with one of them is agreeing.
-            if alone is None:
-                alone = _given(region, with_removed=False, cut=cut)
-            why = _compare64(region, replacement, inputs, before, after, alone, narrow, i,
-                             cut) and why
+            # which of the constants it computes are the program's float32 values and which
+            # their float64 values is a choice (_meanings), and a rewrite may make any of them.
+            # Agreeing with one of them is agreeing.
+            if others is None:
+                others = _meanings(region, cut)
+            for alt in others:
+                why = why and _compare64(region, replacement, inputs, before, after, alt, narrow,
+                                         i, cut)
         if why:
             return why
     return None
 
 
-def _given(region: Region, with_removed: bool, cut=None) -> dict:
+def _removes_a_constant(region: Region, given: dict) -> bool:
+    return any(id(e) in region.removed and all(v in given for v in e.outvars)
+               for e in region.eqns)
+
+
+def _meanings(region: Region, cut=None) -> list:
+    """The float64 meanings of a region whose removed equations read constants alone, besides
+    every constant in the program's dtype (see the module doc): the removed equations computed
+    in float64 from the program's constants; and, where the region rewrites a linear site, its
+    operand taken as an input — what the removed equations compute from it in float64, the
+    constants they compute without it (a removed ``batch_norm`` call's rsqrt(var + eps)) in the
+    program's dtype, as the rule reads them and as they are where the operand is an input."""
+    out = [_given(region, with_removed=False, cut=cut)]
+    operand = None if region.site is None else region.site.operand
+    if operand is not None and type(operand) is not Literal:
+        out.append(_given(region, with_removed=True, cut=cut, unknown=operand))
+    return out
+
+
+def _given(region: Region, with_removed: bool, cut=None, unknown=None) -> dict:
     """The values computed from constants alone (:func:`_constants`), from the program's
     constants: in the equations the rewrite removes too, or in the subgraphs they read only;
-    the site's weights (and bias) as ``cut`` reads them."""
+    the site's weights (and bias) as ``cut`` reads them. ``unknown``: a value the removed
+    equations read as if it were an input (what they compute from it is not given)."""
     given = {v: np.asarray(c) for v, c in region.consts.items()}  # (no copy of a jax Array)
+    kept = [e for e in region.eqns if id(e) not in region.removed]
     with eval_context():
-        _constants([e for e in region.eqns if with_removed or id(e) not in region.removed], given)
+        if not with_removed or unknown is None:
+            _constants(region.eqns if with_removed else kept, given)
+        else:  # the subgraphs first: the removed equations, then, without ``unknown``
+            _constants(kept, given)
+            held = given.pop(unknown, _UNKNOWN)
+            _constants([e for e in region.eqns if id(e) in region.removed], given)
+            if held is not _UNKNOWN:
+                given[unknown] = held
     if cut is not None:
         for v in (cut.site.weight, cut.site.bias):
             if v is not None and v in given:

@@ -129,7 +129,8 @@ class Rule:
         eqns = [level.eqns[i] for i in sorted(sub | set(main))]
         removed = frozenset(id(level.eqns[i]) for i in main)
         s = getattr(m, "site", None)  # a fold's linear site: validation may cut its features
-        site = None if s is None else Site(s.w, s.weight_axes, s.feature_shape, s.cuttable, s.b)
+        site = None if s is None else Site(s.w, s.weight_axes, s.feature_shape, s.cuttable, s.b,
+                                           s.x)
         return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), removed, site)
 
     def replacement(self, level: Level, m: Match) -> Callable:
