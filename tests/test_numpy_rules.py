@@ -197,7 +197,7 @@ def test_the_rules_give_xlas_bits_on_the_fuzzers_own_programs():
     included; that sweep found the broadcast-divisor case, in program 50)."""
     passes = registry.instantiate(None, "fuzz")
     with numpy_rules.audited():
-        for i in (0, 2, 24, 27, 50):
+        for i in (0, 2, 50):  # bfloat16 convs, int32 logic and shifts, the divisor case
             seed = program_seed(0, i)
             out = check_program(generate_seeded(seed), passes, seed, gradients=True)
             assert not out.failures, out.failures
