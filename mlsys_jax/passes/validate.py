@@ -304,9 +304,12 @@ def check(region: Region, replacement: Callable) -> tuple:
     whole = [tuple(v.aval.shape) for v in region.inputs]
     rows = _one_row(region)
     cut = feature_cut.choose(region.site)
-    tries = [(shapes, c) for c in ((cut, None) if cut is not None else (None,))
-             for shapes in ((rows, whole) if rows is not None else (whole,))]
-    for shapes, c in tries[:-1]:
+    # Cheapest first: the cut on one row, the cut on the whole batch, the region on one row.
+    # The last attempt, the whole region (below), is the only one whose failure is the verdict.
+    cuts = (cut, None) if cut is not None else (None,)
+    batches = (rows, whole) if rows is not None else (whole,)
+    attempts = [(shapes, c) for c in cuts for shapes in batches][:-1]
+    for shapes, c in attempts:
         try:
             why = _validate(region, replacement, shapes, c)
         except Unshrinkable:

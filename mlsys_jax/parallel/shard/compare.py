@@ -21,9 +21,13 @@ FLOOR_EPS = 16
 BLOCK = 1 << 20   # elements compared at a time: float64 copies of a block, never of a leaf
 
 
+def _spans_processes(x) -> bool:
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
 def host(x) -> np.ndarray:
     """A NumPy float64 copy of one array (gathered when it spans several processes)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if _spans_processes(x):
         from jax.experimental import multihost_utils
 
         x = multihost_utils.process_allgather(x, tiled=True)
@@ -60,8 +64,7 @@ def _blockwise_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
 
 
 def _max_abs_diff(u, v) -> float:
-    if (np.shape(u) != np.shape(v)
-            or any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in (u, v))):
+    if np.shape(u) != np.shape(v) or _spans_processes(u) or _spans_processes(v):
         return float(np.max(np.abs(host(u) - host(v)), initial=0.0))
     if _sharded(v) and not _sharded(u):
         u, v = v, u
@@ -82,7 +85,7 @@ def leaf_scales(a) -> list[float]:
     """max |a| for each leaf, as :func:`leaf_diffs` computes."""
     out = []
     for u in jax.tree.leaves(a):
-        if isinstance(u, jax.Array) and not u.is_fully_addressable:
+        if _spans_processes(u):
             out.append(float(np.max(np.abs(host(u)), initial=0.0)))
         else:
             out.append(float(np.max([_blockwise_max(p) for _, p in _pieces(u)], initial=0.0)))
