@@ -18,7 +18,8 @@ def render(target: str, out: dict, devices: int) -> str:
     diff = [{"": q, f"free-running, {out['steps']} steps": out["max_abs_diff"][q],
              "teacher-forced (decides)": out["teacher_forced"][q],
              "noise (equivalent one-device run)": out["noise"][q],
-             "bound (leaf nearest it)": out["bound"][q]}
+             "bound (leaf nearest it)": out["bound"][q],
+             "its |Δ| / bound": out["bound_ratio"][q]}
             for q in QUANTITIES]
     lines += [format_table(diff, f"max |Δ| against one device (what the mesh computes: "
                                  f"{out['semantics']})"), ""]

@@ -42,11 +42,12 @@ def run(name, mesh, zero=0, steps=1):
 
 
 def never_accuses(r):
-    """Every teacher-forced difference is within its bound, and the bound is never below the
-    noise of the equivalent one-device computation."""
+    """Every leaf's teacher-forced difference is within its own bound (twice that leaf's noise
+    in an equivalent one-device computation, plus a floor): the largest |Δ| may sit at a leaf
+    whose noise is larger than that of the leaf nearest its bound."""
     assert "differs from one device beyond rounding" not in r.reason
     for q in ("loss", "grads", "params"):
-        assert r.teacher_forced[q] <= r.bound[q] and r.bound[q] >= r.noise[q]
+        assert r.bound_ratio[q] <= 1 and r.teacher_forced[q] <= 2 * r.noise[q] + r.bound[q]
 
 
 @pytest.mark.parametrize("name, megatron", [("haiku_mlp", 1), ("penzai", 4)])

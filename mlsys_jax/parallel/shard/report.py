@@ -23,7 +23,8 @@ class ShardReport:
     reason: str
     max_abs_diff: dict        # free-running, after `steps` steps, against one device
     teacher_forced: dict      # per step from one device's state: what decides `exact`
-    bound: dict               # the bound each teacher-forced difference is judged by
+    bound: dict               # the bound at the leaf nearest (or furthest past) its own bound
+    bound_ratio: dict         # that leaf's |Δ| / bound: the verdict's rule is every one <= 1
     magnitude: dict           # max |q| of the one-device reference
     noise: dict               # max |reference - its equivalent one-device computation|
     per_device_bytes: dict

@@ -158,6 +158,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         mesh=dict(lay.mesh.shape), zero=lay.stage, steps=steps, exact=exact, reason=reason,
         max_abs_diff=dict(figures.free), teacher_forced={q: j.diff for q, j in forced.items()},
         bound={q: j.bound for q, j in forced.items()},
+        bound_ratio={q: j.ratio for q, j in forced.items()},
         magnitude={q: j.scale for q, j in forced.items()},
         noise={q: j.noise for q, j in forced.items()},
         per_device_bytes=memory_report(lay, mesh_step, step_jaxpr), collectives=[],
