@@ -1,13 +1,27 @@
 """Test-session set-up: 8 simulated CPU devices and float64, before JAX starts (docs/jax-notes.md),
 and the test tiers: every test under ``tests/ecosystem/`` is marked ``ecosystem``, and the long
 tiers are collected first."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# One XLA compilation cache for the whole session: the process that starts first makes it, and
+# pytest-xdist's workers and every command a test runs as a process inherit it. Many tests
+# compile the same programs (a model's step in-process and again behind the CLI); a hit skips
+# XLA's compile, not the trace, and the executable is the one a compile would give. Cold at
+# every session (nothing carried between runs) and removed at exit by the process that made it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _XLA_CACHE = tempfile.mkdtemp(prefix="mlsys-jax-tests-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 from mlsys_jax import runtime  # noqa: E402
 
