@@ -76,11 +76,10 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
         filled, overhead = model.assemble(closed, raw, programs, times, True, hw)
         predicted_us = sum(k.time_us for k in filled) + overhead
         per_round.append(predicted_us / (t["whole"].samples[r] * 1e6))
-    kernel_ratios = [model.entries["kernel:" + k]["us"] / t[k].median_us for k in distinct]
-    far = max(distinct, key=lambda k: abs(math.log(model.entries["kernel:" + k]["us"] /
-                                                   t[k].median_us)), default=None)
-    furthest = None if far is None else (distinct[far].label, model.entries["kernel:" + far]["us"],
-                                         t[far].median_us)
+    cached = {k: model.entries["kernel:" + k]["us"] for k in distinct}
+    ratios = {k: cached[k] / t[k].median_us for k in distinct}
+    far = max(ratios, key=lambda k: abs(math.log(ratios[k])), default=None)
+    furthest = None if far is None else (distinct[far].label, cached[far], t[far].median_us)
     rated = [k for k in predicted.kernels if k.efficiency is not None]
     least = max(rated, key=lambda k: k.efficiency, default=None)
     return {"predicted_us": predicted.time_us, "measured": t["whole"],
@@ -88,7 +87,8 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
                                    timing.percentile(per_round, 90), (10, 90)),
             "kernels": len(predicted.kernels), "distinct": len(distinct),
             "roofline_kernels": sum(k.model == "roofline" for k in predicted.kernels),
-            "kernel_ratios": kernel_ratios, "furthest": furthest, "least": least, "roofline_us": cost.estimate(closed, hw="cpu").time_us}
+            "kernel_ratios": list(ratios.values()), "furthest": furthest, "least": least,
+            "roofline_us": cost.estimate(closed, hw="cpu").time_us}
 
 
 def whole_models(quick: bool, cache_dir: Path) -> tuple[dict, list]:
