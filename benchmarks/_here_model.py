@@ -69,8 +69,8 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
     calls = {"whole": partial(jax.jit(ir.as_function(closed)), *inputs)}
     for i, (key, p) in enumerate(distinct.items()):
         calls[key] = partial(jax.jit(p.fn), *p.example_arguments(seed=i))
-    # best of 3 batches a round: a ~20 µs kernel's batch is the first thing another job's burst
-    # stretches, and the per-kernel check compares these rounds with the cache's
+    # best of 3 batches a round: another job's burst only ever slows a batch, and the per-kernel
+    # check compares these rounds with times the cache measured at another moment
     t = timing.compare(calls, repeats=rounds, min_time_s=0.01, best_of=3, shuffle=True)
     per_round = []
     for r in range(rounds):
