@@ -11,8 +11,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from mlsys_jax import cost, ir, models
-from mlsys_jax import passes as P
+from mlsys_jax import cost, ir, models, passes as P
 from mlsys_jax.passes.registry import pipeline as default_pipeline
 
 FLAX_RESNET = Path(__file__).resolve().parents[1] / "examples" / "flax_resnet.py"
@@ -28,7 +27,7 @@ def bandwidth() -> tuple[dict, list]:
 
 
 def block_order(quick: bool) -> tuple[dict, list]:
-    from experiments._s02_xla_cpu import measure_cpu
+    from experiments.s02_graph_opt.xla_cpu import measure_cpu
     from experiments.s02_graph_opt import block_params, five_steps
 
     shape = (4, 64, 28, 28)

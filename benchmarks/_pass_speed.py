@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import time
 
-from mlsys_jax import timing
-from mlsys_jax import passes as P
+from mlsys_jax import timing, passes as P
 from mlsys_jax.compat import ClosedJaxpr, jax_dce_jaxpr
 from mlsys_jax.passes.registry import pipeline as default_pipeline
 
@@ -69,7 +68,7 @@ def fuzz_rate(quick: bool) -> tuple[dict, list]:
     figures = {"fuzz_ci_programs_per_second": programs / wall,
                "fuzz_ci_programs_per_cpu_second": programs / cpu,
                "fuzz_ci_passes_over_campaign_cpu_ratio": passes_cpu / cpu}
-    notes = [f"fuzz CI tier (tests/test_fuzz_campaign.py's settings), programs 0–{programs - 1} "
+    notes = [f"fuzz CI tier (tests/fuzz/test_campaign.py's settings), programs 0–{programs - 1} "
              f"of seed 0 in one process: {programs / wall:.3g} programs/s wall, "
              f"{programs / cpu:.3g} per CPU second ({len(s.failures)} failures). Running every "
              f"pass verified on the same programs again (their kernels compiled) takes "

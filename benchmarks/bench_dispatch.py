@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax
 
 from experiments._inputs import ramp, small_model
-from experiments._s05_dispatch import chain, theil_sen
-from experiments._s05_fusion import elementwise
+from experiments.s05_dispatch_fusion.dispatch import chain, theil_sen
+from experiments.s05_dispatch_fusion.fusion import elementwise
 from mlsys_jax import timing
 from mlsys_jax.execute import capture
 

@@ -28,10 +28,11 @@ import optax
 from pathlib import Path
 
 from mlsys_jax.models import mlp_loss
-from mlsys_jax.parallel import comm, data, tensor, zero
+from mlsys_jax.parallel import comm
+from mlsys_jax.parallel.lecture import data, tensor, zero
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.parallel.pipeline import make_schedule
-from mlsys_jax.parallel.pipeline_run import (mse_loss, pipeline_value_and_grad, tanh_chain_init,
+from mlsys_jax.parallel.schedules import make_schedule
+from mlsys_jax.parallel.lecture.pipeline import (mse_loss, pipeline_value_and_grad, tanh_chain_init,
                                              tanh_chain_stage)
 
 NAME = "parallel"

@@ -51,7 +51,7 @@ def _chain_figures(n: int, width: int, batch: int, repeats: int) -> tuple[dict, 
 
 
 def _milp_figures(sizes, repeats: int) -> tuple[dict, list[str]]:
-    from experiments._s03_milp import gated_residual_mlp, graph_inputs
+    from experiments.s03_remat.milp import gated_residual_mlp, graph_inputs
     from mlsys_jax.remat.two_stage import problem
 
     figures, notes = {}, []
@@ -71,7 +71,7 @@ def _milp_figures(sizes, repeats: int) -> tuple[dict, list[str]]:
 
 def _planner_scale(values: int) -> tuple[dict, list[str]]:
     """The segmented planner on a gated residual MLP of ``values`` values (10 per block)."""
-    from experiments._s03_milp import gated_residual_mlp, graph_inputs
+    from experiments.s03_remat.milp import gated_residual_mlp, graph_inputs
     from mlsys_jax.remat.planner.segments import problem
 
     ws, x = graph_inputs(max(1, values // 10), width=16, batch=8)

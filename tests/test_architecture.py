@@ -62,7 +62,7 @@ def test_only_compat_touches_jax_internals():
 
 def test_imports_point_one_way():
     bad = set()
-    for path in [*PKG.rglob("*.py"), *EXPERIMENTS.glob("*.py"), *BENCHMARKS.glob("*.py")]:
+    for path in [*PKG.rglob("*.py"), *EXPERIMENTS.rglob("*.py"), *BENCHMARKS.rglob("*.py")]:
         if path == PKG / "__init__.py":  # the package's lazy attributes, not a layer
             continue
         mine = layer(module_name(path))

@@ -3,7 +3,7 @@ one place where a user error becomes a one-line message (:func:`mlsys_jax.errors
 
     mlsys-jax [--devices N] COMMAND ...     (mlsys-jax COMMAND --help for each command)
 
-A command is a module ``mlsys_jax/cli/<name>.py`` with ``HELP`` (one line), ``add_arguments(p)``
+A command is a module ``mlsys_jax/cli/commands/<name>.py`` with ``HELP`` (one line), ``add_arguments(p)``
 and ``main(args) -> exit status``, listed in :data:`COMMANDS`. Command modules import JAX only
 inside ``main``: JAX must start after ``--devices`` has set the simulated CPU device count.
 Every usage error — argparse's own included — prints ``mlsys-jax: error: ...`` and one ``usage:``
@@ -56,7 +56,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def command_module(name: str):
-    return importlib.import_module(f"mlsys_jax.cli.{name}")
+    return importlib.import_module(f"mlsys_jax.cli.commands.{name}")
 
 
 def seconds(text: str) -> float:

@@ -5,7 +5,7 @@ from mlsys_jax.cost.here import OperatorModel, here_hardware  # registers --hw h
 from mlsys_jax.cost.liveness import Liveness, liveness
 from mlsys_jax.cost.model import (Cost, CostReport, Kernel, aval_bytes, eqn_cost, eqn_flops,
                                   estimate, kernels)
-from mlsys_jax.cost.rules import FLOP_RULES, known
+from mlsys_jax.cost.flop_rules import FLOP_RULES, known
 
 __all__ = ["HARDWARE", "Hardware", "cpu_hardware", "get_hardware", "OperatorModel",
            "here_hardware", "Liveness", "liveness", "Cost",

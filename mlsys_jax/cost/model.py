@@ -17,7 +17,7 @@ import numpy as np
 from mlsys_jax.compat import Var
 from mlsys_jax.cost.fusion import call_is_one_kernel, group, is_free
 from mlsys_jax.cost.hardware import Hardware, get_hardware
-from mlsys_jax.cost.rules import FLOP_RULES, known
+from mlsys_jax.cost.flop_rules import FLOP_RULES, known
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.opview import Op, consumers, op_view, open_calls
 from mlsys_jax.ir.primitives import FREE
@@ -249,7 +249,7 @@ def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
     unknown = sorted(set().union(*(k.unknown for k in ks))) if ks else []
     if strict and unknown:
         raise MlsysError(f"no cost rule for primitive(s) {', '.join(unknown)}; add a rule in "
-                         "mlsys_jax/cost/rules.py or run without strict")
+                         "mlsys_jax/cost/flop_rules.py or run without strict")
     overhead = 0.0
     if hardware.timer is not None:
         ks, overhead = hardware.timer.fill(closed, ks, fused, hardware)

@@ -299,7 +299,7 @@ def hunt(mutant: Mutant, seed: int = 0, limit: int = 300) -> dict:
         else:
             spec = generate_seeded(pseed, mutant.knobs)
             # validation off: the oracles must catch the broken rule itself (translation
-            # validation would refuse its rewrites; tests/test_validate.py shows it does)
+            # validation would refuse its rewrites; tests/passes/test_validate.py shows it does)
             out = check_program(spec, broken, pseed, gradients=False, validate=False)
             message = (f"{out.failures[0].kind}: {out.failures[0].message}"
                        if out.failures else None)

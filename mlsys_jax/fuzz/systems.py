@@ -44,7 +44,7 @@ def dp_case(seed: int, reduction: str = "weighted") -> list | None:
     import optax
 
     from mlsys_jax.models.mlp import mlp_loss
-    from mlsys_jax.parallel.data import demo_problem, flatten, make_dp_step, make_single_step
+    from mlsys_jax.parallel.lecture.data import demo_problem, flatten, make_dp_step, make_single_step
     from mlsys_jax.parallel.mesh import make_mesh
 
     rng = np.random.default_rng(seed)

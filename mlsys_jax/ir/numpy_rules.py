@@ -17,7 +17,7 @@ Which NaN comes out where two different NaNs meet, or where max/min sees a NaN, 
 instruction LLVM emits for this CPU, so those equations are left to XLA. ``agrees_with_xla``
 checks these assumptions once per process and turns every rule off on a backend that differs.
 Everything else (transcendentals, reductions, dots, convolutions, integer division) keeps JAX's
-own kernel. ``tests/test_numpy_rules.py`` checks every rule against ``bind`` on special values for
+own kernel. ``tests/ir/test_numpy_rules.py`` checks every rule against ``bind`` on special values for
 every dtype it accepts; a rule that would see another dtype declines (returns None).
 """
 from __future__ import annotations
@@ -290,7 +290,7 @@ _AUDIT = [False]
 def audited():
     """Inside, every rule's result is also computed by ``bind`` and compared bit for bit
     (RuleMismatch names the equation): how new primitives, shapes or XLA versions are checked
-    on real programs (``tests/test_numpy_rules.py`` runs fuzz programs this way)."""
+    on real programs (``tests/ir/test_numpy_rules.py`` runs fuzz programs this way)."""
     _AUDIT[0], before = True, _AUDIT[0]
     try:
         yield

@@ -161,7 +161,7 @@ def nbytes(tree) -> int:
 
 # For demo-sized programs LLVM's optimisation costs more time than it saves. XLA's HLO passes
 # still run, so the collectives and buffer sizes read from the result are the same (checked in
-# tests/test_parallel_comm.py); only the generated machine code is less optimised.
+# tests/parallel/test_comm.py); only the generated machine code is less optimised.
 QUICK_COMPILE = {"xla_backend_optimization_level": 0}
 
 

@@ -49,11 +49,10 @@ def run_dp_demo(seed: int, batch: int, sizes, steps: int, lr: float, mesh=None) 
     """
     import jax
     import optax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     from mlsys_jax.models import mlp_loss
-    from mlsys_jax.parallel.data import demo_problem, even_counts, flatten, make_dp_step, pad_shards
+    from mlsys_jax.parallel.lecture.data import demo_problem, even_counts, flatten, make_dp_step, pad_shards
     from mlsys_jax.parallel.mesh import make_mesh
 
     params, x, y = demo_problem(seed, batch, sizes)

@@ -102,7 +102,7 @@ def test_haiku_mlp_gpipe_from_the_command_line(haiku_cli):
 
 
 def test_the_text_report_fits_120_columns(haiku_cli):
-    from mlsys_jax.cli.shard_pipe import render
+    from mlsys_jax.cli.commands.shard_pipe import render
 
     _, r, _ = haiku_cli
     text = render("examples/pipeline_stacks.py:haiku_mlp", r, 8)

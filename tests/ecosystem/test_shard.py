@@ -15,7 +15,7 @@ import flax_batchnorm
 import flax_mlp
 import flax_transformer
 from mlsys_jax.parallel import comm, megatron_rules, simulate
-from mlsys_jax.parallel.shard.rules import array_paths
+from mlsys_jax.parallel.shard.partition_rules import array_paths
 from mlsys_jax.parallel.shard.run import Recorder
 
 MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,

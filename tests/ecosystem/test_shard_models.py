@@ -17,7 +17,7 @@ import haiku_nets
 import penzai_llama
 from mlsys_jax.parallel import comm, simulate
 from mlsys_jax.parallel.shard.inputs import display_path
-from mlsys_jax.parallel.shard.rules import array_paths
+from mlsys_jax.parallel.shard.partition_rules import array_paths
 
 FACTORIES = {"haiku_mlp": haiku_nets.train_mlp, "penzai": penzai_llama.train,
              "vit": equinox_vit.train, "lm1b": flax_lm1b.train, "imagenet": flax_imagenet.train,

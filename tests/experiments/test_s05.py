@@ -3,7 +3,7 @@ import jax
 import pytest
 
 from experiments import s05_dispatch_fusion as s05
-from experiments._s05_fusion import hlo_kernels
+from experiments.s05_dispatch_fusion.fusion import hlo_kernels
 from mlsys_jax.errors import MlsysError
 from tests.experiments.terminal import assert_fits_a_terminal
 

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from mlsys_jax.parallel.comm import collectives
-from mlsys_jax.parallel.pipeline import bubble_formula
-from mlsys_jax.parallel.pipeline_run import BACKWARD, BACKWARD_LOSS, FORWARD, IDLE
+from mlsys_jax.parallel.schedules import bubble_formula
+from mlsys_jax.parallel.schedules import BACKWARD, BACKWARD_LOSS, FORWARD, IDLE
 
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 

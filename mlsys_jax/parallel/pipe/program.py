@@ -1,9 +1,9 @@
 """One SPMD training step for a user's heterogeneous stages: the schedule, then the optimizer.
 
-The lecture's executor (``pipeline_run.run_schedule``) runs identical stages; a user's stages
+The lecture's executor (``lecture.pipeline.run_schedule``) runs identical stages; a user's stages
 differ in parameters and in the shapes they hand on. Every device still runs one program under
 ``shard_map`` over ``[data,] pipe``: a ``lax.scan`` over the schedule's steps reads the device's
-column of the lecture's action table (``pipeline_run.action_arrays``: what to do, which
+column of the lecture's action table (``schedules.action_arrays``: what to do, which
 microbatch, which buffer row) and ``lax.switch``-es on the branch *idle*, *forward of stage s*
 or *backward of stage s* — each stage's own code, its own layouts, so a device only ever takes
 its stage's branches. Heterogeneous data lives in flat buffers padded to the largest stage
@@ -36,9 +36,8 @@ from mlsys_jax.parallel.pipe.placement import StageLeaves
 from mlsys_jax.parallel.pipe.split import Split
 from mlsys_jax.parallel.pipe.stagefn import (differentiable, forward_with_vjp, rebuild_vjp,
                                              residuals_of, stage_io)
-from mlsys_jax.parallel.pipeline import PipelineSchedule
-from mlsys_jax.parallel.pipeline_run import (BACKWARD, BACKWARD_LOSS, COLUMNS, FORWARD, IDLE,
-                                             action_arrays, buffer_rows, write_row)
+from mlsys_jax.parallel.schedules import (BACKWARD, BACKWARD_LOSS, COLUMNS, FORWARD, IDLE,
+                                          PipelineSchedule, action_arrays, buffer_rows, write_row)
 
 
 def send_arrays(columns: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from mlsys_jax.parallel.pipe.program import PipelineProgram
 from mlsys_jax.parallel.pipe.split import Split, build_split
 from mlsys_jax.parallel.pipe.stagefn import estimated_time_us
 from mlsys_jax.parallel.pipe.units import Units, find_units
-from mlsys_jax.parallel.pipeline import SCHEDULES, PipelineSchedule, make_schedule
+from mlsys_jax.parallel.schedules import SCHEDULES, PipelineSchedule, make_schedule
 from mlsys_jax.parallel.shard.inputs import combine, split_params
 
 AXES = ("data", "pipe")

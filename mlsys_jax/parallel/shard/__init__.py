@@ -3,7 +3,7 @@ device (``simulate``), with the dataflow analyses it rests on: which equations m
 (``batch_axis``), Megatron's splits (``tensor_split``), the user's annotations (``annotations``).
 """
 from mlsys_jax.parallel.shard.report import ShardReport
-from mlsys_jax.parallel.shard.rules import apply_rules, megatron_rules
+from mlsys_jax.parallel.shard.partition_rules import apply_rules, megatron_rules
 from mlsys_jax.parallel.shard.simulate import separability_of, simulate
 
 __all__ = ["apply_rules", "megatron_rules", "simulate", "separability_of", "ShardReport"]

@@ -28,7 +28,7 @@ from mlsys_jax.ir import bodies, walk
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.shard.layout import Layout, shard_bytes
-from mlsys_jax.parallel.shard.rules import array_paths
+from mlsys_jax.parallel.shard.partition_rules import array_paths
 
 _PASS_THROUGH = ("convert_element_type", "copy", "copy_p", "pvary")
 

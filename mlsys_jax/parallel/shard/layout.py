@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import jax
 import optax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.parallel.shard.rules import array_paths
+from mlsys_jax.parallel.shard.partition_rules import array_paths
 
 STAGES = (0, 1, 2, 3)
 

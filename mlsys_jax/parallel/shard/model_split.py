@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.parallel.shard import annotations, tensor_split
-from mlsys_jax.parallel.shard.rules import apply_rules, array_paths
+from mlsys_jax.parallel.shard.partition_rules import apply_rules, array_paths
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ import numpy as np
 
 from mlsys_jax.compat import Literal, bind_equation
 from mlsys_jax.ir import eval_jaxpr
-from mlsys_jax.parallel.shard import batch_explain
-from mlsys_jax.parallel.shard.batch_rules import follow_batch
+from mlsys_jax.parallel.shard.batch import explain as batch_explain
+from mlsys_jax.parallel.shard.batch.rules import follow_batch
 from mlsys_jax.parallel.shard.compare import FLOOR_EPS, Judgement, leaf_diffs, leaf_scales
 
 _KEY_MAKERS = ("random_wrap", "random_seed")

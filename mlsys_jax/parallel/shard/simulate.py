@@ -18,7 +18,7 @@ import jax
 
 from mlsys_jax import timing
 from mlsys_jax.parallel.shard import collectives, report, run, semantics, separability, step
-from mlsys_jax.parallel.shard.batch_explain import Statistics
+from mlsys_jax.parallel.shard.batch.explain import Statistics
 from mlsys_jax.parallel.shard.inputs import display_path, shard_shapes, trace_loss
 from mlsys_jax.parallel.shard.layout import memory_report
 from mlsys_jax.parallel.shard.report import ShardReport
@@ -60,7 +60,7 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
     """The one-device programs and the separability verdict (unless not ``check``), the same for
     every mesh of one data size: ``{"programs", "separability", "losses", "folded",
     "positional"}``."""
-    from mlsys_jax.parallel.shard.batch_rules import follow_batch
+    from mlsys_jax.parallel.shard.batch.rules import follow_batch
 
     losses, folded = semantics.one_device_losses(setup)
     t, b, n = setup.trainable, setup.batch, setup.data_size

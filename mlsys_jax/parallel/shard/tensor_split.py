@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.compat import Literal
-from mlsys_jax.ir import bodies
-from mlsys_jax.ir import primitives as prims
-from mlsys_jax.parallel.shard.matmul_dims import free_dims
-from mlsys_jax.parallel.shard.matmul_dims import out_dim as matmul_out_dim
+from mlsys_jax.ir import bodies, primitives as prims
+from mlsys_jax.parallel.shard.matmul_dims import free_dims, out_dim as matmul_out_dim
 
 _VIEWS = frozenset({"convert_element_type", "copy", "copy_p", "transpose"})
 _SHAPES = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims"})
@@ -373,6 +371,6 @@ _VERB = {"reduce_sum": "summed", "reduce_max": "reduced (max)", "reduce_min": "r
 
 
 def _where(eqn) -> str:
-    from mlsys_jax.parallel.shard.batch_axis import where_of
+    from mlsys_jax.parallel.shard.batch.axis import where_of
 
     return where_of(eqn) or eqn.primitive.name
