@@ -174,7 +174,7 @@ def _fit(table: list[list[str]], natural: list[int], least: list[int], prose: li
         top2 = [sorted(col[r] for col in now)[-2:] for r in range(len(table))]
 
         def height(i: int) -> int:  # table height with column i one character narrower
-            others = [t[0] if len(t) > 1 and now[i][r] == t[1] else t[-1] for r, t in enumerate(top2)]
+            others = [t[0] if len(t) > 1 and now[i][r] == t[1] else t[-1] for r, t in enumerate(top2)]  # noqa: B023 (called in this iteration)
             return sum(max(o, n) for o, n in zip(others, count(i, widths[i] - 1)))
 
         cols = [i for i, w in enumerate(widths) if prose[i] and w > least[i]]

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-import experiments
 from experiments.s02_graph_opt.xla_cpu import measure_cpu
 from mlsys_jax import cost, ir, models, passes as P, runtime
 from mlsys_jax.errors import MlsysError

@@ -11,7 +11,6 @@ import os
 
 import numpy as np
 
-import experiments
 from mlsys_jax import runtime
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.remat import (chain_inputs, every_k, input_only, revolve_advances, run_reference,

@@ -14,7 +14,6 @@ import os
 import jax
 import numpy as np
 
-import experiments
 from experiments.s04_parallel.compare import TOL
 from experiments.s04_parallel.data import data_checks, data_section
 from experiments.s04_parallel.pipeline import pipeline_checks, pipeline_section, schedule_grids

@@ -12,7 +12,6 @@ import os
 
 import jax
 
-import experiments
 from experiments._inputs import small_model
 from experiments.s05_dispatch_fusion.breakdown import SEED_BREAKDOWN, breakdown
 from experiments.s05_dispatch_fusion.capture import capture_rows

@@ -67,7 +67,7 @@ def fusion_rows(size: int, conv_shape, hw: str, repeats: int):
         closed = jax.make_jaxpr(fn)(*args)
         compiled = jax.jit(fn).lower(*args).compile()  # timed below too: one compile, not two
         kernels = hlo_kernels(compiled.as_text())
-        t = timing.compare({"eager": lambda: fn(*args), "jit": lambda: compiled(*args)},
+        t = timing.compare({"eager": lambda: fn(*args), "jit": lambda: compiled(*args)},  # noqa: B023 (called in this iteration)
                            repeats=repeats)
         ops = ir.op_view(closed)
         row = {"function": name, "ops": len(ops), "op_names": " ".join(o.name for o in ops),

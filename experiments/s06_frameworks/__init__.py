@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 
-import experiments
 from experiments.s06_frameworks.ad_cost import JAC_NOTE, higher_order, jacobian_sweep
 from experiments.s06_frameworks.ad_examples import slip_note, small_network, worked_example
 from experiments.s06_frameworks.graphs import trace_counts

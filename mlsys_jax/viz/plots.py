@@ -161,7 +161,7 @@ def roofline_steps(path: str, steps: Mapping[str, Sequence[Mapping]], *, peak_fl
         seg = [ks[j]["time_us"] if j < len(ks) else 0.0 for ks in steps.values()]
         bx.bar(range(len(names)), seg, bottom=bottom, edgecolor="white")
         bottom = [b + v for b, v in zip(bottom, seg)]
-    for i, (name, ks) in enumerate(steps.items()):
+    for i, ks in enumerate(steps.values()):
         bx.text(i, bottom[i], f"{bottom[i]:.1f} µs\n{len(ks)} kernels", ha="center", va="bottom",
                 fontsize=8)
     bx.set_xticks(range(len(names)))

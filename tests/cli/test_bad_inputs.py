@@ -5,7 +5,6 @@ line ``mlsys-jax: error: ...``, non-zero exit, no traceback).
 """
 import subprocess
 import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp

@@ -56,7 +56,7 @@ def test_a_global_python_scalar_that_changes(new):
     check_calls(c, m["f"], [noop], -X)
     e = explain(c, X)
     assert e.fallback is None and any("global 'SCALE'" in g for g in e.guards)
-    assert any(f"global 'SCALE'" in f and "was 2.0" in f for f in e.guard_failures), e.guard_failures
+    assert any("global 'SCALE'" in f and "was 2.0" in f for f in e.guard_failures), e.guard_failures
 
 
 def test_a_global_array_reassigned_and_a_numpy_array_changed_in_place():
@@ -158,7 +158,7 @@ def test_an_attribute_read_through_getattr_and_hasattr_with_a_constant_name():
             self.w = jnp.ones(3)
 
         def f(self, x):
-            y = x * getattr(self, "w") + getattr(self, "b", 1.0)
+            y = x * self.w + getattr(self, "b", 1.0)
             return y * 2 if hasattr(self, "flip") else y
 
     layer = Layer()

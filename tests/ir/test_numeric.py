@@ -144,7 +144,7 @@ def test_large_weights_are_widened_a_block_of_output_features_at_a_time(monkeypa
         with jax.enable_x64(True):
             whole = np.asarray(eval_equation(eqn, [widen_value(a) for a in args], widen=True)[0])
             blocks = widen.bind_widened_blocks(eqn, args)[0]
-            traced = np.asarray(jax.jit(lambda *a: widen.bind_widened_blocks(eqn, list(a))[0])(
+            traced = np.asarray(jax.jit(lambda *a: widen.bind_widened_blocks(eqn, list(a))[0])(  # noqa: B023 (called in this iteration)
                 *args))
         for got in (blocks, traced):
             assert got.dtype == np.float64 and got.shape == whole.shape

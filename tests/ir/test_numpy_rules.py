@@ -172,7 +172,7 @@ def test_data_moves():
     same_bits(lambda a, b: lax.concatenate([a, b], 1), x, x[:, :2])
     for config in [[(1, 2, 0), (0, 0, 0), (2, 1, 0)], [(-1, 1, 1), (0, -2, 2), (1, -3, 0)],
                    [(0, 0, 0), (3, 3, 1), (-2, 0, 0)]]:
-        same_bits(lambda a, v: lax.pad(a, v, config), x, np.float32(-0.0))
+        same_bits(lambda a, v: lax.pad(a, v, config), x, np.float32(-0.0))  # noqa: B023 (called in this iteration)
 
 
 def test_two_different_nans_are_left_to_xla():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
-from mlsys_jax.compat import Literal, Var, bind_equation
+from mlsys_jax.compat import Literal, bind_equation
 from mlsys_jax.ir.keys import jaxpr_key, value_key
 from mlsys_jax.ir.primitives import COLLECTIVE_MOVES, COLLECTIVE_REDUCTIONS, MAPPED_CALLS
 from mlsys_jax.ir.walk import bodies, walk_eqn

@@ -37,7 +37,7 @@ def _table() -> dict:
         named += [(logging, n) for n in ("debug", "info", "warning", "warn", "error", "critical",
                                          "exception", "log")]
         named += [(random, n) for n in dir(random) if getattr(getattr(random, n), "__self__",
-                                                              None) is getattr(random, "_inst")]
+                                                              None) is random._inst]
         legacy = np.random.mtrand._rand
         named += [(np.random, n) for n in dir(np.random)
                   if getattr(getattr(np.random, n), "__self__", None) is legacy]

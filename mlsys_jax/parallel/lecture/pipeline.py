@@ -25,7 +25,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from mlsys_jax.compat import varying_axes
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import require_axes
-from mlsys_jax.parallel.schedules import (BACKWARD, BACKWARD_LOSS, COLUMNS, FORWARD, IDLE,
+from mlsys_jax.parallel.schedules import (COLUMNS, IDLE,
                                           PipelineSchedule, action_arrays, buffer_rows,
                                           validate_pipeline, write_row)
 
@@ -165,7 +165,7 @@ def sequential_value_and_grad(stage_fn: Callable, loss_fn: Callable, stage_param
     def loss(params):
         a = x
         for s in range(stages):
-            a = stage_fn(jax.tree.map(lambda p: p[s], params), a)
+            a = stage_fn(jax.tree.map(lambda p: p[s], params), a)  # noqa: B023 (called in this iteration)
         return loss_fn(a, y)
 
     return jax.value_and_grad(loss)(stage_params)

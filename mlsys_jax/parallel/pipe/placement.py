@@ -48,7 +48,7 @@ class StageLeaves:
     def view_avals(self, s: int) -> list:
         """The optimizer's view of every leaf on stage s."""
         out = []
-        for leaf, (a, p) in enumerate(zip(self.avals, self.placements)):
+        for a, p in zip(self.avals, self.placements):
             if p.kind == "replicated" or (p.kind == "owned" and p.owner == s):
                 out.append(a)
             elif p.kind == "rows":
@@ -99,7 +99,7 @@ class StageLeaves:
             out[i] = x
         pieces: dict = {}
         for s in range(self.stages):
-            for (l, lo, hi), x in zip(self.own_entries[s], self.own[s].unpack_host(own[s])):
+            for (l, lo, _hi), x in zip(self.own_entries[s], self.own[s].unpack_host(own[s])):
                 pieces.setdefault(l, []).append((lo, x))
         for l, parts in pieces.items():
             out[l] = np.concatenate([x for _, x in sorted(parts, key=lambda t: t[0])])

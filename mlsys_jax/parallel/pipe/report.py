@@ -84,7 +84,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         refs.update({k: (*refs[k], *jax.device_get(update(refs[k][1], s, t))) for k in "ABC"})
         refs.update(twin(t, plan.batch) or {})
         got = plan.step(t, s, options)
-        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])
+        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])  # noqa: B023 (called in this iteration)
         ref = refs["A" if verdict.separable_steps[0] else "B"]
         t, s = ref[2], ref[3]
     free_t, free_s = t0, s0

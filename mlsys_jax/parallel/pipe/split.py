@@ -212,7 +212,7 @@ def _stacked_positions(e) -> range:
 
 def _placements(jaxpr, n_params, parts, units) -> list[LeafPlacement]:
     out = []
-    for leaf, v in enumerate(jaxpr.invars[:n_params]):
+    for v in jaxpr.invars[:n_params]:
         whole = [p.index for p in parts if v in p.whole_reads]
         rows = {p.index: p.row_reads[v] for p in parts if v in p.row_reads}
         if not v.aval.shape:

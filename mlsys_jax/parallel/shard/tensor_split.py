@@ -191,7 +191,7 @@ class _Walk:
                 return self.fail(g, "split features meet other split features along another "
                                  "dimension")
             d = dims.pop()
-            for i, v in enumerate(ins):
+            for v in ins:
                 self.maybe_bias(g, v, d)
             self.tag[outs[0]] = (g, d)
             return

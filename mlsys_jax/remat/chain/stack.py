@@ -55,9 +55,9 @@ def run_scanned(plan: tuple, layer, params, h, pin: bool = False):
             h = seg(h, _rows(params, off, off + length))
         else:
             stacked = jax.tree_util.tree_map(
-                lambda a: a.reshape((reps, length) + a.shape[1:]),
+                lambda a: a.reshape((reps, length) + a.shape[1:]),  # noqa: B023 (called in this iteration)
                 _rows(params, off, off + reps * length))
-            h, _ = jax.lax.scan(lambda h, p: (seg(h, p), None), h, stacked)
+            h, _ = jax.lax.scan(lambda h, p: (seg(h, p), None), h, stacked)  # noqa: B023 (called in this iteration)
         off += reps * length
     return h
 

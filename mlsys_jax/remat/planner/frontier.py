@@ -248,7 +248,7 @@ class Frontier:
 
     def no_saving_reason(self) -> str:
         """Why no plan lowers temp bytes here, from the figures of the least-memory plans."""
-        base, pb = self.no_remat.compiled_temp_bytes, self.no_remat.predicted_peak_bytes
+        pb = self.no_remat.predicted_peak_bytes
         tight = [p for p in self.measured if p.recomputed]
         pred = min((p.predicted_peak_bytes for p in tight), default=pb)
         comp = ", ".join(f"{p.compiled_temp_bytes} ({p.pin} pinned)" for p in tight[-2:])

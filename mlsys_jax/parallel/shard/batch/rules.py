@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from mlsys_jax.ir import primitives as prims
 from mlsys_jax.parallel.shard.batch.axis import (BatchWalk, Free, Mixed, Rows, Stat, Summed,
-                                                 call_body, free_of, state_of, trace_of)
+                                                 call_body, free_of, state_of)
 from mlsys_jax.parallel.shard.batch.moves import Moves
 from mlsys_jax.parallel.shard.matmul_dims import out_dim
 
