@@ -9,10 +9,11 @@ from functools import partial
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
-from mlsys_jax import cost, ir, models, passes as P
+from mlsys_jax import cost, ir, passes as P
 from mlsys_jax.passes.registry import pipeline as default_pipeline
+
+from benchmarks._resnet_block import traced_block
 
 FLAX_RESNET = Path(__file__).resolve().parents[1] / "examples" / "flax_resnet.py"
 
@@ -28,12 +29,10 @@ def bandwidth() -> tuple[dict, list]:
 
 def block_order(quick: bool) -> tuple[dict, list]:
     from experiments.s02_graph_opt.xla_cpu import measure_cpu
-    from experiments.s02_graph_opt import block_params, five_steps
 
-    shape = (4, 64, 28, 28)
-    params = block_params(shape[1], jnp.float32, 0)
-    closed = ir.trace(partial(models.resnet_block, params), jax.ShapeDtypeStruct(shape, jnp.float32))
-    cpu = measure_cpu(five_steps(closed), shape, repeats=5 if quick else 9)
+    shape = (4, 64, 28, 28)  # (n, c, h, w)
+    _, steps = traced_block(shape)
+    cpu = measure_cpu(steps, shape, repeats=5 if quick else 9)
     figures = {"resnet_block_cpu_estimate_order_matches": int(not cpu["disagree"]),
                "resnet_block_cpu_speedup_spread": cpu["speedup_spread"]}
     return figures, [cpu["note"]]

@@ -206,11 +206,11 @@ def search_pick(name: str, closed, inputs, model: OperatorModel, rounds: int) ->
 
 
 def search_picks(quick: bool, cache_dir: Path) -> tuple[dict, list]:
-    from benchmarks.bench_passes import _block
+    from benchmarks._resnet_block import block_graphs
 
     model = OperatorModel(cache_dir / "operators.json", budget_s=600.0)
     rounds = 7 if quick else 11
-    _, graphs, x = _block(quick)
+    _, graphs, x = block_graphs(quick)
     picks = {"resnet_block": search_pick("the §4.2 block", graphs["original"], [x], model,
                                          rounds)}
     with jax.enable_x64(False):

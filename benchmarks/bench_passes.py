@@ -30,10 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax import ir, models, timing
+from mlsys_jax import ir, timing
 from mlsys_jax import passes as P
 from mlsys_jax.passes.registry import pipeline as default_pipeline
 from mlsys_jax.passes.search import search
+
+from benchmarks._resnet_block import block_graphs
 
 NAME = "passes"
 EQNS_PER_BLOCK = 11
@@ -109,26 +111,12 @@ def pipeline_vs_compile(quick: bool) -> tuple[dict, list]:
     return figures, notes
 
 
-def _block(quick: bool):
-    """The §4.2 block in float32 (shape, traced graph, input) and its five steps' graphs."""
-    from experiments.s02_graph_opt import block_params, five_steps
-
-    shape = (4, 64, 28, 28) if quick else (16, 64, 56, 56)
-    params = block_params(shape[1], jnp.float32, 0)
-    closed = ir.trace(partial(models.resnet_block, params), jax.ShapeDtypeStruct(shape, jnp.float32))
-    steps = five_steps(closed)
-    x = jnp.asarray(np.random.default_rng(1).standard_normal(shape), jnp.float32)
-    graphs = {"original": closed, "folded": steps[1][0], "enlarged": steps[3][0],
-              "optimized": steps[-1][0]}
-    return shape, graphs, x
-
-
 def _jitted(graphs: dict, x) -> dict:
     return {k: partial(jax.jit(ir.as_function(g)), x) for k, g in graphs.items()}
 
 
 def block_speedup(quick: bool) -> tuple[dict, list]:
-    shape, graphs, x = _block(quick)
+    shape, graphs, x = block_graphs(quick)
     fns = _jitted(graphs, x)
     t = timing.compare(fns, repeats=5 if quick else 11)
     r = timing.ratio(t["original"], t["optimized"])
@@ -149,7 +137,7 @@ def block_search_measured(quick: bool) -> tuple[dict, list]:
     """``search(..., hw="cpu", measure=k)`` on the §4.2 block: the graph it returns, timed again
     side by side with the original and the five steps' graphs: a search that never loses on the
     machine it runs on (TASO measures its operators)."""
-    shape, graphs, x = _block(quick)
+    shape, graphs, x = block_graphs(quick)
     found = search(graphs["original"], hw="cpu", dtype=None, measure=4, repeats=5 if quick else 7)
     fns = _jitted({**graphs, "picked": found.best}, x)
     t = timing.compare(fns, repeats=5 if quick else 11)
@@ -179,7 +167,7 @@ def run(quick: bool = False) -> dict:
     f4, n4 = block_search_measured(quick)
     f5, n5 = _pass_speed.structural_vs_jax_dce(generated_program, quick)
     f6, n6 = _pass_speed.fuzz_rate(quick)
-    f7, n7 = _pass_speed.validation_cost(generated_program, lambda q: _block(q)[1]["original"], quick)
+    f7, n7 = _pass_speed.validation_cost(generated_program, lambda q: block_graphs(q)[1]["original"], quick)
     f8, n8 = _here_model.run(quick)
     return {"figures": {**f1, **f2, **f3, **f4, **f5, **f6, **f7, **f8},
             "notes": n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8}
