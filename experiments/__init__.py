@@ -1,6 +1,6 @@
-"""One module per lecture section; each has run(**overrides) -> Result, check(result) (the
+"""One package per lecture section; each has run(**overrides) -> Result, check(result) (the
 lecture's claims, derived from the result alone) and plots(result, directory) -> PNG paths.
-A section's parts live beside it as ``_sNN_<subsection>.py`` (``_s05_fusion.py``);
+A section is a package ``sNN_<name>/`` whose parts are its modules (``s05_dispatch_fusion/fusion.py``);
 ``_inputs.py`` holds the host-built inputs that experiments 05 and 06 share.
 
 IDs are the lecture's script numbers (seed 000 §0.3): 01 autodiff & execution models, 02 graph
