@@ -41,6 +41,8 @@ class Collective:
     groups: tuple = ()
     scalar_bytes: int = 0
     op_name: str = ""      # the JAX operation it came from (HLO metadata), e.g. ".../dot_general"
+    trips: int = 1         # times it runs per call: the known trip counts of the loops around it
+    trips_known: bool = True  # False inside a while loop whose trip count XLA does not know
 
     @property
     def ring_bytes(self) -> float:
@@ -73,9 +75,17 @@ def hlo_text(fn, *args) -> str:
 
 
 def collectives(hlo: str, n_devices: int | None = None) -> list[Collective]:
-    """Every collective op in compiled HLO text (``-start`` halves of async pairs counted once)."""
+    """Every collective op in compiled HLO text (``-start`` halves of async pairs counted once),
+    each with the number of times it runs per call (a scan over layers is a ``while`` loop: an
+    FSDP all-gather in its body runs once per layer)."""
     out = []
+    trips = computation_trips(hlo)
+    computation = None
     for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            computation = header["name"]
+            continue
         m = _LINE.search(line)
         if not m or "-done(" in line:
             continue
@@ -88,8 +98,67 @@ def collectives(hlo: str, n_devices: int | None = None) -> list[Collective]:
         groups = replica_groups(m["rest"])
         size = len(groups[0]) if groups else _group_size(m["rest"], n_devices)
         op = re.search(r'op_name="([^"]*)"', m["rest"])
+        runs, known = trips.get(computation, (1, True))
         out.append(Collective(m["kind"], nbytes, size, groups,
-                              sum(b for b, dims in arrays if not dims), op[1] if op else ""))
+                              sum(b for b, dims in arrays if not dims), op[1] if op else "",
+                              runs, known))
+    return out
+
+
+# "%region_0.4 (param: f32[2]) -> f32[2] {" or "ENTRY %main.5 (...) -> ... {"
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
+_CALLED = re.compile(r"(?:body|condition|to_apply|calls|true_computation|false_computation)"
+                     r"=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def computation_trips(hlo: str) -> dict[str, tuple[int, bool]]:
+    """Each computation of an HLO module: how many times it runs per call of the entry, and
+    whether every loop around it has a known trip count (XLA's ``known_trip_count``)."""
+    calls: dict[str, list] = {}   # computation -> [(callee, times, known)]
+    entry, current = None, None
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header["name"]
+            calls[current] = []
+            entry = current if header["entry"] else entry
+            continue
+        if current is None:
+            continue
+        n = _TRIP_COUNT.search(line)
+        is_while = " while(" in line
+        body = re.search(r"body=%([\w.\-]+)", line) if is_while else None
+        for callee in _CALLED.findall(line):
+            looped = body is not None and callee == body[1]
+            calls[current].append((callee, int(n[1]) if looped and n else 1,
+                                   not looped or n is not None))
+        for group in _BRANCHES.findall(line):
+            calls[current] += [(c.strip().lstrip("%"), 1, True) for c in group.split(",")]
+    trips = {entry: (1, True)} if entry else {}
+    todo = [entry] if entry else []
+    while todo:
+        here = todo.pop()
+        runs, known = trips[here]
+        for callee, times, sure in calls.get(here, ()):
+            if callee in calls and callee not in trips:
+                trips[callee] = (runs * times, known and sure)
+                todo.append(callee)
+    return trips
+
+
+def by_kind(colls: list[Collective]) -> list[dict]:
+    """Collectives per call, by kind: how many run, the bytes of their results and the bytes one
+    device sends in a ring (each counted as often as its loops run it)."""
+    out = []
+    for kind in KINDS:
+        mine = [c for c in colls if c.kind == kind]
+        if mine:
+            out.append({"kind": kind, "count": sum(c.trips for c in mine),
+                        "bytes": sum(c.trips * c.result_bytes for c in mine),
+                        "ring_bytes": sum(c.trips * c.ring_bytes for c in mine),
+                        "trips_known": all(c.trips_known for c in mine)})
     return out
 
 

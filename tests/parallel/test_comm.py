@@ -63,3 +63,51 @@ def test_replica_groups_in_every_spelling(attrs, groups):
     (c,) = comm.collectives(line, 8)
     assert (c.groups, c.group_size, c.result_bytes, c.scalar_bytes) == (
         groups, len(groups[0]) if groups else 8, 20, 4)
+
+
+def test_a_collective_in_a_scanned_layer_runs_once_per_layer():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from mlsys_jax.parallel import comm
+
+    mesh = jax.make_mesh((8,), ("data",))
+
+    def loss(w, x):  # FSDP: each layer's weight is gathered inside the scan's body
+        return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0].sum()
+
+    layers = 6
+    w = jax.ShapeDtypeStruct((layers, 64, 64), jnp.float32,
+                             sharding=NamedSharding(mesh, P(None, "data")))
+    x = jax.ShapeDtypeStruct((16, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    hlo = jax.jit(loss).lower(w, x).compile().as_text()
+    gathers = [c for c in comm.collectives(hlo) if c.kind == "all-gather"]
+    assert gathers and all(c.trips == layers and c.trips_known for c in gathers)
+    row = {r["kind"]: r for r in comm.by_kind(comm.collectives(hlo))}["all-gather"]
+    assert row["count"] == layers * len(gathers)
+    assert row["bytes"] == layers * sum(c.result_bytes for c in gathers)
+
+
+def test_trips_follow_nested_loops_and_unknown_counts_are_flagged():
+    from mlsys_jax.parallel import comm
+
+    hlo = "\n".join([
+        '%inner (p: f32[]) -> f32[] {',
+        '  %ag = f32[8]{0} all-gather(%p), replica_groups={{0,1}}, dimensions={0}',
+        '}',
+        '%outer (p: f32[]) -> f32[] {',
+        '  %w = (s32[]) while(%t), condition=%c, body=%inner, '
+        'backend_config={"known_trip_count":{"n":"3"}}',
+        '}',
+        '%open (p: f32[]) -> f32[] {',
+        '  %ar = f32[4]{0} all-reduce(%p), replica_groups={{0,1}}, to_apply=%add',
+        '}',
+        'ENTRY %main (p: f32[]) -> f32[] {',
+        '  %w1 = (s32[]) while(%t), condition=%c, body=%outer, '
+        'backend_config={"known_trip_count":{"n":"4"}}',
+        '  %w2 = (s32[]) while(%t), condition=%c, body=%open',
+        '}'])
+    found = {c.kind: c for c in comm.collectives(hlo)}
+    assert (found["all-gather"].trips, found["all-gather"].trips_known) == (12, True)
+    assert (found["all-reduce"].trips, found["all-reduce"].trips_known) == (1, False)
