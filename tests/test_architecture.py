@@ -194,3 +194,70 @@ def test_the_class_finder_sees_a_shared_name(tmp_path):
 def test_no_two_public_classes_share_a_name():
     shared = {name: where for name, where in public_classes().items() if len(where) > 1}
     assert not shared, f"public classes defined in more than one module: {shared}"
+
+
+def test_shard_and_pipe_never_import_the_lecture():
+    """A user's step (parallel/shard, parallel/pipe) runs on the shared floor, never on the
+    lecture's shard_map steps (parallel/lecture)."""
+    lecture = "mlsys_jax.parallel.lecture"
+    bad = [f"{path.relative_to(PKG)} imports {m}"
+           for wing in ("shard", "pipe") for path in sorted((PKG / "parallel" / wing).rglob("*.py"))
+           for m in sorted(imported_modules(path)) if m == lecture or m.startswith(lecture + ".")]
+    assert bad == []
+
+
+# The two tables: what ZeRO stage k shards, and the mesh-axis vocabulary.
+TABLES = ("parallel/stages.py", "parallel/axes.py")
+AXIS_NAMES = {"data", "model", "pipe", "fsdp", "tensor"}
+STAGE_TABLE_NAMES = {"STAGES", "ZERO_STAGES"}
+
+
+def _strings(node) -> set[str]:
+    """The strings of a literal tuple, list, set or dict's keys (also inside ``frozenset(...)``),
+    when every element is one; else the empty set."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1 \
+            and node.func.id in ("frozenset", "set", "tuple", "list"):
+        node = node.args[0]
+    elts = (node.keys if isinstance(node, ast.Dict) else
+            node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [])
+    if elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+        return {e.value for e in elts}
+    return set()
+
+
+def second_tables(root: Path = PKG) -> list[str]:
+    """Module-level definitions, outside the two tables, of a ZeRO stage tuple (``STAGES = ...``)
+    or of a collection of mesh-axis names (a tuple, set or dict of "data", "model", ...)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if str(path.relative_to(root)) in TABLES:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            names = sorted(t.id for t in targets if isinstance(t, ast.Name))
+            where = f"{path.relative_to(root)}:{node.lineno} {', '.join(names)}"
+            if STAGE_TABLE_NAMES & set(names):
+                found.append(f"{where}: ZeRO stages belong in parallel/stages.py")
+            elif _strings(value) & AXIS_NAMES:
+                found.append(f"{where}: mesh-axis names belong in parallel/axes.py")
+    return found
+
+
+def test_the_table_finder_sees_second_definitions(tmp_path):
+    (tmp_path / "a.py").write_text('STAGES = (0, 1, 2, 3)\nAXES = ("data", "model")\n'
+                                   'ALIASES = {"tensor": "model"}\nNAMES = frozenset({"fsdp"})\n'
+                                   'SECTIONS = ("intro", "outro")\n\ndef f():\n'
+                                   '    axes = ("data", "pipe")\n')
+    found = second_tables(tmp_path)
+    assert [f.split(" ")[1] for f in found] == ["STAGES:", "AXES:", "ALIASES:", "NAMES:"]
+
+
+def test_one_stage_table_and_one_axis_vocabulary():
+    """ZeRO's stages are defined in parallel/stages.py and the mesh-axis names in
+    parallel/axes.py; every other module reads them from there."""
+    assert second_tables() == []

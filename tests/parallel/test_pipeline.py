@@ -10,10 +10,10 @@ from experiments.s04_parallel.pipeline import LECTURE_TIMELINE, pipeline_checks,
 from experiments.s04_parallel.threed import threed_checks, threed_section
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.mesh import make_mesh
-from mlsys_jax.parallel.schedules import (Action, PipelineSchedule, bubble_formula, gpipe,
-                                         make_schedule, min_microbatches, one_f_one_b)
-from mlsys_jax.parallel.lecture.pipeline import (BACKWARD, BACKWARD_LOSS, FORWARD, IDLE,
-                                             action_arrays, buffer_rows, mse_loss,
+from mlsys_jax.parallel.schedules import (BACKWARD, BACKWARD_LOSS, FORWARD, IDLE, Action,
+                                         PipelineSchedule, bubble_formula, gpipe, make_schedule,
+                                         min_microbatches, one_f_one_b)
+from mlsys_jax.parallel.lecture.pipeline import (action_arrays, buffer_rows, mse_loss,
                                              pipeline_value_and_grad, sequential_value_and_grad,
                                              tanh_chain_init, tanh_chain_stage)
 
@@ -170,12 +170,12 @@ def test_threed_bad_input():
     from mlsys_jax.parallel.lecture.threed import make_3d_step
     import optax
 
-    mesh = make_mesh({"data": 2, "tensor": 2, "pipe": 2})
+    mesh = make_mesh({"data": 2, "model": 2, "pipe": 2})
     with pytest.raises(MlsysError, match="not divisible by the axis size 2"):
         make_3d_step(mesh, optax.sgd(0.1), microbatches=2, batch=15)
     with pytest.raises(MlsysError, match="microbatches"):
         make_3d_step(mesh, optax.sgd(0.1), microbatches=3, batch=16)
-    with pytest.raises(MlsysError, match="axis 'tensor' is not in the mesh"):
+    with pytest.raises(MlsysError, match="axis 'model' is not in the mesh"):
         make_3d_step(make_mesh({"data": 2, "pipe": 2}), optax.sgd(0.1), 2, 16)
 
 

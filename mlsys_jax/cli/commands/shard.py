@@ -21,6 +21,7 @@ import numpy as np
 from mlsys_jax.cli.commands import shard_pipe
 from mlsys_jax.cli.target import load_factory as load_factory_as
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.stages import STAGE_NUMBERS, STAGES
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
 HELP = "your training step on a simulated mesh (DP, ZeRO, TP, PP) against one device"
@@ -31,8 +32,8 @@ def add_arguments(q) -> None:
     q.add_argument("--mesh", required=True, metavar="data=N[,model=M] | [data=D,]pipe=P",
                    help="mesh axes: data (batch, ZeRO) and model (tensor parallel), or pipe "
                         "(pipeline stages, with data)")
-    q.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
-                   help="ZeRO stage over data (0 = plain data parallel)")
+    q.add_argument("--zero", type=int, default=0, choices=STAGE_NUMBERS,
+                   help="ZeRO stage: " + "; ".join(f"{s.number} = {s.what}" for s in STAGES))
     q.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
     q.add_argument("--processes", type=int, default=1,
                    help="also run across P local processes (jax.distributed)")

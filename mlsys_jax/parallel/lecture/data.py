@@ -22,6 +22,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.axes import DATA
 from mlsys_jax.parallel.mesh import require_axes, validate_divisible
 
 LossFn = Callable  # loss_fn(params, x, y) -> mean loss over the batch (a scalar)
@@ -76,7 +77,7 @@ def make_single_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) -
     return step
 
 
-def dp_grads_fn(loss_fn: LossFn, mesh: Mesh, axis: str = "data", reduction: str = "weighted"):
+def dp_grads_fn(loss_fn: LossFn, mesh: Mesh, axis: str = DATA, reduction: str = "weighted"):
     """``grads(params, x, y, mask) -> (loss, grads)`` under shard_map, for one of ``REDUCTIONS``.
 
     ``weighted`` is correct; ``mean_of_means`` is the naive per-device average (wrong for uneven
@@ -107,7 +108,7 @@ def dp_grads_fn(loss_fn: LossFn, mesh: Mesh, axis: str = "data", reduction: str 
 
 
 def make_dp_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh,
-                 axis: str = "data", reduction: str = "weighted") -> Callable:
+                 axis: str = DATA, reduction: str = "weighted") -> Callable:
     """``step(params, opt_state, x, y, mask) -> (params, opt_state, loss, grads)``, data parallel.
 
     ``x``, ``y``, ``mask`` have a leading size divisible by the axis (use :func:`pad_shards`);

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from mlsys_jax.compat import varying_axes
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.axes import PIPE
 from mlsys_jax.parallel.mesh import require_axes
 from mlsys_jax.parallel.schedules import (COLUMNS, IDLE,
                                           PipelineSchedule, action_arrays, buffer_rows,
@@ -113,7 +114,7 @@ def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns:
 
 
 def pipeline_value_and_grad(schedule: PipelineSchedule, stage_fn: Callable, loss_fn: Callable,
-                            stage_params, x, y, mesh: Mesh, axis: str = "pipe"):
+                            stage_params, x, y, mesh: Mesh, axis: str = PIPE):
     """Loss and gradients of mean_i loss_fn(microbatch i) with stages on ``mesh[axis]``.
 
     ``stage_params``: a pytree whose leaves have a leading axis of size ``stages`` (stage s's

@@ -23,10 +23,12 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel import stages
+from mlsys_jax.parallel.axes import DATA
 from mlsys_jax.parallel.lecture.data import per_example
 from mlsys_jax.parallel.mesh import require_axes
-
-STAGES = (0, 1, 2, 3)  # 0 = plain data parallel (flat layout), for comparison
+# the stage numbers (0 = plain data parallel, flat layout, for comparison), from the one table
+from mlsys_jax.parallel.stages import STAGE_NUMBERS as STAGES
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def _opt_specs(opt_state, axis: str):
 
 
 def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, params,
-                   mesh: Mesh, stage: int, axis: str = "data") -> ZeroStep:
+                   mesh: Mesh, stage: int, axis: str = DATA) -> ZeroStep:
     """A data-parallel training step with ZeRO ``stage`` (0-3); same result as plain DP."""
     require_axes(mesh, axis, api="ZeRO")
     if stage not in STAGES:
@@ -57,8 +59,8 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
     padded = -(-psi // n) * n
     k = padded // n
     losses = per_example(loss_fn)
-    shard_opt = stage >= 1
-    shard_params = stage == 3
+    splits = stages.zero_stage(stage)
+    shard_opt, shard_grads, shard_params = splits.optimizer, splits.grads, splits.params
 
     def local(flat, opt_state, x, y, mask):
         me = lax.axis_index(axis)
@@ -70,14 +72,14 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
                 lax.all_gather(s, axis, tiled=True)))(flat)
         else:             # check_vma=False: the local gradient, reduced explicitly below
             loss, g = jax.value_and_grad(masked_sum)(full)
-            g = lax.psum_scatter(g, axis, tiled=True) if stage == 2 else lax.psum(g, axis)
+            g = lax.psum_scatter(g, axis, tiled=True) if shard_grads else lax.psum(g, axis)
         g = g / count
         loss = lax.psum(loss, axis) / count
         if not shard_opt:
             updates, opt_state = optimizer.update(g, opt_state, flat)
             return flat + updates, opt_state, loss, g
         mine = flat if shard_params else lax.dynamic_slice_in_dim(flat, me * k, k)
-        g_mine = g if stage >= 2 else lax.dynamic_slice_in_dim(g, me * k, k)
+        g_mine = g if shard_grads else lax.dynamic_slice_in_dim(g, me * k, k)
         updates, opt_state = optimizer.update(g_mine, opt_state, mine)
         new = mine + updates
         new_flat = new if shard_params else lax.all_gather(new, axis, tiled=True)
@@ -87,7 +89,7 @@ def make_zero_step(loss_fn: Callable, optimizer: optax.GradientTransformation, p
     p_spec = P(axis) if shard_params else P()
     o_spec = _opt_specs(opt_template, axis) if shard_opt else jax.tree.map(lambda _: P(),
                                                                           opt_template)
-    g_spec = P(axis) if stage >= 2 else P()
+    g_spec = P(axis) if shard_grads else P()
     # check_vma=False: the all-gathered new parameters are identical on every device, but JAX
     # types an all_gather result as varying, which a replicated out_spec would reject.
     body = jax.shard_map(local, mesh=mesh, in_specs=(p_spec, o_spec, P(axis), P(axis), P(axis)),
@@ -116,11 +118,10 @@ def _ravel_abstract(params):
 
 def per_device_bytes(stage: int, padded: int, n: int, itemsize: int,
                      opt_slots: int = 2) -> dict[str, int]:
-    """The formulas: bytes per device of params, grads and optimizer slots (Adam: m and v)."""
-    full, shard = padded * itemsize, padded // n * itemsize
-    return {"params": shard if stage == 3 else full,
-            "grads": shard if stage >= 2 else full,
-            "optimizer": opt_slots * (shard if stage >= 1 else full)}
+    """The formulas (``stages.per_device_bytes``): bytes per device of params, grads and
+    optimizer slots (Adam: m and v) of the flat vector, ``padded`` a multiple of ``n``."""
+    full = padded * itemsize
+    return stages.per_device_bytes(stage, full, full, opt_slots * full, n)
 
 
 def measure(compiled) -> dict[str, int]:

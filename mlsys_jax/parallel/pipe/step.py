@@ -19,6 +19,7 @@ import optax
 
 from mlsys_jax.compat import jaxpr_as_fun
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.axes import DATA, PIPE, PIPE_AXES
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.pipe.balance import (at_split_points, balanced, check_stage_count,
                                              unit_costs)
@@ -31,8 +32,6 @@ from mlsys_jax.parallel.pipe.stagefn import estimated_time_us
 from mlsys_jax.parallel.pipe.units import Units, find_units
 from mlsys_jax.parallel.schedules import SCHEDULES, PipelineSchedule, make_schedule
 from mlsys_jax.parallel.shard.inputs import combine, split_params
-
-AXES = ("data", "pipe")
 
 
 @dataclass
@@ -119,12 +118,12 @@ def _spread(replicas) -> float:
 
 
 def check_mesh(mesh_shape: dict) -> dict:
-    unknown = [a for a in mesh_shape if a not in AXES]
-    if unknown or "pipe" not in mesh_shape:
+    unknown = [a for a in mesh_shape if a not in PIPE_AXES]
+    if unknown or PIPE not in mesh_shape:
         raise MlsysError(f"pipeline: mesh axis {unknown[0]!r} is not one of data, pipe; use "
                          "--mesh [data=D,]pipe=P" if unknown else
                          "pipeline: the mesh needs a pipe axis: --mesh [data=D,]pipe=P")
-    shape = {a: int(mesh_shape[a]) for a in AXES if a in mesh_shape}
+    shape = {a: int(mesh_shape[a]) for a in PIPE_AXES if a in mesh_shape}
     size, have = int(np.prod(list(shape.values()))), jax.device_count()
     if any(v < 1 for v in shape.values()) or have % size:
         layout = ",".join(f"{k}={v}" for k, v in shape.items())
@@ -190,7 +189,7 @@ def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
         raise MlsysError(f"optimizer: expected an optax GradientTransformation (e.g. "
                          f"optax.adamw(1e-3)), got {type(optimizer).__name__}")
     shape = check_mesh(mesh_shape)
-    stages, data = shape["pipe"], shape.get("data", 1)
+    stages, data = shape[PIPE], shape.get(DATA, 1)
     rows = check_counts(batch, data, stages, microbatches, schedule)
     trainable, rest = split_params(params)
     if not jax.tree.leaves(trainable):

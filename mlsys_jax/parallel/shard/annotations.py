@@ -19,9 +19,8 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
-
-MODEL_AXES = {"model": "model", "tensor": "model"}
-ZERO_AXES = ("fsdp",)   # parameters split over the batch axis: ZeRO-3 here
+# the rules' mesh axes read as this mesh's (MODEL_AXES: 'tensor' is model) or left to ZeRO-3
+from mlsys_jax.parallel.axes import DATA, MODEL, MODEL_AXES, ZERO_AXES
 
 
 def _axis_metadata():
@@ -101,11 +100,11 @@ def specs(names: dict, rules, mesh_axes: tuple) -> tuple[dict, list]:
             axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
             keep = []
             for a in axes:
-                if a in MODEL_AXES and "model" in mesh_axes:
+                if a in MODEL_AXES and MODEL in mesh_axes:
                     keep.append(MODEL_AXES[a])
-                elif a in ZERO_AXES or (a in MODEL_AXES and "model" not in mesh_axes):
+                elif a in ZERO_AXES or (a in MODEL_AXES and MODEL not in mesh_axes):
                     zeroed.add(a)
-                elif a == "data":
+                elif a == DATA:
                     raise MlsysError(f"logical axis rules put {path} on the data axis; splitting "
                                      "parameters over data is ZeRO here: map that name to fsdp "
                                      "or none, and use --zero 3")

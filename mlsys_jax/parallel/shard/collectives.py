@@ -27,6 +27,7 @@ from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.ir import bodies, walk
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel import comm
+from mlsys_jax.parallel.axes import MODEL
 from mlsys_jax.parallel.shard.layout import Layout, shard_bytes
 from mlsys_jax.parallel.shard.partition_rules import array_paths
 
@@ -77,10 +78,11 @@ def data_formula(layout: Layout, trainable, unused: tuple = ()) -> dict:
     # stage 3 gathers what the forward uses; stages 1-2 gather the updated parameters, computed
     # on the shards of the optimizer state (a stateless optimizer, plain SGD, updates in place)
     sharded_state = any(not s.is_fully_replicated for s in jax.tree.leaves(layout.opt_state))
-    if layout.stage == 3 or (layout.stage >= 1 and sharded_state):
+    splits = layout.splits
+    if splits.params or (splits.optimizer and sharded_state):
         gathered = sum(b for p, b in size.items() if p not in layout.unsplit
-                       and (layout.stage < 3 or p not in unused))
-        when = "for the forward" if layout.stage == 3 else "after the update"
+                       and (not splits.params or p not in unused))
+        when = "for the forward" if splits.params else "after the update"
         out[("all-gather", layout.data_axis)] = (
             comm.ring_bytes("all-gather", gathered, n),
             f"ZeRO-split parameters gathered {when}, {gathered:,} B")
@@ -115,7 +117,7 @@ def synced_bytes(closed, name: str) -> int:
     return total
 
 
-def tp_formula(loss, trainable, batch, layout: Layout, axis: str = "model") -> dict:
+def tp_formula(loss, trainable, batch, layout: Layout, axis: str = MODEL) -> dict:
     """``{('all-reduce', axis): (ring bytes, what)}`` from the matmuls that use split parameters.
 
     Also returns the number of forward all-reduces Megatron's layout needs under key
@@ -198,7 +200,7 @@ def table(layout: Layout, hlo: str, formulas: dict) -> list[dict]:
 
 
 def forward_all_reduces(loss, trainable, batch, layout: Layout, megatron: int | None,
-                        options: dict | None = None, axis: str = "model") -> tuple[dict, dict]:
+                        options: dict | None = None, axis: str = MODEL) -> tuple[dict, dict]:
     """All-reduces over ``axis`` in the compiled forward pass alone, beside Megatron's count, and
     where they come from (the JAX operation in the HLO metadata: ``Dense_1/dot_general`` for a
     row-parallel matmul, a gather or reduction for a vocabulary split across the model axis)."""

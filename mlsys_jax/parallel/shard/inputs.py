@@ -18,8 +18,7 @@ import numpy as np
 import optax
 
 from mlsys_jax.errors import MlsysError
-
-AXES = ("data", "model")
+from mlsys_jax.parallel.axes import SHARD_AXES
 _UNBOUND = re.compile(r"unbound axis name: ([^\s.,]+)")
 
 
@@ -63,12 +62,12 @@ def check_step(loss_fn, optimizer) -> None:
 
 def check_mesh_shape(mesh_shape: dict) -> dict:
     """``{'data': N, 'model': M}`` with only known axes, sizes >= 1, data first."""
-    unknown = [a for a in mesh_shape if a not in AXES]
+    unknown = [a for a in mesh_shape if a not in SHARD_AXES]
     if unknown or not mesh_shape:
-        raise MlsysError(f"mesh axis {unknown[0]!r} is not one of {', '.join(AXES)}; use "
+        raise MlsysError(f"mesh axis {unknown[0]!r} is not one of {', '.join(SHARD_AXES)}; use "
                          "--mesh data=N[,model=M]" if unknown else
                          "the mesh needs an axis: use --mesh data=N[,model=M]")
-    return {a: int(mesh_shape[a]) for a in AXES if a in mesh_shape}
+    return {a: int(mesh_shape[a]) for a in SHARD_AXES if a in mesh_shape}
 
 
 def check_batch(batch, n: int) -> int:

@@ -2,11 +2,12 @@
 
 §5 and §7.3 as ``NamedSharding`` trees for ``jax.jit`` (XLA inserts the collectives, and optax
 runs on global arrays, so a global-norm clip stays global). The batch is split over ``data``;
-tensor-parallel specs come from partition rules (``rules.py``) over ``model``. ZeRO then shards
-over ``data``: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the
-parameters. A leaf's ZeRO shard is its TP spec with ``data`` added on the first dimension that is
-not split yet and that the data size divides; a leaf with no such dimension (a bias of 10 on 4
-devices) stays replicated over ``data``, and :attr:`Layout.unsplit` lists it.
+tensor-parallel specs come from partition rules (``partition_rules.py``) over ``model``. ZeRO
+then shards over ``data`` what its stage's row in ``parallel/stages.py`` says: stage 1 the
+optimizer state, stage 2 also the gradients, stage 3 also the parameters. A leaf's ZeRO shard
+is its TP spec with ``data`` added on the first dimension that is not split yet and that the
+data size divides; a leaf with no such dimension (a bias of 10 on 4 devices) stays replicated
+over ``data``, and :attr:`Layout.unsplit` lists it.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mlsys_jax.compat import Literal, dce_jaxpr_consts
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel import stages
+from mlsys_jax.parallel.axes import DATA
 from mlsys_jax.parallel.shard.partition_rules import array_paths
-
-STAGES = (0, 1, 2, 3)
+from mlsys_jax.parallel.stages import STAGE_NUMBERS, ZeroStage
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class Layout:
         return NamedSharding(self.mesh, P())
 
     @property
+    def splits(self) -> ZeroStage:
+        """What this layout's ZeRO stage splits over the data axis (``parallel/stages.py``)."""
+        return stages.zero_stage(self.stage)
+
+    @property
     def data_size(self) -> int:
         return int(self.mesh.shape[self.data_axis]) if self.data_axis in self.mesh.axis_names else 1
 
@@ -72,11 +79,12 @@ def _add_data_axis(spec: P, shape: tuple, mesh: Mesh, axis: str) -> P | None:
 
 
 def make_layout(trainable, optimizer: optax.GradientTransformation, batch, mesh: Mesh,
-                stage: int, tp_specs: dict | None = None, data_axis: str = "data") -> Layout:
+                stage: int, tp_specs: dict | None = None, data_axis: str = DATA) -> Layout:
     """Shardings for ``trainable`` (its array leaves), its optimizer state and ``batch``."""
-    if stage not in STAGES:
-        raise MlsysError(f"--zero must be one of {', '.join(map(str, STAGES))} (0 = plain data "
-                         f"parallel), got {stage!r}")
+    if stage not in STAGE_NUMBERS:
+        raise MlsysError(f"--zero must be one of {', '.join(map(str, STAGE_NUMBERS))} (0 = plain "
+                         f"data parallel), got {stage!r}")
+    splits = stages.zero_stage(stage)
     n = int(mesh.shape[data_axis]) if data_axis in mesh.axis_names else 1
     tp_specs = dict(tp_specs or {})
     zero, unsplit = {}, []
@@ -93,17 +101,18 @@ def make_layout(trainable, optimizer: optax.GradientTransformation, batch, mesh:
     opt_shapes = jax.eval_shape(optimizer.init, trainable)
 
     def other_state(leaf):  # optimizer leaves that do not mirror a parameter: split by shape
-        spec = _add_data_axis(P(), tuple(leaf.shape), mesh, data_axis) if stage and n > 1 else None
+        spec = (_add_data_axis(P(), tuple(leaf.shape), mesh, data_axis)
+                if splits.optimizer and n > 1 else None)
         return named(spec or P())
 
     # state mirroring a parameter (Adam's m and v) is laid out like it; any other state (a step
     # count, Adafactor's factored rows) is split by its own shape
     opt = optax.tree_map_params(
         optimizer, lambda x, s, p: s if x.shape == p.shape else other_state(x), opt_shapes,
-        zero_tree if stage >= 1 else tp_tree, trainable, transform_non_params=other_state)
+        zero_tree if splits.optimizer else tp_tree, trainable, transform_non_params=other_state)
     batch_tree = jax.tree.map(lambda _: named(P(data_axis) if n > 1 else P()), batch)
-    params_tree, grads_tree = (zero_tree if stage == 3 else tp_tree,
-                               zero_tree if stage >= 2 else tp_tree)
+    params_tree, grads_tree = (zero_tree if splits.params else tp_tree,
+                               zero_tree if splits.grads else tp_tree)
     held = {"params": shard_bytes(trainable, params_tree),
             "grads": shard_bytes(trainable, grads_tree),
             "optimizer": shard_bytes(opt_shapes, opt),
@@ -126,12 +135,13 @@ def _bytes_of(x, sharding) -> int:
 
 
 def _zero_formula(optimizer, trainable, opt_shapes, tp_tree, n: int, stage: int) -> dict:
-    """ZeRO's per-device bytes (§7.3) for this model, with the TP split applied first.
+    """ZeRO's per-device bytes (§7.3, ``stages.per_device_bytes``) for this model, with the TP
+    split applied first.
 
-    Divides by the data size N what the stage shards: Ψ (the parameters' bytes per device under
-    TP) for stage 3, the gradients for stage >= 2, the optimizer's copies of the parameters
-    (Adam: m and v) for stage >= 1. State that mirrors no parameter (Adam's step count) stays
-    whole. The layout differs from this only by the leaves ZeRO could not split.
+    The unsharded parts are Ψ (the parameters' bytes per device under TP) for the parameters and
+    the gradients, and the optimizer's copies of the parameters (Adam: m and v); state that
+    mirrors no parameter (Adam's step count) stays whole. The layout differs from this only by
+    the leaves ZeRO could not split.
     """
     psi = shard_bytes(trainable, tp_tree)
     whole = lambda x: x.dtype.itemsize * math.prod(x.shape)
@@ -142,9 +152,7 @@ def _zero_formula(optimizer, trainable, opt_shapes, tp_tree, n: int, stage: int)
     other = sum(jax.tree.leaves(optax.tree_map_params(
         optimizer, lambda x, s, p: 0 if mirrors(x, p) else whole(x), opt_shapes, tp_tree,
         trainable, transform_non_params=whole)))
-    return {"params": psi / n if stage == 3 else psi,
-            "grads": psi / n if stage >= 2 else psi,
-            "optimizer": (mirrored / n if stage >= 1 else mirrored) + other}
+    return stages.per_device_bytes(stage, psi, psi, mirrored, n, optimizer_whole=other)
 
 
 def memory_report(layout: Layout, compiled, step_jaxpr) -> dict:

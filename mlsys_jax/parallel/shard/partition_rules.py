@@ -22,6 +22,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.axes import MODEL
 
 Rules = Sequence[tuple[str, P]]
 
@@ -195,7 +196,7 @@ def _divides(spec: P, shape: tuple, size: int) -> bool:
     return all(shape[d] % size == 0 for d, _ in _spec_axes(spec))
 
 
-def megatron_rules(params, axis: str = "model", size: int | None = None) -> list[tuple[str, P]]:
+def megatron_rules(params, axis: str = MODEL, size: int | None = None) -> list[tuple[str, P]]:
     """Partition rules for Megatron-style tensor parallelism, derived from ``params``' names.
 
     Column-parallel (split output features / heads): query/key/value projections and an MLP's

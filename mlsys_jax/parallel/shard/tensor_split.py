@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.ir import bodies, primitives as prims
+from mlsys_jax.parallel.axes import MODEL
 from mlsys_jax.parallel.shard.matmul_dims import free_dims, out_dim as matmul_out_dim
 
 _VIEWS = frozenset({"convert_element_type", "copy", "copy_p", "transpose"})
@@ -88,7 +89,7 @@ def _flatten(jaxpr, copy: int, env: dict, out: list, counter: list) -> list:
     return [value(v) for v in jaxpr.outvars]
 
 
-def derive(closed, param_paths: dict, size: int, axis: str = "model") -> TensorSplit:
+def derive(closed, param_paths: dict, size: int, axis: str = MODEL) -> TensorSplit:
     """Megatron splits of a loss traced as ``closed``; ``param_paths`` maps the invars of the
     trainable parameters to their keystr paths; ``size`` is the model axis' size."""
     flat: list = []
