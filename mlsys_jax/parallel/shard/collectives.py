@@ -43,16 +43,17 @@ def axes_of(coll: comm.Collective, mesh) -> tuple[str, ...]:
 
 
 def by_axis(hlo: str, mesh) -> dict:
-    """``{(kind, axis): {count, payload_bytes, scalar_bytes, ring_bytes}}`` of compiled HLO."""
+    """``{(kind, axis): {count, payload_bytes, scalar_bytes, ring_bytes}}`` of compiled HLO, per
+    step: a collective inside a loop (a scan over layers) counts once per trip."""
     out: dict = defaultdict(lambda: {"count": 0, "payload_bytes": 0, "scalar_bytes": 0,
                                      "ring_bytes": 0.0})
     for c in comm.collectives(hlo, mesh.devices.size):
         row = out[(c.kind, ",".join(axes_of(c, mesh)) or "-")]
         payload = c.result_bytes - c.scalar_bytes
-        row["count"] += 1
-        row["payload_bytes"] += payload
-        row["scalar_bytes"] += c.scalar_bytes
-        row["ring_bytes"] += comm.ring_bytes(c.kind, payload, c.group_size)
+        row["count"] += c.trips
+        row["payload_bytes"] += c.trips * payload
+        row["scalar_bytes"] += c.trips * c.scalar_bytes
+        row["ring_bytes"] += c.trips * comm.ring_bytes(c.kind, payload, c.group_size)
     return dict(out)
 
 
