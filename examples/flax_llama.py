@@ -5,9 +5,10 @@ position embeddings and a SwiGLU MLP — scanned over layers with ``nn.scan`` ar
 and an untied unembedding.
 
 ``LLAMA_8B`` is Llama-3-8B's shape (32 layers, d_model 4096, 32 query heads over 8 key/value
-heads, MLP 14,336, vocabulary 128,256: 8.03 B parameters) at sequence 2048, batch 8. At that
-size nothing may be allocated: the ``*_8b`` factories return ``jax.ShapeDtypeStruct`` leaves
-(``jax.eval_shape`` of the initialiser) and an abstract batch, for commands that work on shapes.
+heads, MLP 14,336, vocabulary 128,256: 8.03 B parameters) at sequence 2048, batch 64 (one
+sequence per device on 64 devices). At that size nothing may be allocated: the ``*_8b``
+factories return ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape`` of the initialiser) and an
+abstract batch, for commands that work on shapes.
 The ``*_tiny`` factories build the same code with real arrays at a size the test suite affords.
 
     mlsys-jax inspect examples/flax_llama.py:inspect_tiny --grad
@@ -39,7 +40,7 @@ class Config:
 
 
 LLAMA_8B = Config(layers=32, d_model=4096, heads=32, kv_heads=8, hidden=14336, vocab=128256,
-                  seq=2048, batch=8)
+                  seq=2048, batch=64)
 TINY = Config(layers=2, d_model=64, heads=4, kv_heads=2, hidden=128, vocab=256, seq=16, batch=4)
 
 

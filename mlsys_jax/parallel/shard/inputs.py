@@ -33,8 +33,10 @@ class UnboundAxisName(MlsysError):
 
 
 def is_trainable(x) -> bool:
-    """A float array (JAX or NumPy): differentiated, updated and sharded."""
-    return isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.inexact)
+    """A float array (JAX or NumPy, or its ``ShapeDtypeStruct`` on shapes): differentiated,
+    updated and sharded."""
+    return (isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+            and jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def split_params(params):

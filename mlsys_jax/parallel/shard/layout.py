@@ -181,3 +181,19 @@ def memory_report(layout: Layout, compiled, step_jaxpr) -> dict:
             "layout": dict(layout.held),
             "formula": {k: float(v) for k, v in layout.formula.items()},
             "expected": {"arguments": args, "outputs": outs + 8 * forwarded.count(False)}}
+
+
+def per_device(layout: Layout, compiled) -> dict:
+    """What the largest device holds: the layout's parameter, gradient and optimizer bytes, and
+    XLA's ``memory_analysis`` of the compiled step (per device for an SPMD program) with their
+    sum, ``total_bytes`` = arguments + outputs - aliased (outputs written into donated inputs)
+    + temp."""
+    ma = compiled.memory_analysis()
+    xla = {"xla_argument_bytes": int(ma.argument_size_in_bytes),
+           "xla_output_bytes": int(ma.output_size_in_bytes),
+           "xla_temp_bytes": int(ma.temp_size_in_bytes),
+           "xla_alias_bytes": int(ma.alias_size_in_bytes)}
+    total = (xla["xla_argument_bytes"] + xla["xla_output_bytes"] - xla["xla_alias_bytes"]
+             + xla["xla_temp_bytes"])
+    return {"param_bytes": int(layout.held["params"]), "grad_bytes": int(layout.held["grads"]),
+            "optimizer_bytes": int(layout.held["optimizer"]), **xla, "total_bytes": total}
