@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                            metavar="SECONDS", dest="import_timeout",
                            help="bound on importing FILE.py and calling its factory (default "
                                 f"{DEFAULT_IMPORT_TIMEOUT_S:g})")
+            q.add_argument("--abstract", action="store_true",
+                           help="run the factory on shapes (jax.eval_shape): its arrays become "
+                                "ShapeDtypeStructs and nothing of the model is allocated")
     return p
 
 
@@ -115,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         devices = runtime.DEFAULT_DEVICES if args.devices is None else args.devices
         runtime.configure(devices=devices, x64=False)
         runtime.start_backend()
-        with user_code.time_bound(getattr(args, "import_timeout", None)):
+        from mlsys_jax.cli.target import factories_on_shapes
+
+        with user_code.time_bound(getattr(args, "import_timeout", None)), \
+                factories_on_shapes(getattr(args, "abstract", False)):
             if not hasattr(args, "x64"):
                 return command_module(args.command).main(args)
             with runtime.user_precision(args.x64):

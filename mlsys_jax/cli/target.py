@@ -18,9 +18,11 @@ raises or does to the process is reported as its failure (``user_code.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +32,18 @@ from mlsys_jax.cli import user_code
 from mlsys_jax.errors import MlsysError
 
 FN_AND_ARGS = "(f, args)"
+# --abstract: every factory of this command runs on shapes (ir.abstract.run_abstract)
+_ABSTRACT: ContextVar[bool] = ContextVar("abstract factories", default=False)
+
+
+@contextlib.contextmanager
+def factories_on_shapes(on: bool):
+    """While open, :func:`load_factory` runs factories under ``jax.eval_shape`` when ``on``."""
+    token = _ABSTRACT.set(bool(on))
+    try:
+        yield
+    finally:
+        _ABSTRACT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -161,7 +175,13 @@ def load_factory(target: str, expect: str) -> tuple:
                          f"--arg SPEC per positional argument, or make it a zero-argument factory "
                          f"returning {expect}")
     # the factory builds the user's model: whatever it raises is theirs
-    out = user_code.run(fn, f"calling the factory {target}", f"factory {target} failed")
+    if _ABSTRACT.get():
+        from mlsys_jax.ir.abstract import run_abstract
+
+        call = lambda: run_abstract(fn)  # noqa: E731
+    else:
+        call = fn
+    out = user_code.run(call, f"calling the factory {target}", f"factory {target} failed")
     if not isinstance(out, (tuple, list)) or not len(required) <= len(out) <= len(required) + len(
             optional):
         got = (f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list))

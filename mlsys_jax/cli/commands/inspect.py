@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the roofline chart of the table's rows (needs the plot extra)")
     p.add_argument("--dot", metavar="OUT.dot", help="write a Graphviz DOT file")
+    p.add_argument("--xla", action="store_true",
+                   help="compile the function and print XLA's own FLOPs and bytes beside ours "
+                        "(always on shapes)")
     add_measure_arguments(p)
 
 
@@ -86,6 +89,7 @@ def main(args) -> int:
         _require_plots()
     check_measure_options(args)
     user = target.resolve(args)
+    on_shapes = _on_shapes(user, args)
     closed = user.trace(grad=args.grad)
     both = estimates(closed, args.hw, args.dtype)
     report = both.default if args.fused is None else both.fused if args.fused else both.unfused
@@ -95,21 +99,25 @@ def main(args) -> int:
     if args.plot:
         _plot(args.plot, summary, report, args.ops, user.name)
     measured = measure_whole(closed, user, args, report)
+    xla = _xla(closed) if on_shapes or args.xla else None
     if args.json:
-        print(json.dumps({**report_json(report, both, summary),
-                          **({"measured": measured[0]} if measured else {})}, indent=1))
+        out = report_json(report, both, summary)
+        out["abstract"] = on_shapes
+        if xla:
+            out["total"].update(xla.as_dict())
+        print(json.dumps({**out, **({"measured": measured[0]} if measured else {})}, indent=1))
         return 0
     equations = _count_equations(closed)
     if args.jaxpr or equations <= JAXPR_SHOWN:
         print(closed)
-    _print_tables(args, closed, both, report, summary, equations, measured)
+    _print_tables(args, closed, both, report, summary, equations, measured, xla)
     for path, what in ((args.dot, "DOT"), (args.plot, "roofline plot")):
         if path:
             print(f"{what} written to {path}")
     return 0
 
 
-def _print_tables(args, closed, both, report, summary, equations: int, measured) -> None:
+def _print_tables(args, closed, both, report, summary, equations: int, measured, xla) -> None:
     from mlsys_jax.cli.headline import compiler_note
     from mlsys_jax.cli.measured import table_columns
     from mlsys_jax.cli.summary import text_rows
@@ -140,12 +148,43 @@ def _print_tables(args, closed, both, report, summary, equations: int, measured)
               if summary.node.params else "")
     print(f"\ntotal: {t['flops'] / 1e9:.4g} GFLOP, {t['bytes'] / 1e6:.4g} MB moved, "
           f"peak live {t['peak_bytes'] / 1e6:.4g} MB{params}")
+    if xla:
+        from mlsys_jax.cli.shapes import why_line, xla_line
+
+        print(wrap(xla_line(xla), first=""))
+        why = why_line(both.unfused.total_flops, xla, summary, closed)
+        if why:
+            print(wrap(why, first=""))
     print(wrap(f"estimate: {both.line()}", first=""))
     print(wrap(compiler_note(hw), first=""))
     print_measured(report, measured)
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
+
+
+def _on_shapes(user, args) -> bool:
+    """Whether the factory returned shapes only; refuses what needs values, and says so first."""
+    from mlsys_jax.cli import shapes
+    from mlsys_jax.ir.abstract import is_abstract
+
+    if not (user.examples and is_abstract(user.args)):
+        return False
+    if args.measure:
+        shapes.refuse_values("--measure", "it times the function on its arrays")
+    if args.hw == "here":
+        shapes.refuse_values("--hw here", "it times every kernel on arrays of its size; use a "
+                             "roofline model, --hw h100 or --hw cpu")
+    if not args.json:
+        print(shapes.NOTICE)
+    return True
+
+
+def _xla(closed):
+    """XLA's figures of the function, compiled on its avals (nothing allocated)."""
+    from mlsys_jax.cost.xla import xla_figures
+
+    return xla_figures(closed)
 
 
 def _count_equations(closed) -> int:

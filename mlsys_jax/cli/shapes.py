@@ -1,0 +1,54 @@
+"""What the commands say when they work on shapes, and XLA's figures beside our estimate.
+
+A factory that returns ``ShapeDtypeStruct`` leaves (or any factory under ``--abstract``) builds
+nothing: the commands then trace and compile, never run. Each says so in its first line, refuses
+what needs values (``--measure``, ``--hw here``, exactness) in one line, and prints XLA's own
+figures of the compiled function beside ours, with the reason where the two disagree.
+"""
+from __future__ import annotations
+
+from mlsys_jax.errors import UsageError
+
+NOTICE = ("on shapes only: the factory's arrays are ShapeDtypeStructs; nothing of the model is "
+          "allocated, and nothing runs: figures come from tracing and XLA's compile")
+# Our FLOPs and XLA's (scan bodies per trip on both sides) agree to rounding on the models we
+# test; a larger gap is a counting difference worth a line.
+DISAGREE = 0.10
+
+
+def refuse_values(flag: str, why: str) -> None:
+    """One line, exit 2: ``flag`` needs values, and on shapes there are none."""
+    raise UsageError(f"{flag} needs the model's values and the factory returns shapes only "
+                     f"({why}); run without it, or with a factory that builds arrays at a size "
+                     "that fits")
+
+
+def xla_line(xla) -> str:
+    """XLA's figures of the compiled function, per device where the program is SPMD."""
+    return (f"XLA: {xla.xla_flops / 1e9:.4g} GFLOP (scan bodies per trip), "
+            f"{xla.xla_bytes_accessed / 1e6:.4g} MB accessed (loop bodies once); compiled here, "
+            f"per device: arguments {xla.xla_argument_bytes / 1e6:.4g} MB, outputs "
+            f"{xla.xla_output_bytes / 1e6:.4g} MB, temp {xla.xla_temp_bytes / 1e6:.4g} MB "
+            f"(XLA:CPU's), aliased {xla.xla_alias_bytes / 1e6:.4g} MB")
+
+
+def why_line(ours_flops: float, xla, summary, closed) -> str | None:
+    """Where our FLOPs and XLA's differ by more than :data:`DISAGREE`: the gap, what we know
+    counts differently in this graph, and the modules that hold the most FLOPs."""
+    if not xla.xla_flops or abs(ours_flops - xla.xla_flops) <= DISAGREE * xla.xla_flops:
+        return None
+    from mlsys_jax.ir import primitive_counts
+
+    counts = primitive_counts(closed)
+    known = []
+    if counts.get("while"):
+        known.append(f"{counts['while']} while loop(s): a trip count is unknown to both sides, "
+                     "which count each body once")
+    if counts.get("custom_call") or counts.get("pure_callback"):
+        known.append("callbacks: XLA cannot see their work")
+    leaves = sorted(summary.leaves(), key=lambda row: -row.flops)[:3] if summary else []
+    where = ", ".join("/".join(row.path) or "(top)" for row in leaves)
+    gap = (ours_flops - xla.xla_flops) / xla.xla_flops
+    return (f"why this number: our FLOPs are {gap:+.0%} of XLA's"
+            + (f"; {'; '.join(known)}" if known else "")
+            + (f"; most FLOPs sit in {where}" if where else ""))
