@@ -52,3 +52,29 @@ def why_line(ours_flops: float, xla, summary, closed) -> str | None:
     return (f"why this number: our FLOPs are {gap:+.0%} of XLA's"
             + (f"; {'; '.join(known)}" if known else "")
             + (f"; most FLOPs sit in {where}" if where else ""))
+
+
+def render_shard(name: str, out: dict) -> str:
+    """``shard``'s text on shapes: what the largest device holds, and the collectives per step."""
+    from mlsys_jax.runtime import format_bytes
+    from mlsys_jax.tables import format_table, wrap
+
+    d = out["per_device"]
+    mesh = " × ".join(f"{k} {v}" for k, v in out["mesh"].items())
+    rows = [{"what": what, "bytes": format_bytes(d[key]), "source": source} for what, key, source in (
+        ("parameters", "param_bytes", "layout"), ("gradients", "grad_bytes", "layout"),
+        ("optimizer state", "optimizer_bytes", "layout"),
+        ("arguments", "xla_argument_bytes", "XLA"), ("outputs", "xla_output_bytes", "XLA"),
+        ("temp", "xla_temp_bytes", "XLA:CPU"), ("aliased (donated)", "xla_alias_bytes", "XLA"),
+        ("total", "total_bytes", "arguments + outputs - aliased + temp"))]
+    lines = [format_table(rows, title=f"\n[{name} on {mesh}, ZeRO-{out['zero']}: the largest "
+                                      f"device, compiled in {out['compile_s']:.1f} s]")]
+    colls = [{"kind": r["kind"], "axis": r["axis"], "count": r["count"],
+              "bytes sent": format_bytes(r["bytes"]),
+              "formula": format_bytes(r["formula_bytes"]) if r["formula_bytes"] else "-",
+              "what": r["what"]} for r in out["collectives"] if r["count"] or r["formula_bytes"]]
+    if colls:
+        lines.append(format_table(colls, title="\n[collectives per step, per device (ring "
+                                               "bytes; a loop's counted once per trip)]"))
+    lines += [wrap(note, first="") for note in out["notes"]]
+    return "\n".join(lines)

@@ -116,6 +116,7 @@ def main(args) -> int:
     import jax
 
     from mlsys_jax.cli.shard_render import render
+    from mlsys_jax.ir.abstract import is_abstract
     from mlsys_jax.parallel.shard import simulate, step
 
     mesh = parse_mesh(args.mesh)
@@ -132,6 +133,8 @@ def main(args) -> int:
         # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
         with jax.enable_x64(False):
             loss_fn, params, batch, optimizer, rules = load_factory(args.target)
+            if is_abstract((params, batch)):
+                return _on_shapes(args, mesh, (loss_fn, params, batch, optimizer, rules), extra)
             if record:
                 _check_disk(params, args.steps, record)
             report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps,
@@ -146,6 +149,26 @@ def main(args) -> int:
     print(json.dumps(out, indent=1) if args.json else render(args.target, out, jax.device_count()))
     failed = args.processes > 1 and not out["processes"]["equal"]
     return 1 if failed else 0
+
+
+def _on_shapes(args, mesh: dict, factory: tuple, extra: dict) -> int:
+    """The step laid out and compiled on shapes: bytes per device and collectives, no run."""
+    import sys
+
+    from mlsys_jax.cli import shapes
+    from mlsys_jax.parallel.shard.shapes import compile_on_shapes
+
+    if args.processes > 1:
+        shapes.refuse_values("--processes", "it compares runs of the step across processes")
+    if not args.json:
+        print(shapes.NOTICE)
+    loss_fn, params, batch, optimizer, rules = factory
+    say = lambda text: print(f"mlsys-jax shard: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    report = compile_on_shapes(loss_fn, params, batch, optimizer, mesh, zero=args.zero,
+                               rules=rules, options=_compile_options(args), progress=say, **extra)
+    out = report.to_json()
+    print(json.dumps(out, indent=1) if args.json else shapes.render_shard(args.target, out))
+    return 0
 
 
 def _check_disk(params, steps: int, record: str) -> None:

@@ -42,6 +42,8 @@ class ShardReport:
     replicated_no_rule: list = field(default_factory=list)
     zero_unsplit: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    per_device: dict = field(default_factory=dict)   # layout.per_device: the keys shapes print
+    abstract: bool = False                            # a run on arrays (shapes.py: on shapes)
     sharded: dict | None = field(default=None, repr=False)  # {"free": {"params": host tree}}
 
     def to_json(self) -> dict:

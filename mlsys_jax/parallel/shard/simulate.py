@@ -20,7 +20,7 @@ from mlsys_jax import timing
 from mlsys_jax.parallel.shard import collectives, report, run, semantics, separability, step
 from mlsys_jax.parallel.shard.batch.explain import Statistics
 from mlsys_jax.parallel.shard.inputs import display_path, shard_shapes, trace_loss
-from mlsys_jax.parallel.shard.layout import memory_report
+from mlsys_jax.parallel.shard.layout import memory_report, per_device
 from mlsys_jax.parallel.shard.report import ShardReport
 from mlsys_jax.parallel.shard.separability import shards_of
 from mlsys_jax.parallel.shard.setup import prepare
@@ -162,6 +162,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         magnitude={q: j.scale for q, j in forced.items()},
         noise={q: j.noise for q, j in forced.items()},
         per_device_bytes=memory_report(lay, mesh_step, step_jaxpr), collectives=[],
+        per_device=per_device(lay, mesh_step),
         step_time_ratio=None, semantics=sem.kind, equal_on_this_batch=here,
         separability=sep.summary() if sep is not None else {},
         axis_name=setup.axis_name,
