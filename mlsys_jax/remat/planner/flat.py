@@ -19,7 +19,7 @@ from mlsys_jax.errors import MlsysError
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray)) or isinstance(x, np.generic)
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
 
 
 @dataclass(frozen=True)
