@@ -47,3 +47,15 @@ def test_llama_factories_count_their_parameters_and_the_8b_one_allocates_nothing
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == L.parameter_count(L.LLAMA_8B)
     assert L.parameter_count(L.LLAMA_8B) == 8_030_261_248  # Llama-3-8B's published size
+
+
+def test_equinox_gpt_factories_count_their_parameters_and_the_1b_one_allocates_nothing():
+    import equinox_gpt as G
+
+    loss_fn, model, batch = G.loss_tiny()
+    assert sum(x.size for x in _float_leaves(model)) == G.parameter_count(G.TINY)
+    assert bool(jnp.isfinite(eqx.filter_jit(loss_fn)(model, batch)))
+    _, model, batch, _ = G.train_1b()
+    arrays = [x for x in jax.tree_util.tree_leaves((model, batch)) if hasattr(x, "dtype")]
+    assert arrays and all(isinstance(x, jax.ShapeDtypeStruct) for x in arrays)
+    assert sum(x.size for x in arrays[:-2]) == G.parameter_count(G.GPT_1B) > 1_000_000_000
