@@ -1,0 +1,144 @@
+"""Models at the size they train, on shapes: ``inspect`` and ``shard`` on an 8B Llama-style flax
+model and a 1B equinox GPT, each command a process of its own beside a plain JAX process doing
+the least the same answer needs (build the abstract model, compile its gradient or its FSDP
+step), with wall time and peak RSS of both.
+
+Checks, as figures: parameters equal the analytic count; our FLOPs over XLA's (scan bodies per
+trip on both sides); the command's wall over the plain process's; ZeRO-3 over 64 devices holds
+12Ψ/64 of parameters and Adam state and 4Ψ/64 of gradients per device (float32), and XLA's
+argument bytes equal those of a plain program that splits every parameter 64 ways; on
+``data=8,model=8`` the command's own state accounting beside XLA's argument bytes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "shapes"
+LLAMA, EQX = "examples/flax_llama.py", "examples/equinox_gpt.py"
+
+# argv[1:] as a child; prints its peak RSS in bytes last (os.wait4 charges the child alone)
+_LAUNCHER = ("import os, subprocess, sys\n"
+             "child = subprocess.Popen(sys.argv[1:])\n"
+             "_, status, usage = os.wait4(child.pid, 0)\n"
+             "print(usage.ru_maxrss * 1024)\n"
+             "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+# the plain gradient, what `inspect --grad` compiles: import the example, build its abstract
+# (f, args), compile the gradient of f's summed output w.r.t. args[0] (argv: file, factory)
+_PLAIN_GRAD = ("import sys, importlib.util, jax\n"
+               "spec = importlib.util.spec_from_file_location('m', sys.argv[1])\n"
+               "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+               "f, args = getattr(m, sys.argv[2])()\n"
+               "leaves, tree = jax.tree.flatten(args[0])\n"
+               "diff = [i for i, x in enumerate(leaves) if hasattr(x, 'dtype')\n"
+               "        and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)]\n"
+               "def loss(floats, *rest):\n"
+               "    full = list(leaves)\n"
+               "    for i, x in zip(diff, floats): full[i] = x\n"
+               "    return f(jax.tree.unflatten(tree, full), *rest).sum()\n"
+               "c = jax.jit(jax.grad(loss)).lower([leaves[i] for i in diff], *args[1:]).compile()\n"
+               "print(c.cost_analysis()['flops'])\n")
+
+# the plain FSDP step: every parameter and Adam leaf split 64 ways on its first dimension that
+# 64 divides, the batch over data; argument bytes per device (argv: file, factory, devices)
+_PLAIN_FSDP = ("import os, sys, importlib.util\n"
+               "n = int(sys.argv[3])\n"
+               "os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={n}'\n"
+               "import jax, optax\n"
+               "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+               "spec = importlib.util.spec_from_file_location('m', sys.argv[1])\n"
+               "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+               "loss_fn, params, batch, opt = getattr(m, sys.argv[2])()[:4]\n"
+               "mesh = jax.make_mesh((n,), ('data',))\n"
+               "def split(x):\n"
+               "    for d, size in enumerate(x.shape):\n"
+               "        if size % n == 0: return NamedSharding(mesh, P(*[None] * d, 'data'))\n"
+               "    return NamedSharding(mesh, P())\n"
+               "state = jax.eval_shape(opt.init, params)\n"
+               "shard = lambda t: jax.tree.map(split, t)\n"
+               "def step(p, s, b):\n"
+               "    g = jax.grad(loss_fn)(p, b)\n"
+               "    u, s = opt.update(g, s, p)\n"
+               "    return optax.apply_updates(p, u), s\n"
+               "c = jax.jit(step, in_shardings=(shard(params), shard(state), jax.tree.map(\n"
+               "    lambda _: NamedSharding(mesh, P('data')), batch)), donate_argnums=(0, 1)).lower(\n"
+               "    params, state, batch).compile()\n"
+               "print(c.memory_analysis().argument_size_in_bytes)\n")
+
+
+def _timed(argv: list[str]) -> dict:
+    """Run ``argv`` under the launcher: its stdout (less the RSS line), wall s and peak RSS."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} failed: {out.stderr[-1500:]}")
+    *lines, rss = out.stdout.rstrip().splitlines()
+    return {"stdout": "\n".join(lines), "wall_s": wall, "rss_bytes": int(rss)}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mlsys_jax.cli", *args]
+
+
+def _inspect_figures(file: str, factory: str, count: int) -> dict:
+    plain = _timed([sys.executable, "-c", _PLAIN_GRAD, file, factory])
+    ours = _timed(_cli("inspect", f"{file}:{factory}", "--grad", "--json"))
+    total = json.loads(ours["stdout"])
+    figures = {"params_exact": int(total["params"] == count),
+               "flops_over_xla_ratio": total["total"]["flops"] / total["total"]["xla_flops"],
+               "wall_over_plain_ratio": ours["wall_s"] / plain["wall_s"],
+               "wall_s": ours["wall_s"], "plain_wall_s": plain["wall_s"],
+               "peak_rss_gb": ours["rss_bytes"] / 1e9}
+    return figures
+
+
+def _shard(factory: str, mesh: str, devices: int) -> tuple[dict, dict]:
+    run = _timed(_cli("--devices", str(devices), "shard", f"{LLAMA}:{factory}", "--mesh", mesh,
+                      "--zero", "3", "--json"))
+    return json.loads(run["stdout"]), run
+
+
+def run(quick: bool = False) -> dict:
+    sys.path.insert(0, str(ROOT / "examples"))
+    import equinox_gpt
+    import flax_llama
+
+    psi = flax_llama.parameter_count(flax_llama.LLAMA_8B)
+    figures = {"llama8b_inspect": _inspect_figures(LLAMA, "inspect_8b", psi),
+               "equinox1b_inspect": _inspect_figures(
+                   EQX, "inspect_1b", equinox_gpt.parameter_count(equinox_gpt.GPT_1B))}
+    fsdp, run64 = _shard("train_8b", "data=64", 64)
+    plain = _timed([sys.executable, "-c", _PLAIN_FSDP, LLAMA, "train_8b", "64"])
+    d = fsdp["per_device"]
+    figures["llama8b_fsdp64"] = {
+        "params_and_adam_over_12psi_per_64_ratio":
+            (d["param_bytes"] + d["optimizer_bytes"]) / (12 * psi / 64),
+        "grads_over_4psi_per_64_ratio": d["grad_bytes"] / (4 * psi / 64),
+        "xla_argument_over_plain_fsdp_ratio": d["xla_argument_bytes"] / int(plain["stdout"]),
+        "wall_s": run64["wall_s"], "peak_rss_gb": run64["rss_bytes"] / 1e9,
+        "collective_kinds": len([r for r in fsdp["collectives"] if r["count"]])}
+    if not quick:
+        tp, run88 = _shard("train_8b", "data=8,model=8", 64)
+        d = tp["per_device"]
+        batch = 2 * 4 * flax_llama.LLAMA_8B.batch * flax_llama.LLAMA_8B.seq // 8  # int32 x2
+        figures["llama8b_data8_model8"] = {
+            "state_accounting_over_xla_arguments_ratio":
+                (d["param_bytes"] + d["optimizer_bytes"] + batch) / d["xla_argument_bytes"],
+            "wall_s": run88["wall_s"], "peak_rss_gb": run88["rss_bytes"] / 1e9,
+            "collective_kinds": len([r for r in tp["collectives"] if r["count"]])}
+    notes = [f"Llama-style 8B: {psi:,} parameters (Llama-3-8B's shape), batch "
+             f"{flax_llama.LLAMA_8B.batch}×{flax_llama.LLAMA_8B.seq} tokens; equinox GPT 1B: "
+             f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters",
+             "each command is a process of its own beside a plain JAX process that builds the "
+             "abstract model and compiles the same gradient (inspect) or an FSDP step splitting "
+             "every leaf 64 ways (shard); peak RSS of each process alone",
+             f"this machine: {os.cpu_count()} cores"]
+    return {"figures": figures, "notes": notes}
