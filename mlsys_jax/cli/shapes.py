@@ -76,5 +76,6 @@ def render_shard(name: str, out: dict) -> str:
     if colls:
         lines.append(format_table(colls, title="\n[collectives per step, per device (ring "
                                                "bytes; a loop's counted once per trip)]"))
-    lines += [wrap(note, first="") for note in out["notes"]]
+    notice = out.get("tensor_parallel", {}).get("notice")
+    lines += [wrap(note, first="") for note in ([notice] if notice else []) + out["notes"]]
     return "\n".join(lines)
