@@ -106,6 +106,24 @@ def _shard(factory: str, mesh: str, devices: int) -> tuple[dict, dict]:
     return json.loads(run["stdout"]), run
 
 
+def _gpt2_equal() -> dict:
+    """GPT-2 small on arrays and under --abstract: 1 where every figure is equal."""
+    gpt2 = "examples/flax_gpt2.py"
+    same = {}
+    on = [json.loads(_timed(_cli("inspect", f"{gpt2}:inspect", "--grad", *flag, "--json"))[
+        "stdout"]) for flag in (["--xla"], ["--abstract"])]
+    same["inspect_params_flops_xla_bytes"] = int(on[0]["params"] == on[1]["params"]
+                                                  and on[0]["total"] == on[1]["total"])
+    args = ["--mesh", "data=4,model=2", "--zero", "3", "--json"]
+    on = [json.loads(_timed(_cli("shard", f"{gpt2}:train", *flag, *args))["stdout"])
+          for flag in (["--steps", "1"], ["--abstract"])]
+    rows = lambda report: [(r["kind"], r["axis"], r["count"], r["bytes"])  # noqa: E731
+                           for r in report["collectives"]]
+    same["shard_per_device_and_collectives"] = int(
+        on[0]["per_device"] == on[1]["per_device"] and rows(on[0]) == rows(on[1]))
+    return same
+
+
 def run(quick: bool = False) -> dict:
     sys.path.insert(0, str(ROOT / "examples"))
     import equinox_gpt
@@ -134,6 +152,8 @@ def run(quick: bool = False) -> dict:
                 (d["param_bytes"] + d["optimizer_bytes"] + batch) / d["xla_argument_bytes"],
             "wall_s": run88["wall_s"], "peak_rss_gb": run88["rss_bytes"] / 1e9,
             "collective_kinds": len([r for r in tp["collectives"] if r["count"]])}
+    if not quick:
+        figures["gpt2_small_shapes_equal_arrays"] = _gpt2_equal()
     notes = [f"Llama-style 8B: {psi:,} parameters (Llama-3-8B's shape), batch "
              f"{flax_llama.LLAMA_8B.batch}×{flax_llama.LLAMA_8B.seq} tokens; equinox GPT 1B: "
              f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters",
