@@ -17,7 +17,7 @@ from __future__ import annotations
 
 _LAZY = {"make_mesh": "mesh", "require_axes": "mesh", "validate_divisible": "mesh",
          "axis_size": "mesh", "apply_rules": "shard", "megatron_rules": "shard",
-         "simulate": "shard", "ShardReport": "shard"}
+         "simulate": "shard", "ShardOptions": "shard", "ShardReport": "shard"}
 __all__ = list(_LAZY)
 
 

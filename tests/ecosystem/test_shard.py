@@ -14,7 +14,7 @@ import equinox_mlp
 import flax_batchnorm
 import flax_mlp
 import flax_transformer
-from mlsys_jax.parallel import comm, megatron_rules, simulate
+from mlsys_jax.parallel import comm, megatron_rules, ShardOptions, simulate
 from mlsys_jax.parallel.shard.partition_rules import array_paths
 from mlsys_jax.parallel.shard.run import Recorder
 
@@ -31,9 +31,9 @@ def run(model, mesh, zero=0, rules=None):
             _FACTORIES[model] = MODELS[model]()
         loss_fn, params, batch, optimizer = _FACTORIES[model]
         given = None if rules is None else rules(params)
-        _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, zero, steps=3,
-                                 rules=given, options=comm.QUICK_COMPILE, time_repeats=0,
-                                 cache=_CACHES.setdefault(model, {}))
+        _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, ShardOptions(
+            zero=zero, steps=3, xla_options=comm.QUICK_COMPILE, time_repeats=0), rules=given,
+            cache=_CACHES.setdefault(model, {}))
     return _REPORTS[key]
 
 
@@ -213,8 +213,8 @@ def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps(monkeypat
         calls.append(_AtMeshCalls(compile_sharded(*args, **kwargs), probe))
         return calls[-1]
     monkeypatch.setattr(shard_step, "compile_sharded", probed)
-    simulate(loss_fn, params, batch, optimizer, {"data": 4, "model": 2}, 3, steps=steps,
-             options=comm.QUICK_COMPILE, time_repeats=0, record=probe)
+    simulate(loss_fn, params, batch, optimizer, {"data": 4, "model": 2}, ShardOptions(
+        zero=3, steps=steps, xla_options=comm.QUICK_COMPILE, time_repeats=0, record=probe))
     opt_state = comm.nbytes(jax.eval_shape(optimizer.init, params))
     state = 2 * comm.nbytes(params) + opt_state
     held = max(b for *_, b in probe.samples)

@@ -3,13 +3,13 @@ BatchNormalization): not separable, the batch statistic named, and the mesh — 
 what data parallelism computes, each shard's own statistics — is not accused of differing from
 that when an equivalent one-device computation (one shard at a time) differs as much."""
 import keras_mobilenet
-from mlsys_jax.parallel import comm, simulate
+from mlsys_jax.parallel import comm, ShardOptions, simulate
 
 
 def test_mobilenet_batchnorm_is_named_and_the_mesh_is_judged_by_the_noise():
     loss_fn, params, batch, optimizer = keras_mobilenet.train()
-    r = simulate(loss_fn, params, batch, optimizer, {"data": 2}, steps=1,
-                 options=comm.QUICK_COMPILE, time_repeats=0)
+    r = simulate(loss_fn, params, batch, optimizer, {"data": 2}, ShardOptions(
+        steps=1, xla_options=comm.QUICK_COMPILE, time_repeats=0))
     assert not r.exact and not r.equal_on_this_batch and r.semantics == "per-shard"
     assert "training-mode BatchNorm" in r.reason and "reduce_sum over the batch axis" in r.reason
     assert "mesh computes exactly that" in r.reason

@@ -15,7 +15,7 @@ import flax_lm1b
 import flax_mlp
 import haiku_nets
 import penzai_llama
-from mlsys_jax.parallel import comm, simulate
+from mlsys_jax.parallel import comm, ShardOptions, simulate
 from mlsys_jax.parallel.shard.inputs import display_path
 from mlsys_jax.parallel.shard.partition_rules import array_paths
 
@@ -35,9 +35,9 @@ def run(name, mesh, zero=0, steps=1):
     key = (name, tuple(mesh.items()), zero)
     if key not in _REPORTS:
         loss_fn, params, batch, optimizer, *rules = built(name)
-        _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, zero, steps=steps,
-                                 rules=rules[0] if rules else None, options=comm.QUICK_COMPILE,
-                                 time_repeats=0)
+        _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, ShardOptions(
+            zero=zero, steps=steps, xla_options=comm.QUICK_COMPILE, time_repeats=0),
+            rules=rules[0] if rules else None)
     return _REPORTS[key]
 
 

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.models import mlp_loss
-from mlsys_jax.parallel import apply_rules, comm, make_mesh, simulate
+from mlsys_jax.parallel import apply_rules, comm, make_mesh, ShardOptions, simulate
 from mlsys_jax.parallel.lecture import data, zero
 from mlsys_jax.parallel.shard import separability as separable, separability_of
 from mlsys_jax.parallel.shard.setup import prepare as plan
@@ -34,8 +34,9 @@ def lecture():
 
 def _jit_params(lecture, stage):
     params, batch, opt, cache = lecture
-    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, stage, STEPS,
-                 options=comm.QUICK_COMPILE, time_repeats=0, cache=cache, keep_params=True)
+    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, ShardOptions(
+        zero=stage, steps=STEPS, xla_options=comm.QUICK_COMPILE, time_repeats=0, keep_params=True),
+        cache=cache)
     assert r.exact, r.reason
     return r.sharded["free"]["params"]
 
@@ -71,8 +72,8 @@ def test_global_norm_clipping_stays_global_under_zero(lecture):
     under jit it cannot."""
     params, batch, _, _ = lecture
     opt = optax.chain(optax.clip_by_global_norm(0.05), optax.adam(0.05))
-    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 2, STEPS,
-                 options=comm.QUICK_COMPILE, time_repeats=0)
+    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, ShardOptions(
+        zero=2, steps=STEPS, xla_options=comm.QUICK_COMPILE, time_repeats=0))
     assert r.exact and r.max_abs_diff["params"] < TOL
 
 
@@ -159,8 +160,8 @@ def test_any_optax_optimizer_state_is_laid_out(lecture, name, opt):
     """Stateless SGD updates in place (no all-gather); Adafactor's factored rows mirror no
     parameter and are split by their own shape."""
     params, batch, _, _ = lecture
-    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 1, STEPS,
-                 options=comm.QUICK_COMPILE, time_repeats=0)
+    r = simulate(lecture_loss, params, batch, opt, {"data": 4}, ShardOptions(
+        zero=1, steps=STEPS, xla_options=comm.QUICK_COMPILE, time_repeats=0))
     assert r.exact, r.reason
     kinds = {c["kind"]: c["ratio"] for c in r.collectives}
     assert kinds == ({"all-reduce": 1.0} if name == "sgd" else
@@ -177,8 +178,8 @@ def test_memory_is_flat_in_the_step_count(lecture):
     cache, alive, sizes = {}, [], []
     for steps in (2, 6):
         before = {id(x) for x in jax.live_arrays()}
-        r = simulate(lecture_loss, params, batch, opt, {"data": 4}, 3, steps,
-                     options=comm.QUICK_COMPILE, time_repeats=0, cache=cache)
+        r = simulate(lecture_loss, params, batch, opt, {"data": 4}, ShardOptions(
+            zero=3, steps=steps, xla_options=comm.QUICK_COMPILE, time_repeats=0), cache=cache)
         alive.append(sum(1 for x in jax.live_arrays() if id(x) not in before))
         sizes.append(len(jax.tree.leaves(json.loads(json.dumps(r.to_json())))))
         del r

@@ -108,7 +108,8 @@ def _compile_options(args) -> dict | None:
 def _options(args) -> dict:
     from mlsys_jax.parallel.shard.annotations import parse_axis_rules
 
-    return {"axis_rules": parse_axis_rules(args.axis_rules) if args.axis_rules else None,
+    rules = parse_axis_rules(args.axis_rules) if args.axis_rules else None
+    return {"axis_rules": tuple(rules) if rules else None,
             "axis_names": parse_axis_names(args.axis_name) or None}
 
 
@@ -117,7 +118,7 @@ def main(args) -> int:
 
     from mlsys_jax.cli.shard_render import render
     from mlsys_jax.ir.abstract import is_abstract
-    from mlsys_jax.parallel.shard import simulate, step
+    from mlsys_jax.parallel.shard import ShardOptions, simulate, step
 
     mesh = parse_mesh(args.mesh)
     shard_pipe.check_flags(args, mesh)
@@ -137,9 +138,9 @@ def main(args) -> int:
                 return _on_shapes(args, mesh, (loss_fn, params, batch, optimizer, rules), extra)
             if record:
                 _check_disk(params, args.steps, record)
-            report = simulate(loss_fn, params, batch, optimizer, mesh, args.zero, args.steps,
-                              rules, options=_compile_options(args), record=record,
-                              progress=True, **extra)
+            options = ShardOptions(zero=args.zero, steps=args.steps, record=record,
+                                   xla_options=_compile_options(args), progress=True, **extra)
+            report = simulate(loss_fn, params, batch, optimizer, mesh, options, rules=rules)
         out = report.to_json()
         if args.processes > 1:
             out["processes"] = _compare_processes(args, mesh, report, record)
@@ -193,15 +194,17 @@ def _compare_processes(args, mesh: dict, report, record: str) -> dict:
     process's) must equal this process's within the bounds of this run; the free-running drift
     is shown. Both runs write their values to disk step by step; they are compared leaf by leaf."""
     from mlsys_jax.parallel import multiprocess
+    from mlsys_jax.parallel.shard import ShardOptions
     from mlsys_jax.parallel.shard.run import compare_recorded
 
     size = int(np.prod(list(mesh.values())))
     theirs = tempfile.mkdtemp(prefix="mlsys-shard-workers-")
     try:
-        settings = {"target": args.target, "mesh": mesh, "zero": args.zero, "steps": args.steps,
-                    "record": theirs, "options": _compile_options(args),
-                    "separable": report.separability.get("separable", True),
-                    **{k: v for k, v in _options(args).items() if v}}
+        options = ShardOptions(zero=args.zero, steps=args.steps, record=theirs,
+                               xla_options=_compile_options(args), time_repeats=0,
+                               separable=report.separability.get("separable", True),
+                               judge=False, **_options(args))
+        settings = {"target": args.target, "mesh": mesh, "options": options.to_json()}
         many = multiprocess.launch(args.processes, size // args.processes, settings,
                                    timeout=600.0, module="mlsys_jax.cli.commands.shard")
         diff = compare_recorded(record, theirs)
@@ -226,16 +229,14 @@ def worker_main(argv=None) -> int:
 def _worker_steps(a) -> dict:
     import jax
 
-    from mlsys_jax.parallel.shard import simulate, step
+    from mlsys_jax.parallel.shard import ShardOptions, simulate, step
 
     step.map_large_blocks()
     cfg = json.loads(a.settings)
     loss_fn, params, batch, optimizer, rules = load_factory(cfg["target"])
-    simulate(loss_fn, params, batch, optimizer, cfg["mesh"], cfg["zero"], cfg["steps"], rules,
-             options=cfg["options"], time_repeats=0, record=cfg["record"],
-             axis_rules=cfg.get("axis_rules"), axis_names=cfg.get("axis_names"),
-             separable=cfg["separable"], judge=False)
-    return {"steps": cfg["steps"], "processes": jax.process_count()}
+    options = ShardOptions.from_json(cfg["options"])
+    simulate(loss_fn, params, batch, optimizer, cfg["mesh"], options, rules=rules)
+    return {"steps": options.steps, "processes": jax.process_count()}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A user's own training step on a simulated mesh, against one device (§5, §7.3).
 
-``simulate(loss_fn, params, batch, optimizer, {"data": 4}, zero=1, steps=3)`` checks and lays out
-the step (``setup.py``), decides whether the loss is separable over the batch from its dataflow
+``simulate(loss_fn, params, batch, optimizer, {"data": 4}, ShardOptions(zero=1))`` checks and
+lays out the step (``setup.py``), decides whether the loss is separable over the batch from its dataflow
 and its gradients (``separability.py``), picks what the mesh computes and what it is judged
 against (``semantics.py``), runs the steps teacher-forced and free-running (``run.py``), and
 reports per-device bytes from XLA's ``memory_analysis`` beside ZeRO's formula, the collectives by
@@ -10,32 +10,20 @@ mesh axis beside formulas (``collectives.py``) and the step-time ratio (:class:`
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
 from typing import Callable
 
 import jax
 
 from mlsys_jax import timing
+from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.parallel.shard import collectives, report, run, semantics, separability, step
 from mlsys_jax.parallel.shard.batch.explain import Statistics
 from mlsys_jax.parallel.shard.inputs import display_path, shard_shapes, trace_loss
 from mlsys_jax.parallel.shard.layout import memory_report, per_device
+from mlsys_jax.parallel.shard.options import ShardOptions
 from mlsys_jax.parallel.shard.report import ShardReport
 from mlsys_jax.parallel.shard.separability import shards_of
 from mlsys_jax.parallel.shard.setup import prepare
-
-
-class _Progress:
-    """Phase lines on stderr (``mlsys-jax shard: [12 s] ...``) when enabled."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.t0 = enabled, time.perf_counter()
-
-    def __call__(self, text: str) -> None:
-        if self.enabled:
-            print(f"mlsys-jax shard: [{time.perf_counter() - self.t0:.0f} s] {text}",
-                  file=sys.stderr, flush=True)
 
 
 class OneDevicePrograms(dict):
@@ -73,8 +61,8 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
         setup.closed, setup.batch_invars, rows, synced).mixing)
     sep = None
     if n > 1 and check:
-        (progress or _Progress(False))("checking separability: whole-batch and per-shard "
-                                       "gradients at 4 points")
+        (progress or SILENT).stage("checking separability: whole-batch and per-shard "
+                                   "gradients at 4 points")
         sep = separability.check_separable(setup.closed, setup.batch_invars, programs, t, b, n,
                                            setup.eps, folded, synced, _statistics(setup))
     return {"programs": programs, "separability": sep, "losses": losses, "folded": folded,
@@ -107,32 +95,33 @@ def separability_of(loss_fn: Callable, params, batch, data: int, options: dict |
     return one_device(setup, options)["separability"]
 
 
-def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
-             steps: int = 3, rules=None, options: dict | None = None, time_repeats: int = 5,
-             cache: dict | None = None, axis_rules=None, axis_names: dict | None = None,
-             keep_params: bool = False, record: str | run.Recorder | None = None,
-             progress: bool = False, separable: bool | None = None,
-             judge: bool = True) -> ShardReport:
+def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
+             options: ShardOptions | None = None, *, rules=None,
+             cache: dict | None = None) -> ShardReport:
     """Run the user's step sharded and on one device; every figure of ``mlsys-jax shard``.
 
-    ``options``: XLA compile options for every program of the run (default: the compiler's
-    normal settings); ``time_repeats=0`` skips the timing; ``cache``, a dict shared by calls on
-    the same ``(loss_fn, params, batch, optimizer)``, keeps the one-device programs and the
-    separability verdict per data size; ``keep_params`` keeps the mesh's final parameters
-    (``report.sharded``); ``record``: a directory for each step's mesh values (multi-process
-    comparisons), or a :class:`run.Recorder` called with them; ``separable``: a verdict already
-    reached elsewhere (another process's), which skips the check; ``judge=False`` only runs and
-    records the steps (the mesh from one device's states, and free), for a run judged elsewhere:
-    no equivalent computation, bytes or collectives.
+    ``options`` (:class:`ShardOptions`, its defaults when None) holds the run's settings: the ZeRO stage, the steps,
+    axis rules and names, XLA compile options for every program (default: the compiler's normal
+    settings), ``time_repeats=0`` to skip the timing, ``keep_params`` to keep the mesh's final
+    parameters (``report.sharded``), ``record`` (a directory for each step's mesh values, for
+    multi-process comparisons, or a :class:`run.Recorder` called with them), ``separable`` (a
+    verdict already reached elsewhere, which skips the check) and ``judge=False`` (only run and
+    record the steps, for a run judged elsewhere: no equivalent computation, bytes or
+    collectives). ``rules`` are the factory's partition rules; ``cache``, a dict shared by calls
+    on the same ``(loss_fn, params, batch, optimizer)``, keeps the one-device programs and the
+    separability verdict per data size.
     """
-    say = _Progress(progress)
-    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, axis_rules,
-                    axis_names)
-    say("traced the loss and laid out the state")
+    o = options or ShardOptions()
+    zero, steps, separable, judge = o.zero, o.steps, o.separable, o.judge
+    xla_options, record = o.xla_options, o.record
+    progress = Progress("mlsys-jax shard", enabled=o.progress)
+    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, o.axis_rules,
+                    o.axis_names)
+    progress.stage("traced the loss and laid out the state")
     cache = {} if cache is None else cache
-    key = ("one device", setup.data_size, str(options), separable)
+    key = ("one device", setup.data_size, str(xla_options), separable)
     if key not in cache:
-        cache[key] = one_device(setup, options, say, check=separable is None)
+        cache[key] = one_device(setup, xla_options, progress, check=separable is None)
     ref = cache[key]
     sep = ref["separability"]
     sem = semantics.choose(setup, separable if sep is None else sep.separable, ref["losses"],
@@ -140,15 +129,15 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
     if not judge:
         sem = dataclasses.replace(sem, reference="whole", twin="whole")
     step.release_memory()
-    say("compiling the sharded step")
-    mesh_step = step.compile_sharded(setup, sem.mesh, options, donate=True)
+    progress.stage("compiling the sharded step")
+    mesh_step = step.compile_sharded(setup, sem.mesh, xla_options, donate=True)
     _check_memory(setup, mesh_step)
     programs = ref["programs"]
-    say(f"running {steps} steps, sharded and on one device")
-    figures = run.run(setup, sem, programs, mesh_step, steps, keep_params,
+    progress.stage(f"running {steps} steps, sharded and on one device")
+    figures = run.run(setup, sem, programs, mesh_step, steps, o.keep_params,
                       record if isinstance(record, run.Recorder) else run.Recorder(record))
     forced = figures.forced
-    say("reading the compiled step's bytes and collectives")
+    progress.stage("reading the compiled step's bytes and collectives")
     exact, here, reason = report.verdict(setup, sep, sem, forced)
     lay = setup.layout
     step_jaxpr = jax.make_jaxpr(step.make_step(sem.mesh, setup.optimizer, lay))(
@@ -171,14 +160,14 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero
         replicated_no_rule=[display_path(p) for p in split.replicated]
         if split.source in ("rules", "derived") and "model" in lay.mesh.axis_names else [],
         zero_unsplit=[display_path(p) for p in lay.unsplit] if lay.stage else [],
-        sharded={"free": {"params": figures.final_params}} if keep_params else None)
+        sharded={"free": {"params": figures.final_params}} if o.keep_params else None)
     out.notes += report.thin_evidence(forced) + list(sep.notes if sep is not None else ())
     if not judge:
         return out
-    _collectives(out, setup, sem, mesh_step, options)
-    if time_repeats:
-        say("timing the steps")
-        _time(out, setup, programs, mesh_step, time_repeats)
+    _collectives(out, setup, sem, mesh_step, xla_options)
+    if o.time_repeats:
+        progress.stage("timing the steps")
+        _time(out, setup, programs, mesh_step, o.time_repeats)
     return out
 
 
