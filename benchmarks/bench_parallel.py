@@ -231,7 +231,7 @@ def _user_pipeline(quick: bool) -> dict:
         runs.pop("remat")
     with jax.enable_x64(False):  # users' float32 world
         args = pipeline_stacks.transformer(**size)
-        reports = {k: run_pipeline(plan_pipeline(*args, mesh, 8, sched, remat=remat), 3,
+        reports = {k: run_pipeline(plan_pipeline(*args, mesh, 8, schedule=sched, remat=remat), 3,
                                    options=QUICK_COMPILE, stage_memory=False)
                    for k, (mesh, sched, remat) in runs.items()}
     figures = {"pp_user_transformer_measured_over_formula_ratio": reports["1f1b"].p2p["ratio"],

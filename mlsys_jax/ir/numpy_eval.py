@@ -61,7 +61,7 @@ def _dilate(x, factors):
     return out
 
 
-def _conv(x, w, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
           feature_group_count, batch_group_count, **_):
     """lax.conv_general_dilated by the taps of the kernel: each tap one contraction."""
     if batch_group_count != 1:

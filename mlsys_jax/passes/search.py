@@ -83,8 +83,8 @@ class _Node:
     hash: str
 
 
-def search(closed: ClosedJaxpr, alpha: float = 1.05, hw="h100", dtype="bf16", budget: int = 100,
-           max_growth: float = 2.0, rules=None, pipeline=registry.DEFAULT_PIPELINE,
+def search(closed: ClosedJaxpr, *, alpha: float = 1.05, hw="h100", dtype="bf16",
+           budget: int = 100, max_growth: float = 2.0, rules=None, pipeline=registry.DEFAULT_PIPELINE,
            measure: int = 0, repeats: int = 7, validate: bool = True,
            observe=None) -> SearchResult:
     """Search rewrite sequences for the cheapest graph under the cost model.

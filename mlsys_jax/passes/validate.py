@@ -355,7 +355,8 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
                 return why
         if not floats:
             continue
-        why = _compare64(region, replacement, inputs, before, after, given, narrow, i, cut)
+        why = _compare64(region, replacement, inputs, before, after, given, narrow=narrow, i=i,
+                         cut=cut)
         if why and narrow and _removes_a_constant(region, given):
             # Some equation the rewrite removes reads constants alone (a conv of a constant):
             # which of the constants it computes are the program's float32 values and which
@@ -364,8 +365,8 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
             if others is None:
                 others = _meanings(region, cut)
             for alt in others:
-                why = why and _compare64(region, replacement, inputs, before, after, alt, narrow,
-                                         i, cut)
+                why = why and _compare64(region, replacement, inputs, before, after, alt,
+                                         narrow=narrow, i=i, cut=cut)
         if why:
             return why
     return None
@@ -413,7 +414,7 @@ def _given(region: Region, with_removed: bool, cut=None, unknown=None) -> dict:
     return given
 
 
-def _compare64(region, replacement, inputs, before, after, given, narrow, i,
+def _compare64(region, replacement, inputs, before, after, given, *, narrow, i,
                cut=None) -> str | None:
     before64, after64 = before, after  # a float64 program: already what it means
     if narrow:

@@ -33,7 +33,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 def run(model, mesh, schedule, remat=False, microbatches=8):
     key = (model, tuple(mesh.items()), schedule, remat, microbatches)
     if key not in _REPORTS:
-        plan = plan_pipeline(*MODELS[model](), mesh, microbatches, schedule, remat=remat)
+        plan = plan_pipeline(*MODELS[model](), mesh, microbatches, schedule=schedule, remat=remat)
         _REPORTS[key] = (plan, run_pipeline(plan, 3, options=QUICK_COMPILE, stage_memory=False))
     return _REPORTS[key]
 

@@ -274,7 +274,7 @@ def two_stages():
     """Four layers on two stages, the last tied to the first layer's weight (replicated)."""
     loss, params, batch = mlp(layers=4, rows=8, tied=True)
     opt = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2))
-    plan = plan_pipeline(loss, params, batch, opt, {"pipe": 2}, 4, "1f1b", hw="h100")
+    plan = plan_pipeline(loss, params, batch, opt, {"pipe": 2}, 4, schedule="1f1b", hw="h100")
     return plan, run_pipeline(plan, steps=2, options=QUICK_COMPILE, stage_memory=False)
 
 
@@ -320,4 +320,4 @@ def test_the_verdict_sees_a_pipeline_off_by_a_little(two_stages, monkeypatch, qu
 def test_bad_pipeline_inputs_are_one_line_errors(mesh, m, match):
     loss, params, batch = mlp(layers=4, rows=8)
     with pytest.raises(MlsysError, match=match):
-        plan_pipeline(loss, params, batch, optax.sgd(0.1), mesh, m, "1f1b")
+        plan_pipeline(loss, params, batch, optax.sgd(0.1), mesh, m, schedule="1f1b")

@@ -104,8 +104,8 @@ def main(args) -> int:
         after, rewrites, refusals, broken = closed, [], [], str(e)
         logged = None
     before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
-    per_module = _per_module(user, closed, after, before_e, after_e, logged, inputs_of,
-                             rewrites, refusals)
+    per_module = _per_module(user, closed, after, before_e, after_e, logged,
+                             inputs_of=inputs_of, rewrites=rewrites, refusals=refusals)
     inputs = user.inputs(constant_params=True)
     check = check_values(closed, after, inputs)
     verdict, failure = _verdict(broken, check, rewrites)
@@ -148,7 +148,7 @@ def main(args) -> int:
     return 0 if verified else 1
 
 
-def _per_module(user, closed, after, before_e, after_e, logged, inputs_of, rewrites,
+def _per_module(user, closed, after, before_e, after_e, logged, *, inputs_of, rewrites,
                 refusals) -> list[dict]:
     """The module table before and after (``cli.per_module``), each rewrite and refusal given
     its ``module``."""

@@ -71,7 +71,7 @@ def main(args, mesh: dict) -> int:
     with jax.enable_x64(False):  # the user's model runs under JAX's defaults (float32)
         loss_fn, params, batch, optimizer = load_factory(args.target, FORM)
         plan = plan_pipeline(loss_fn, params, batch, optimizer, mesh, args.microbatches,
-                             args.schedule, split, args.remat)
+                             schedule=args.schedule, split=split, remat=args.remat)
         report = run_pipeline(plan, args.steps, options=QUICK_COMPILE)
     out = report.to_json()
     note = write_plot(args.plot, args.target, report) if args.plot else None

@@ -46,7 +46,7 @@ def _vary(x, axes) -> Any:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns: dict,
+def run_schedule(stage_fn: Callable, loss_fn: Callable, params, xs, ys, columns: dict, *,
                  axis: str, rows: int, loss_scale: float = 1.0):
     """Per-device body: run this device's column of a schedule; call inside shard_map.
 
@@ -144,7 +144,7 @@ def _executor(stage_fn: Callable, loss_fn: Callable, mesh: Mesh, axis: str, micr
     """The jitted shard_map program; cached so that schedules of equal shape reuse it."""
     def body(params, xs, ys, columns):
         local = jax.tree.map(lambda p: p[0], params)
-        loss, grads, idle = run_schedule(stage_fn, loss_fn, local, xs, ys, columns, axis, rows,
+        loss, grads, idle = run_schedule(stage_fn, loss_fn, local, xs, ys, columns, axis=axis, rows=rows,
                                          loss_scale=1.0 / microbatches)
         return loss, jax.tree.map(lambda g: g[None], grads), idle[None]
 

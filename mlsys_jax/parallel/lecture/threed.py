@@ -83,8 +83,8 @@ def make_3d_step(mesh: Mesh, tx: optax.GradientTransformation, microbatches: int
         stage_fn = lambda p, a: block(p, a, tensor_axis=MODEL)
         loss, grads, _ = run_schedule(stage_fn, mse_loss, mine,
                                       split_microbatches(x, microbatches),
-                                      split_microbatches(y, microbatches), columns, PIPE,
-                                      rows, loss_scale=1.0 / (microbatches * data))
+                                      split_microbatches(y, microbatches), columns, axis=PIPE,
+                                      rows=rows, loss_scale=1.0 / (microbatches * data))
         grads = jax.tree.map(lambda g: lax.psum(g, DATA)[None], grads)
         return lax.psum(loss, DATA), grads
 

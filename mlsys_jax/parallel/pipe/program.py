@@ -81,7 +81,10 @@ class PipelineProgram:
         def zeros(layouts):
             return layouts[0].zeros() if layouts else {}
 
-        def idle(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+        # every branch takes the step's operands as one tuple (lax.switch passes them alike):
+        # (stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch)
+        def idle(ops):
+            gown, grep, loss = ops[4:7]
             return zeros(self.msg), zeros(self.cot), zeros(self.res_layouts), gown, grep, loss
 
         def inputs(s, stash_row, mb, own, rep, mbatch):
@@ -92,7 +95,8 @@ class PipelineProgram:
         def forward(s):
             io = self.io[s]
 
-            def f(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+            def f(ops):
+                stash_row, _, _, mb, gown, grep, loss, own, rep, mbatch = ops
                 leaf_vals, acts, batch = inputs(s, stash_row, mb, own, rep, mbatch)
                 msg0, cot0, res0 = zeros(self.msg), zeros(self.cot), zeros(self.res_layouts)
                 if self.remat:
@@ -113,7 +117,8 @@ class PipelineProgram:
         def backward(s):
             io = self.io[s]
 
-            def b(stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch):
+            def b(ops):
+                stash_row, cot_row, res_row, mb, gown, grep, loss, own, rep, mbatch = ops
                 leaf_vals, acts, batch = inputs(s, stash_row, mb, own, rep, mbatch)
                 msg0, cot0, res0 = zeros(self.msg), zeros(self.cot), zeros(self.res_layouts)
                 if s == P_ - 1:
@@ -170,8 +175,8 @@ class PipelineProgram:
             (op, mb, slot, recv_act, recv_grad), fa, ba = [c[0] for c in xs[0]], xs[1], xs[2]
             branch = jnp.where(op == IDLE, 0, jnp.where(op == FORWARD, 1 + stage, 1 + P_ + stage))
             msg, back, saved, gown, grep, loss = stage_switch(
-                branch, branches, row(stash, slot), row(cot, slot), row(res, slot), mb,
-                gown, grep, loss, own, rep, mbatch)
+                branch, branches, (row(stash, slot), row(cot, slot), row(res, slot), mb,
+                                   gown, grep, loss, own, rep, mbatch))
             if res:
                 res = write(res, jnp.where(op == FORWARD, slot + 1, 0), saved)
             got_f, got_b = jax.tree.map(jnp.zeros_like, msg), jax.tree.map(jnp.zeros_like, back)

@@ -182,7 +182,7 @@ def trace_microbatch(loss, trainable, batch, rows: int):
 
 
 def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
-                  microbatches: int, schedule: str = "1f1b", split=None, remat: bool = False,
+                  microbatches: int, *, schedule: str = "1f1b", split=None, remat: bool = False,
                   hw: str = "cpu") -> PipelinePlan:
     """Check a user's step and decide its pipeline (see the module docstring)."""
     if not isinstance(optimizer, optax.GradientTransformation):

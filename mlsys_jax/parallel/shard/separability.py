@@ -144,7 +144,7 @@ def reversed_rows(batch):
     return _rows(batch, jnp.arange(rows)[::-1])
 
 
-def check_separable(closed, batch_invars: set, programs: dict, trainable, batch, n: int,
+def check_separable(closed, batch_invars: set, programs: dict, trainable, batch, n: int, *,
                     eps: float, folded: int, synced_axes=(), explain=None) -> Separability:
     """The verdict for a loss traced as ``closed`` at the whole batch.
 

@@ -45,7 +45,7 @@ class ShardSetup:
         return set(self.closed.jaxpr.invars[n:])
 
 
-def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0,
+def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0, *,
             rules=None, axis_rules=None, axis_names: dict | None = None) -> ShardSetup:
     """Validate a user's step and lay it out on ``mesh_shape`` (``{'data': N, 'model': M}``).
 

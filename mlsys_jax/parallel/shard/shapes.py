@@ -52,8 +52,8 @@ def compile_on_shapes(loss_fn: Callable, params, batch, optimizer, mesh_shape: d
     shapes are read). ``progress`` is called with a line per phase.
     """
     say = progress or (lambda _text: None)
-    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, axis_rules,
-                    axis_names)
+    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
+                    axis_rules=axis_rules, axis_names=axis_names)
     lay = setup.layout
     say(f"laid out the state; compiling the step for {lay.mesh.devices.size} simulated devices")
     t0 = time.perf_counter()

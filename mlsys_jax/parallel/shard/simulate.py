@@ -64,7 +64,8 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
         (progress or SILENT).stage("checking separability: whole-batch and per-shard "
                                    "gradients at 4 points")
         sep = separability.check_separable(setup.closed, setup.batch_invars, programs, t, b, n,
-                                           setup.eps, folded, synced, _statistics(setup))
+                                           eps=setup.eps, folded=folded, synced_axes=synced,
+                                           explain=_statistics(setup))
     return {"programs": programs, "separability": sep, "losses": losses, "folded": folded,
             "positional": positional}
 
@@ -115,8 +116,8 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     zero, steps, separable, judge = o.zero, o.steps, o.separable, o.judge
     xla_options, record = o.xla_options, o.record
     progress = Progress("mlsys-jax shard", enabled=o.progress)
-    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules, o.axis_rules,
-                    o.axis_names)
+    setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
+                    axis_rules=o.axis_rules, axis_names=o.axis_names)
     progress.stage("traced the loss and laid out the state")
     cache = {} if cache is None else cache
     key = ("one device", setup.data_size, str(xla_options), separable)
