@@ -70,7 +70,14 @@ def _markdown_cell(x: Any) -> str:
 
 
 def format_table(rows: list[dict], title: str | None = None, width: int = WIDTH) -> str:
-    """Plain-text table of row dicts, at most ``width`` characters a line (see the module doc)."""
+    """Plain-text table of row dicts, at most ``width`` characters a line (see the module doc).
+
+    >>> print(format_table([{"kernel": "matmul", "us": 4.12}, {"kernel": "relu", "us": 4.0}]))
+      kernel | us
+      -------+-----
+      matmul | 4.12
+      relu   | 4
+    """
     if not rows:
         return f"{title}\n{INDENT}(empty)" if title else "(empty)"
     cols = columns(rows)

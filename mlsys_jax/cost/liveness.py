@@ -42,7 +42,13 @@ def last_uses(jaxpr) -> dict:
 
 
 def liveness(closed, dtype=None, include_inputs: bool = True) -> Liveness:
-    """Peak live bytes of a jaxpr's top level (nested bodies count as their outputs)."""
+    """Peak live bytes of a jaxpr's top level (nested bodies count as their outputs).
+
+    >>> import jax.numpy as jnp
+    >>> from mlsys_jax import ir
+    >>> liveness(ir.trace(lambda x: jnp.sin(x).sum(), "f32[1024]")).peak_bytes  # x and sin(x)
+    8192
+    """
     cost_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
     last = last_uses(jaxpr)

@@ -228,6 +228,12 @@ def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
              strict: bool = False) -> CostReport:
     """Roofline estimate of a jaxpr: ``estimate(trace(f, x), hw='h100', dtype='bf16')``.
 
+    >>> from mlsys_jax import cost, ir
+    >>> matmul = ir.trace(lambda a, b: a @ b, "f32[256,256]", "f32[256,256]")
+    >>> report = cost.estimate(matmul, hw="h100", dtype="bf16")
+    >>> report.total_flops, report.total_bytes, len(report.kernels)
+    (33554432, 393216, 1)
+
     Args:
       hw: a Hardware or its name ('h100', 'h200', 'a100', 'cpu', or 'here': every kernel
         compiled and timed alone on this backend, cached — :mod:`mlsys_jax.cost.here.operators`).

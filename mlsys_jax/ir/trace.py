@@ -169,7 +169,13 @@ def trace_tree(fn: Callable, *args, **kwargs) -> Traced:
 
 
 def trace(fn: Callable, *args, **kwargs) -> ClosedJaxpr:
-    """The ClosedJaxpr of ``fn(*args)``: ``trace(f, 'f32[32,784]')`` or ``trace(f, x, W)``."""
+    """The ClosedJaxpr of ``fn(*args)``: ``trace(f, 'f32[32,784]')`` or ``trace(f, x, W)``.
+
+    >>> import jax.numpy as jnp
+    >>> closed = trace(lambda x, w: jnp.tanh(x @ w), "f32[32,784]", "f32[784,10]")
+    >>> [e.primitive.name for e in closed.jaxpr.eqns], closed.out_avals[0].shape
+    (['dot_general', 'tanh'], (32, 10))
+    """
     return trace_tree(fn, *args, **kwargs).closed
 
 

@@ -51,7 +51,11 @@ class Collective:
 
 
 def ring_bytes(kind: str, result_bytes: float, n: int) -> float:
-    """Per-device bytes sent by a ring collective whose *result* is ``result_bytes`` on n devices."""
+    """Per-device bytes sent by a ring collective whose *result* is ``result_bytes`` on n devices.
+
+    >>> ring_bytes("all-reduce", 1000, 4), ring_bytes("all-gather", 1000, 4)
+    (1500.0, 750.0)
+    """
     if kind == "collective-permute":
         return float(result_bytes)  # each device sends its buffer once, whatever the pairs
     if n <= 1:

@@ -137,7 +137,14 @@ def _simulate(name: str, stages: int, microbatches: int,
 
 
 def gpipe(stages: int, microbatches: int, layers: int | None = None) -> PipelineSchedule:
-    """GPipe: every stage forwards all M microbatches, then backwards them (last first, §5.3)."""
+    """GPipe: every stage forwards all M microbatches, then backwards them (last first, §5.3).
+
+    >>> g = gpipe(4, 8)
+    >>> g.bubble_fraction(), bubble_formula(4, 8), g.in_flight_peaks()
+    (Fraction(3, 11), Fraction(3, 11), (8, 8, 8, 8))
+    >>> one_f_one_b(4, 8).in_flight_peaks()
+    (4, 3, 2, 1)
+    """
     validate_pipeline(stages, microbatches, layers, api="gpipe")
     f = [Action("F", i) for i in range(microbatches)]
     b = [Action("B", i) for i in reversed(range(microbatches))]

@@ -73,7 +73,13 @@ def make_pass(name: str, fn: Callable) -> Pass:
 
 
 def chain(*passes: Pass) -> Pass:
-    """Run passes in order (like optax.chain); ``run`` verifies after each one."""
+    """Run passes in order (like optax.chain); ``run`` verifies after each one.
+
+    >>> from mlsys_jax import passes
+    >>> pipeline = passes.chain(passes.inline(), passes.cse(), passes.dce())
+    >>> pipeline.name
+    'chain(inline,cse,dce)'
+    """
     def fn(closed, runner):
         rewrites, refusals, changed = [], [], False
         for p in passes:

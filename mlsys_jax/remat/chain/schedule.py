@@ -115,7 +115,11 @@ def store_all(n: int) -> Schedule:
 
 
 def every_k(n: int, k: int) -> Schedule:
-    """A checkpoint every k layers: peak N/K + K, (K-1)·N/K extra forwards when K divides N."""
+    """A checkpoint every k layers: peak N/K + K, (K-1)·N/K extra forwards when K divides N.
+
+    >>> print(every_k(16, 4))
+    Schedule every-4 (N=16): 8 stored activations (peak), 28 layer forwards (12 extra), 4 checkpoints
+    """
     n = _check_n("every_k", n)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n:
         raise MlsysError(f"every_k: k must be an int with 1 <= k <= n={n} (a segment length), "
