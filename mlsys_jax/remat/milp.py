@@ -99,21 +99,21 @@ class StagedMILP:
         matrix = sparse.csr_array((vals, (rows, cols)), shape=(len(lo), nx + ne + k + 1))
         return matrix, np.array(lo, dtype=np.float64), np.array(hi, dtype=np.float64)
 
-    def solve(self, budget_bytes: float | None, time_limit_s: float | None = None,
+    def solve(self, peak_budget_bytes: float | None, time_limit_s: float | None = None,
               gap: float = 1e-4, relax: bool = False) -> "Solution":
-        """Fewest recompute FLOPs with P ≤ ``budget_bytes`` − offset (None: the least P), within
+        """Fewest recompute FLOPs with P ≤ ``peak_budget_bytes`` − offset (None: the least P), within
         the relative ``gap`` and ``time_limit_s`` (None: none). ``relax`` solves the LP relaxation
         (its objective bounds the MILP's from below)."""
         _, Bounds, LinearConstraint, milp = solver()
         nx, ne, k = len(self.item_bytes), len(self.unit_flops), self.n_stages
         total = self.total_bytes
-        if budget_bytes is None:
+        if peak_budget_bytes is None:
             cost = np.concatenate([np.zeros(nx + ne + k), [1.0]])
             top = np.inf
         else:
             cost = np.concatenate([TIE * self.item_bytes / total, self.unit_flops + 1.0,
                                    np.zeros(k), [TIE]])
-            top = (budget_bytes - self.offset_bytes) / total
+            top = (peak_budget_bytes - self.offset_bytes) / total
         matrix, lo, hi = self._matrix()
         low = np.concatenate([self.forced.astype(np.float64), np.zeros(ne + k + 1)])
         high = np.concatenate([np.ones(nx + ne), np.full(k, np.inf), [top]])
@@ -153,13 +153,13 @@ class Solution:
 class Plan:
     """Which values are saved and which recomputed, in which segments, and what it predicts."""
 
-    budget_bytes: int                # XLA temp bytes (Frontier.plan); the MILP's peak (solve)
+    peak_budget_bytes: int           # the MILP's budget: a predicted peak (solve)
     segments: tuple[int, ...]        # first equation of each segment: (0,) is one segment
     saved: tuple[str, ...]           # values, and JVP intermediates (``tanh_12.jvp``)
     recomputed: tuple[str, ...]      # values whose equations re-run in the backward
     predicted_peak_bytes: int        # two_stage: arguments + saved; planner: backward's residuals
     recompute_flops: int
-    min_budget_bytes: int | None     # in the same unit as budget_bytes (None: not computed)
+    min_peak_bytes: int | None       # the least predicted peak any plan reaches (None: not computed)
     store_all_bytes: int             # every residual saved: the predicted peak without remat
     n_values: int
     solve_seconds: float
@@ -169,6 +169,8 @@ class Plan:
     compiled_flops: float | None = None
     pin: str | None = "recomputation"  # what a segment pins (planner.apply): "recomputation" or
     #                                    "backward"; None: not pinned (two_stage's names policy)
+    budget_bytes: int | None = None    # the user's budget, XLA temp bytes, that a Frontier met
+    min_budget_bytes: int | None = None  # the least compiled temp bytes a Frontier found
 
 
 def plan_key(p: Plan) -> tuple:

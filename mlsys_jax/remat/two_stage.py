@@ -98,20 +98,20 @@ class ResidualProblem:
     def nbytes(self) -> np.ndarray:
         return self.milp.item_bytes
 
-    def solve(self, budget_bytes: int) -> Plan:
-        """The plan minimising recompute FLOPs with at most ``budget_bytes`` held for backward."""
-        if budget_bytes < self.arg_bytes:
-            raise MlsysError(f"plan: budget_bytes={budget_bytes} is below the minimum feasible "
+    def solve(self, peak_budget_bytes: int) -> Plan:
+        """The plan minimising recompute FLOPs with at most ``peak_budget_bytes`` held for backward."""
+        if peak_budget_bytes < self.arg_bytes:
+            raise MlsysError(f"plan: peak_budget_bytes={peak_budget_bytes} is below the minimum feasible "
                              f"{self.arg_bytes} bytes (the arguments the backward reads, every "
                              f"other value recomputed); raise the budget to at least {self.arg_bytes}")
         t0 = time.perf_counter()
-        sol = self.milp.solve(budget_bytes)
+        sol = self.milp.solve(peak_budget_bytes)
         seconds = time.perf_counter() - t0
         if not sol.found:
-            raise MlsysError(f"plan: no plan within {budget_bytes} bytes (HiGHS status "
+            raise MlsysError(f"plan: no plan within {peak_budget_bytes} bytes (HiGHS status "
                              f"{sol.status})")
         s, r, names = sol.s, sol.r, np.asarray(self.names)
-        return Plan(int(budget_bytes), (0,), tuple(names[s]), tuple(names[r]),
+        return Plan(int(peak_budget_bytes), (0,), tuple(names[s]), tuple(names[r]),
                     int(self.arg_bytes + self.nbytes[s].sum()), int(self.flops[r].sum()),
                     int(self.arg_bytes), int(self.store_all_bytes), len(self.names), seconds,
                     optimality_gap=sol.gap, pin=None)
@@ -148,9 +148,9 @@ def problem(fn, *args) -> ResidualProblem:
                            int(store_all))
 
 
-def plan(fn, *args, budget_bytes: int) -> Plan:
-    """Choose saved values for ``jax.grad(fn)(*args)`` under ``budget_bytes`` (scipy's HiGHS)."""
-    return problem(fn, *args).solve(budget_bytes)
+def plan(fn, *args, peak_budget_bytes: int) -> Plan:
+    """Choose saved values for ``jax.grad(fn)(*args)`` under ``peak_budget_bytes`` (scipy's HiGHS)."""
+    return problem(fn, *args).solve(peak_budget_bytes)
 
 
 def apply(fn, the_plan: Plan, *example_args):

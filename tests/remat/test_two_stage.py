@@ -48,17 +48,17 @@ def test_apply_returns_the_same_loss(graph):
 def test_budget_below_minimum_says_the_minimum(graph):
     ws, x, prob = graph
     with pytest.raises(MlsysError, match=f"minimum feasible {prob.arg_bytes} bytes"):
-        plan(gated_residual_mlp, ws, x, budget_bytes=prob.arg_bytes - 1)
+        plan(gated_residual_mlp, ws, x, peak_budget_bytes=prob.arg_bytes - 1)
 
 
 def test_non_differentiable_functions_are_rejected():
     x = jnp.ones((4, 3), dtype=jnp.float64)
     with pytest.raises(MlsysError, match="float scalar"):
-        plan(lambda x: jnp.argmax(x), x, budget_bytes=10**6)
+        plan(lambda x: jnp.argmax(x), x, peak_budget_bytes=10**6)
     with pytest.raises(MlsysError, match="float scalar"):
-        plan(lambda x: jnp.tanh(x), x, budget_bytes=10**6)
+        plan(lambda x: jnp.tanh(x), x, peak_budget_bytes=10**6)
     with pytest.raises(MlsysError, match="no float argument"):
-        plan(lambda i: jnp.sum(i).astype(jnp.float64), jnp.arange(3), budget_bytes=10**6)
+        plan(lambda i: jnp.sum(i).astype(jnp.float64), jnp.arange(3), peak_budget_bytes=10**6)
 
 
 def test_missing_scipy_is_a_clear_error(monkeypatch, graph):
@@ -71,4 +71,4 @@ def test_missing_scipy_is_a_clear_error(monkeypatch, graph):
         return real_import(name, *a, **k)
     monkeypatch.setattr(builtins, "__import__", no_scipy)
     with pytest.raises(MlsysError, match="solver"):
-        plan(gated_residual_mlp, ws, x, budget_bytes=10**6)
+        plan(gated_residual_mlp, ws, x, peak_budget_bytes=10**6)
