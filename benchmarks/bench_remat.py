@@ -79,7 +79,7 @@ def _planner_scale(values: int) -> tuple[dict, list[str]]:
         t0 = time.perf_counter()
         prob = problem(gated_residual_mlp, ws.astype(np.float32), x.astype(np.float32))
         build, t0 = time.perf_counter() - t0, time.perf_counter()
-        least = prob.min_peak_bytes
+        least = prob.min_peak_budget_bytes
         least_s = time.perf_counter() - t0
         mid = prob.solve((least + prob.store_all_bytes) // 2)
     n = prob.graph.n_values
@@ -152,12 +152,12 @@ def _least_on_shipped(quick: bool) -> tuple[dict, list[str]]:
         prob, base = fr.problem, fr.no_remat.compiled_temp_bytes
         rel = fr.program(least).grads_max_rel_diff
         figures[name] = {
-            "min_over_store_all_predicted_ratio": prob.min_peak_bytes / prob.store_all_bytes,
+            "min_over_store_all_predicted_ratio": prob.min_peak_budget_bytes / prob.store_all_bytes,
             "least_over_no_remat_temp_ratio": least.compiled_temp_bytes / base,
             "least_step_time_ratio": fr.step_time_ratio(least),
             "least_grads_max_rel_diff": rel}
         notes.append(f"{name} ({fr.graph.n_eqns} equations): predicted minimum "
-                     f"{prob.min_peak_bytes} B of store-all's {prob.store_all_bytes} B; "
+                     f"{prob.min_peak_budget_bytes} B of store-all's {prob.store_all_bytes} B; "
                      f"the least-memory plan ({len(least.recomputed)} recomputed, "
                      f"{least.pin} pinned) compiles to {least.compiled_temp_bytes} B of no "
                      f"remat's {base} B; {len(fr.measured)} programs compiled, "

@@ -34,7 +34,7 @@ def milp_rows(n_budgets: int, blocks: int = 4) -> tuple[list[dict], list[str]]:
     ws, x = graph_inputs(blocks)
     prob = problem(gated_residual_mlp, ws, x)
     free = prob.solve(2**62)                  # no memory limit: no recompute
-    lo, hi = free.min_peak_bytes, free.predicted_peak_bytes
+    lo, hi = free.min_peak_budget_bytes, free.predicted_peak_bytes
     budgets = sorted({int(b) for b in np.linspace(lo, hi, n_budgets)})
     ref = jax.jit(jax.grad(gated_residual_mlp, argnums=(0, 1)))(ws, x)
     rows = []

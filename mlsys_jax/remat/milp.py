@@ -159,7 +159,7 @@ class Plan:
     recomputed: tuple[str, ...]      # values whose equations re-run in the backward
     predicted_peak_bytes: int        # two_stage: arguments + saved; planner: backward's residuals
     recompute_flops: int
-    min_peak_bytes: int | None       # the least predicted peak any plan reaches (None: not computed)
+    min_peak_budget_bytes: int | None  # the least predicted peak any plan reaches (None: unknown)
     store_all_bytes: int             # every residual saved: the predicted peak without remat
     n_values: int
     solve_seconds: float

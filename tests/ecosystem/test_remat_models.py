@@ -86,7 +86,7 @@ def test_measure_and_apply_differentiate_the_parameters_only(frontiers):
 def test_equinox_module_with_static_leaves():
     loss_fn, model, batch = equinox_mlp.loss()
     prob = problem(loss_fn, model, batch)
-    raw = prob.solve(prob.min_peak_bytes)                  # the MILP's plan, recomputing
+    raw = prob.solve(prob.min_peak_budget_bytes)                  # the MILP's plan, recomputing
     assert raw.recomputed
     applied = apply(loss_fn, raw, model, batch)
     ours, ref = (eqx.filter_jit(eqx.filter_grad(f))(model, batch) for f in (applied, loss_fn))

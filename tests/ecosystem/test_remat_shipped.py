@@ -52,7 +52,7 @@ def test_haiku_resnet_at_100_percent_is_no_remat_and_policies_are_judged_on_time
 def test_the_least_is_below_store_all_and_compiles_below_no_remat():
     # Keras MobileNetV2 (2,071 equations) takes minutes here: its figures are `bench remat`'s
     fr = _frontier(shipped_nets.equinox_vit)
-    assert fr.problem.min_peak_bytes < fr.problem.store_all_bytes
+    assert fr.problem.min_peak_budget_bytes < fr.problem.store_all_bytes
     least = fr.plan("min")
     assert least.recomputed and least.compiled_temp_bytes < fr.no_remat.compiled_temp_bytes
     assert fr.program(least).grads_max_rel_diff < 1e-6      # dropout's bits recomputed alike

@@ -62,7 +62,7 @@ def test_a_tighter_budget_compiles_plans_that_bracket_it_and_the_fastest_wins(fr
         least = frontier.plan("min")
         assert least.compiled_temp_bytes == min(q.compiled_temp_bytes for q in frontier.measured)
         assert least.compiled_temp_bytes <= p.compiled_temp_bytes
-    assert frontier.problem.min_peak_bytes <= frontier.problem.store_all_bytes
+    assert frontier.problem.min_peak_budget_bytes <= frontier.problem.store_all_bytes
 
 
 @pytest.mark.slow

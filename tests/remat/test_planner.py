@@ -25,7 +25,7 @@ def case():
 
 def test_budgets_trade_recomputation_for_memory(case):
     _, _, prob = case
-    least, full = prob.min_peak_bytes, prob.store_all_bytes
+    least, full = prob.min_peak_budget_bytes, prob.store_all_bytes
     assert 0 < least < full
     last = None
     for budget in np.linspace(least, full, 4).astype(int):
@@ -41,7 +41,7 @@ def test_budgets_trade_recomputation_for_memory(case):
 def test_out_of_time_falls_back_to_the_stated_heuristic(case):
     ws, batch, _ = case
     slow = problem(labelled_loss, ws, batch, time_limit_s=0.0)
-    p = slow.solve(slow.min_peak_bytes)
+    p = slow.solve(slow.min_peak_budget_bytes)
     assert p.method == HEURISTIC and 0 < p.optimality_gap <= 1
     assert p.predicted_peak_bytes <= p.peak_budget_bytes
 
@@ -49,7 +49,7 @@ def test_out_of_time_falls_back_to_the_stated_heuristic(case):
 @pytest.mark.slow
 def test_plans_compile_smaller_and_keep_the_gradient(case):
     ws, batch, prob = case
-    p = prob.solve(prob.min_peak_bytes)
+    p = prob.solve(prob.min_peak_budget_bytes)
     m = measure(labelled_loss, p, ws, batch)
     base = measure(labelled_loss, prob.solve(prob.store_all_bytes), ws, batch)
     assert m["compiled_temp_bytes"] < base["compiled_temp_bytes"]

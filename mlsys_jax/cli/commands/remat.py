@@ -19,8 +19,17 @@ import sys
 from mlsys_jax.errors import MlsysError
 
 FORM = "(loss_fn, params, batch[, optimizer[, rules]])"
-JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
-             "step_time_ratio", "grads_max_abs_diff", "saved", "recomputed", "policies")
+
+
+def __getattr__(name):
+    """``JSON_KEYS`` (the ``--json`` contract) is the library's; read lazily, since command modules
+    import JAX only inside ``main``."""
+    if name == "JSON_KEYS":
+        from mlsys_jax.remat.planner.report import JSON_KEYS
+
+        return JSON_KEYS
+    raise AttributeError(name)
+
 
 HELP = "plan recomputation for a model's loss under a memory budget; compare with JAX's policies"
 
@@ -61,13 +70,12 @@ def load_factory(target: str):
     return (loss_fn, params, batch), note
 
 
-def report(target: str, budget, repeats: int = 7, policies: bool = True,
-           progress=None) -> dict:
-    """Plan at ``budget`` and measure it beside no remat (and JAX's built-in policies)."""
+def report(target: str, budget, repeats: int = 7, policies: bool = True, progress=None):
+    """Load the factory and call the library's one entry (``remat.planner.report.plan_report``);
+    the budget and ``repeats`` are checked before the factory runs."""
     from mlsys_jax.progress import SILENT
     from mlsys_jax.remat.planner.budget import parse_budget
-    from mlsys_jax.remat.planner.frontier import Frontier
-    from mlsys_jax.remat.planner.policies import compare_policies, policy_programs
+    from mlsys_jax.remat.planner.report import plan_report
 
     progress = progress or SILENT
     if not isinstance(repeats, int) or repeats < 1:
@@ -77,98 +85,69 @@ def report(target: str, budget, repeats: int = 7, policies: bool = True,
     loss, note = load_factory(target)
     if note:
         print(f"mlsys-jax remat: note: {note}", file=sys.stderr)
-    fr = Frontier(*loss, repeats=repeats, progress=progress)
-    nbytes = wanted.bytes_of(fr.no_remat.compiled_temp_bytes)
-    if nbytes is None:
-        fr.compile_least()
-        candidates = [fr.choose(None)]
-    else:
-        candidates = fr.search(nbytes)[:fr.n_timed()]
-        if not candidates:
-            raise fr.refusal(nbytes)
-    built = policy_programs(fr) if policies else {}
-    times = fr.time(candidates, extra=built.values())
-    chosen = fr.choose(nbytes)
-    versus = compare_policies(fr, built, times, candidates)
-    prog = fr.program(chosen)
-    return {"budget_bytes": chosen.budget_bytes,
-            "predicted_peak_bytes": chosen.predicted_peak_bytes,
-            "compiled_temp_bytes": chosen.compiled_temp_bytes,
-            "compiled_flops": chosen.compiled_flops,
-            "step_time_ratio": fr.step_time_ratio(chosen),
-            "grads_max_abs_diff": prog.grads_max_abs_diff,
-            "saved": list(chosen.saved), "recomputed": list(chosen.recomputed),
-            "policies": versus["policies"],
-            "_extra": {"plan": chosen, "frontier": fr, "versus": versus, "budget": wanted,
-                       "program": prog, "note": note}}
+    return plan_report(*loss, wanted, repeats=repeats, policies=policies, progress=progress)
 
 
-def _names(graph, names, limit=10) -> str:
-    shape = dict(zip(graph.names, graph.shapes))
-    shown = [f"{n} {shape.get(n, '')}".strip() for n in names[:limit]]
+def _names(shapes: dict, names, limit=10) -> str:
+    shown = [f"{n} {shapes.get(n, '')}".strip() for n in names[:limit]]
     more = f", … ({len(names) - limit} more; --json lists all)" if len(names) > limit else ""
     return (", ".join(shown) + more) or "(none)"
 
 
-def _ratio_text(fr, p) -> str:
-    from mlsys_jax.remat.milp import plan_key
-
-    r = fr.timings.get(plan_key(p))
-    if plan_key(p) == plan_key(fr.no_remat):
+def _ratio_text(out, p) -> str:
+    reference, r = out.ratio(p)
+    if reference:
         return "1 (the reference)"
     return "not timed" if r is None else f"{r.median:.4g} [{r.low:.4g}–{r.high:.4g}]"
 
 
-def print_text(target: str, out: dict) -> None:
+def print_text(target: str, out) -> None:
     from mlsys_jax.remat.planner.budget import percent
     from mlsys_jax.tables import format_table
 
-    extra = out["_extra"]
-    p, fr, prog = extra["plan"], extra["frontier"], extra["program"]
-    base = fr.no_remat
+    p, base, budget_bytes = out.plan, out.no_remat, out.budget_bytes
     t0 = base.compiled_temp_bytes
-    print(f"remat {target}: budget {out['budget_bytes']} bytes of XLA temp "
-          f"({extra['budget'].describe(t0)}; no remat compiles to {t0})")
+    print(f"remat {target}: budget {budget_bytes} bytes of XLA temp "
+          f"({out.budget.describe(t0)}; no remat compiles to {t0})")
     kind = "no remat: the budget fits the user's own gradient" if not p.recomputed else (
         f"{len(p.segments)} segment(s), {len(p.saved)} saved, {len(p.recomputed)} recomputed "
         f"({p.recompute_flops} FLOPs predicted); {p.method}, optimality gap "
         f"{p.optimality_gap:.2%}; pinned (kept from XLA's CSE): "
         f"{'the whole segment backward' if p.pin == 'backward' else 'the recomputation'}")
     print(f"plan: {kind}")
-    seconds = sum(fr.program(q).compile_s for q in fr.measured)
-    print(f"  {len(fr.measured)} program(s) compiled for the plan (no remat and "
-          f"{len(fr.measured) - 1} plan(s)) in {seconds:.1f} s; of those that fit, the fastest "
+    n = len(out.compiled)
+    print(f"  {n} program(s) compiled for the plan (no remat and "
+          f"{n - 1} plan(s)) in {out.compile_seconds:.1f} s; of those that fit, the fastest "
           "measured")
     if p.recomputed:
-        print(f"  saved:      {_names(fr.graph, p.saved)}")
-        print(f"  recomputed: {_names(fr.graph, p.recomputed)}")
-    rel = prog.grads_max_rel_diff
-    zero = fr.programs.zero_grad_leaves
+        print(f"  saved:      {_names(out.shapes, p.saved)}")
+        print(f"  recomputed: {_names(out.shapes, p.recomputed)}")
+    rel = out.grads_max_rel_diff
     rows = [{"figure": "predicted peak bytes (backward's residuals)",
              "plan": p.predicted_peak_bytes, "no remat": base.predicted_peak_bytes},
             {"figure": "compiled temp bytes", "plan": p.compiled_temp_bytes, "no remat": t0},
             {"figure": "  of no remat's", "plan": percent(p.compiled_temp_bytes, t0, 100 *
-                                                         out["budget_bytes"] / t0),
+                                                         budget_bytes / t0),
              "no remat": "100%"},
             {"figure": "compiled FLOPs (shown, not judged)", "plan": int(p.compiled_flops),
              "no remat": int(base.compiled_flops)},
             {"figure": "step time ratio (to no remat; paired rounds, median [min–max])",
-             "plan": _ratio_text(fr, p), "no remat": 1.0},
+             "plan": _ratio_text(out, p), "no remat": 1.0},
             {"figure": "grads max |Δ| vs jax.grad (relative to max |g|)",
-             "plan": f"{prog.grads_max_abs_diff:.3g} ({rel:.3g})", "no remat": 0.0}]
+             "plan": f"{out.grads_max_abs_diff:.3g} ({rel:.3g})", "no remat": 0.0}]
     print(format_table(rows, title="\n[the plan, compiled and timed]"))
-    if zero:
-        print(f"  {zero} of {len(fr.flat.diff)} gradient leaves are exactly zero in jax.grad "
-              "itself: the check compares the rest")
-    compiled = [{"program": fr.labels[k], "compiled temp bytes": q.compiled_temp_bytes,
-                 "of no remat's": percent(q.compiled_temp_bytes, t0),
-                 "fits": q.compiled_temp_bytes <= out["budget_bytes"],
-                 "pin": q.pin if q.recomputed else "", "compiled FLOPs": int(q.compiled_flops),
-                 "step time ratio": _ratio_text(fr, q)}
-                for q in sorted(fr.measured, key=lambda q: q.compiled_temp_bytes)
-                for k in [_key(q)]]
+    if out.zero_grad_leaves:
+        print(f"  {out.zero_grad_leaves} of {out.n_grad_leaves} gradient leaves are exactly zero "
+              "in jax.grad itself: the check compares the rest")
+    compiled = [{"program": c.label, "compiled temp bytes": c.plan.compiled_temp_bytes,
+                 "of no remat's": percent(c.plan.compiled_temp_bytes, t0),
+                 "fits": c.plan.compiled_temp_bytes <= budget_bytes,
+                 "pin": c.plan.pin if c.plan.recomputed else "",
+                 "compiled FLOPs": int(c.plan.compiled_flops),
+                 "step time ratio": _ratio_text(out, c.plan)}
+                for c in sorted(out.compiled, key=lambda c: c.plan.compiled_temp_bytes)]
     print(format_table(compiled, title="\n[every program compiled for the plan]"))
-    matched = extra["versus"]["matched"]
+    matched = out.versus["matched"]
     if matched:
         rows = [{"policy": m["policy"], "policy temp bytes": m["policy_temp_bytes"],
                  "policy FLOPs": int(m["policy_flops"]),
@@ -181,26 +160,16 @@ def print_text(target: str, out: dict) -> None:
                                        "timed plan within each policy's compiled temp bytes]"))
 
 
-def _key(p):
-    from mlsys_jax.remat.milp import plan_key
-
-    return plan_key(p)
-
-
-def write_plot(path: str, out: dict) -> str:
+def write_plot(path: str, out) -> str:
     from mlsys_jax.viz import memory
 
-    extra = out["_extra"]
-    fr, p = extra["frontier"], extra["plan"]
-    series = {"no remat": fr.problem.timeline(fr.no_remat)}
-    if p.recomputed:
-        series["the plan"] = fr.problem.timeline(p)
-    lines = {"budget": out["budget_bytes"],
-             "no remat, compiled temp bytes": fr.no_remat.compiled_temp_bytes}
+    p = out.plan
+    lines = {"budget": out.budget_bytes,
+             "no remat, compiled temp bytes": out.no_remat.compiled_temp_bytes}
     if p.recomputed:
         lines["the plan, compiled temp bytes"] = p.compiled_temp_bytes
-    written = memory.timeline(path, series, lines, title=f"Recomputation: {p.n_values} values, "
-                              f"{len(p.segments)} segment(s)")
+    written = memory.timeline(path, out.timelines, lines, title=f"Recomputation: {p.n_values} "
+                              f"values, {len(p.segments)} segment(s)")
     return f"plot written: {written}" if written else memory.unavailable_reason()
 
 
@@ -221,7 +190,7 @@ def main(args) -> int:
     finally:
         progress.done()
     if args.json:
-        print(json.dumps({k: out[k] for k in JSON_KEYS}, indent=1))
+        print(json.dumps(out.to_dict(), indent=1))
     else:
         print_text(args.target, out)
         if note:

@@ -24,7 +24,7 @@ from mlsys_jax.remat.xla_remat import pinned
 class _Segment:
     """Equations ``[start, end)`` of the loss as a custom_vjp that recomputes per the plan."""
 
-    def __init__(self, graph: LossGraph, start, end, ins, outs, saved, saved_tmp, recompute, *,
+    def __init__(self, graph: LossGraph, start, end, ins, outs, *, saved, saved_tmp, recompute,
                  pin: str):
         self.graph, self.ins, self.outs, self.pin = graph, ins, outs, pin
         self.eqns = list(enumerate(graph.closed.jaxpr.eqns))[start:end]
@@ -157,9 +157,10 @@ def flat_applied(graph: LossGraph, the_plan: Plan):
         outs = [v for e in eqns[start:end] for v in e.outvars
                 if not isinstance(v, DropVar) and last_read.get(v, -1) >= end]
         parts.append((eqns[start:end], _Segment(
-            graph, start, end, ins, outs, [v for e in eqns[start:end] for v in e.outvars
-                                           if v in saved],
-            sorted(i for i in saved_tmp if start <= i < end), recompute, pin=the_plan.pin)))
+            graph, start, end, ins, outs,
+            saved=[v for e in eqns[start:end] for v in e.outvars if v in saved],
+            saved_tmp=sorted(i for i in saved_tmp if start <= i < end), recompute=recompute,
+            pin=the_plan.pin)))
 
     def run(diff, batch):
         env = graph.start_env(diff, batch)

@@ -45,7 +45,7 @@ LONG_STEP_S = 1.0    # … or only the nearest when one step takes longer than t
 class Frontier:
     """The compiled plans of one loss; ``plan(budget)`` compiles what the budget needs."""
 
-    def __init__(self, loss_fn, params, batch, ladder=(), time_limit_s: float = 20.0,
+    def __init__(self, loss_fn, params, batch, *, ladder=(), time_limit_s: float = 20.0,
                  repeats: int = 7, timing_budget_s: float = 10.0, progress: Progress = SILENT):
         self.progress, self.repeats, self.timing_budget_s = progress, repeats, timing_budget_s
         progress.stage("tracing the loss and linearizing each equation")
@@ -90,7 +90,7 @@ class Frontier:
         return self._record(p, prog, label)
 
     def _ladder(self, ladder) -> None:
-        lo, hi = self.problem.min_peak_bytes, self.problem.store_all_bytes
+        lo, hi = self.problem.min_peak_budget_bytes, self.problem.store_all_bytes
         self.progress.stage(f"compiling the frontier: {len(ladder)} predicted budgets")
         for f in ladder:
             solved = self.problem.solve(int(lo + f * (hi - lo)))
@@ -100,7 +100,7 @@ class Frontier:
 
     def compile_least(self) -> None:
         """Compile the MILP's least-peak plan with each pin (the tight end of the frontier)."""
-        least = self.problem.solve(self.problem.min_peak_bytes)
+        least = self.problem.solve(self.problem.min_peak_budget_bytes)
         for pin in PINS:
             self.compile(replace(least, pin=pin))
 
@@ -125,7 +125,7 @@ class Frontier:
         if budget_bytes >= self.no_remat.compiled_temp_bytes:
             return [self.no_remat]
         self.progress.stage(f"compiling plans that bracket {budget_bytes} temp bytes")
-        least = self.problem.solve(self.problem.min_peak_bytes)
+        least = self.problem.solve(self.problem.min_peak_budget_bytes)
         for pin in PINS:
             if self.compile(replace(least, pin=pin)).compiled_temp_bytes <= budget_bytes:
                 self._bracket(budget_bytes, pin)

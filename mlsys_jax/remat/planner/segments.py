@@ -80,7 +80,8 @@ def segmentations(g: LossGraph, max_k: int = 64) -> list[tuple[int, ...]]:
 
 
 class SegmentedProblem:
-    """The MILP data of one loss; ``solve(budget)`` plans, ``min_peak_bytes`` is the least P."""
+    """The MILP data of one loss; ``solve(peak_budget_bytes)`` plans within a predicted peak P,
+    ``min_peak_budget_bytes`` is the least P."""
 
     def __init__(self, graph: LossGraph, time_limit_s: float = 20.0):
         self.graph, self.time_limit_s = graph, time_limit_s
@@ -193,7 +194,7 @@ class SegmentedProblem:
         return best
 
     @property
-    def min_peak_bytes(self) -> int:
+    def min_peak_budget_bytes(self) -> int:
         """The least predicted peak over every segmentation (everything else recomputed); never
         above store-all's, which every segmentation can reach."""
         if self._least is None:
@@ -203,17 +204,18 @@ class SegmentedProblem:
         return int(np.ceil(self._least.peak))
 
     def solve(self, peak_budget_bytes: int) -> Plan:
-        """The plan with the fewest recompute FLOPs whose predicted peak fits ``peak_budget_bytes``."""
+        """The plan with the fewest recompute FLOPs whose predicted peak fits ``peak_budget_bytes``
+        (the MILP's P; ``Frontier`` budgets compiled temp bytes instead)."""
         g, t0 = self.graph, time.perf_counter()
         if peak_budget_bytes >= self.store_all_bytes:
             best = self._heuristic((0,), keep_all=True)
         else:
             best = self._best(float(peak_budget_bytes))
             if best is None:            # no segmentation fits: is the budget below the least?
-                least = self.min_peak_bytes
+                least = self.min_peak_budget_bytes
                 if peak_budget_bytes < least:
-                    raise MlsysError(f"plan: peak_budget_bytes={peak_budget_bytes} is below the minimum "
-                                     f"feasible {least} bytes (every segmentation tried, "
+                    raise MlsysError(f"plan: peak_budget_bytes={peak_budget_bytes} is below the "
+                                     f"minimum feasible {least} bytes (every segmentation tried, "
                                      f"everything recomputed); raise the budget to at least "
                                      f"{least}")
                 best = self._least
@@ -221,7 +223,7 @@ class SegmentedProblem:
         names = np.array(list(g.names) + [f"{eqns[e].primitive.name}_{e}.jvp"
                                           for e in self.tmp_eqns])
         recomputed = [n for n, e in zip(g.names, g.eqn_of) if best.r[e]]
-        least = None if self._least is None else self.min_peak_bytes
+        least = None if self._least is None else self.min_peak_budget_bytes
         return Plan(int(peak_budget_bytes), best.bounds, tuple(names[best.s]), tuple(recomputed),
                     int(np.ceil(best.peak)), int(best.flops), least, self.store_all_bytes,
                     g.n_values, time.perf_counter() - t0, best.method, best.gap)

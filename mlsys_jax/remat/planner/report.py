@@ -1,0 +1,104 @@
+"""One call that plans at a budget and returns every figure a report of the plan shows.
+
+``Frontier.plan`` answers with the plan alone; a report (the ``remat`` command, a notebook) also
+wants what the answer was chosen among — each compiled program's temp bytes and step time — and
+JAX's built-in policies compiled and timed in the same rounds. Doing that needs the frontier's
+steps in a different order (the policies join the plans' timing session), so it lives here, in
+the library, once: ``plan_report`` returns a ``PlanReport`` and callers only format it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.progress import SILENT, Progress
+from mlsys_jax.remat.milp import Plan, plan_key
+from mlsys_jax.remat.planner.budget import Budget, parse_budget
+from mlsys_jax.remat.planner.frontier import Frontier
+
+# the keys of ``PlanReport.to_dict`` (``mlsys-jax remat --json``), in order
+JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
+             "step_time_ratio", "grads_max_abs_diff", "saved", "recomputed", "policies")
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """One program compiled while planning: its label (``no remat``, ``plan 3``) and plan."""
+
+    label: str
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """The chosen plan at a budget, what it was chosen among, and JAX's policies beside it."""
+
+    budget: Budget                  # as the user said it
+    budget_bytes: int               # compiled temp bytes the plan had to fit (the least: its own)
+    plan: Plan                      # the answer, with its compiled figures
+    no_remat: Plan                  # the user's own gradient, compiled
+    step_time_ratio: float | None   # the plan's median paired step time over no remat's
+    grads_max_abs_diff: float       # the plan's gradients against jax.grad
+    grads_max_rel_diff: float       # … relative to max |g|
+    compiled: tuple[CompiledProgram, ...]    # every program compiled, in compile order
+    timings: dict                   # plan_key -> timing.Ratio to no remat (None: the reference)
+    compile_seconds: float          # lowering and compiling all of ``compiled``
+    zero_grad_leaves: int           # gradient leaves exactly zero in jax.grad itself
+    n_grad_leaves: int
+    shapes: dict                    # value name -> its shape, as the graph prints it
+    versus: dict                    # policies.compare_policies (empty lists: --no-policies)
+    timelines: dict                 # "no remat" (and "the plan") -> the planner's memory model
+
+    def ratio(self, p: Plan):
+        """``(is the reference, timing.Ratio | None)`` of a compiled plan's step time."""
+        key = plan_key(p)
+        return key == plan_key(self.no_remat), self.timings.get(key)
+
+    def to_dict(self) -> dict:
+        """The ``JSON_KEYS`` figures (the command's ``--json``)."""
+        p = self.plan
+        return {"budget_bytes": self.budget_bytes,
+                "predicted_peak_bytes": p.predicted_peak_bytes,
+                "compiled_temp_bytes": p.compiled_temp_bytes,
+                "compiled_flops": p.compiled_flops,
+                "step_time_ratio": self.step_time_ratio,
+                "grads_max_abs_diff": self.grads_max_abs_diff,
+                "saved": list(p.saved), "recomputed": list(p.recomputed),
+                "policies": self.versus["policies"]}
+
+
+def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: bool = True,
+                progress: Progress = SILENT) -> PlanReport:
+    """Plan ``jax.grad(loss_fn)`` at ``budget`` (as ``Frontier.plan``), time the plans that fit
+    beside no remat and, with ``policies``, JAX's built-in policies in the same rounds."""
+    from mlsys_jax.remat.planner.policies import compare_policies, policy_programs
+
+    if not isinstance(repeats, int) or repeats < 1:
+        raise MlsysError(f"--repeats must be a positive int, got {repeats!r}")
+    wanted = parse_budget(budget)                      # a bad budget fails before any work
+    fr = Frontier(loss_fn, params, batch, repeats=repeats, progress=progress)
+    nbytes = wanted.bytes_of(fr.no_remat.compiled_temp_bytes)
+    if nbytes is None:
+        fr.compile_least()
+        candidates = [fr.choose(None)]
+    else:
+        candidates = fr.search(nbytes)[:fr.n_timed()]
+        if not candidates:
+            raise fr.refusal(nbytes)
+    built = policy_programs(fr) if policies else {}
+    times = fr.time(candidates, extra=built.values())
+    chosen = fr.choose(nbytes)
+    versus = compare_policies(fr, built, times, candidates)
+    prog = fr.program(chosen)
+    timelines = {"no remat": fr.problem.timeline(fr.no_remat)}
+    if chosen.recomputed:
+        timelines["the plan"] = fr.problem.timeline(chosen)
+    return PlanReport(
+        budget=wanted, budget_bytes=chosen.budget_bytes, plan=chosen, no_remat=fr.no_remat,
+        step_time_ratio=fr.step_time_ratio(chosen), grads_max_abs_diff=prog.grads_max_abs_diff,
+        grads_max_rel_diff=prog.grads_max_rel_diff,
+        compiled=tuple(CompiledProgram(fr.labels[plan_key(q)], q) for q in fr.measured),
+        timings=dict(fr.timings), compile_seconds=sum(fr.program(q).compile_s
+                                                      for q in fr.measured),
+        zero_grad_leaves=fr.programs.zero_grad_leaves, n_grad_leaves=len(fr.flat.diff),
+        shapes=dict(zip(fr.graph.names, fr.graph.shapes)), versus=versus, timelines=timelines)
