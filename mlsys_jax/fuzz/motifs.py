@@ -7,11 +7,14 @@ build integer programs (their functions and constants drawn from the integer tab
 """
 from __future__ import annotations
 
-from mlsys_jax.fuzz.spec_builder import CONV_PAIRS, NEAR_MISSES, Builder
+from mlsys_jax.fuzz.spec_builder import Builder
 from mlsys_jax.fuzz.motifs_int import INT_NAN_UNSAFE, int_motifs, m_rng
+from mlsys_jax.passes.rules import fold_conv_bn, merge_parallel_convs
 
 WRAPPERS = ("jit", "checkpoint", "cond", "scan", "while", "custom_jvp", "custom_vjp")
 POLICIES = (None, "nothing_saveable", "everything_saveable", "dots_saveable")
+# the conv rules' motifs live beside their rules (passes/rules/); programs open with them
+m_conv_bn, m_parallel_convs = fold_conv_bn.motif, merge_parallel_convs.motif
 
 # ---- motifs ------------------------------------------------------------------------------
 
@@ -80,34 +83,6 @@ def m_matmul(g: Builder):
     g.add({"op": "matmul", "n": g.shapes[v][1], "seed": g.c.seed(), "args": [v]})
 
 
-def m_conv_bn(g: Builder):
-    """conv → BN (→ relu): every layout, eps, tiny variance, negative gamma, strides, padding,
-    dilation and groups; sometimes a training-mode BN that must be left alone."""
-    z = g.conv(g.pick_main())
-    if z < 0:
-        return
-    train = g.c.chance(0.1) and not g.integer
-    y = g.add({"op": "train_bn", "args": [z]}) if train else g.bn(z)
-    if g.c.chance(0.5):
-        g.unary(y, "relu")
-
-
-def m_parallel_convs(g: Builder):
-    """Two convs on one input: mergeable (summed or used apart) or a near-miss that differs in
-    one attribute (kernel size: enlarge first; others: merge must refuse)."""
-    c, v = g.c, g.pick_main()
-    cin = g.shapes[v][g.chan_axis()]
-    variant = c.choice(CONV_PAIRS)
-    base = dict(out=cin, k=3, stride=1, pad="SAME", dil=1, groups=1, precision=None)
-    other = {**base, **NEAR_MISSES.get(variant, {})}
-    a = g.conv(v, **base)
-    b = g.conv(v, **other)
-    if g.shapes[a] == g.shapes[b] and variant != "none_indep":
-        g.combine(a, b) if c.chance(0.3) else g.add({"op": "binary", "fn": "add", "args": [a, b]})
-    else:
-        g.forced += [a, b]
-
-
 def m_misc(g: Builder):
     v = g.pick_main()
     op = g.c.choice(("debug", "opaque", "nan_unsafe"))
@@ -120,10 +95,19 @@ def m_misc(g: Builder):
         g.add({"op": "opaque", "args": [v]})
 
 
+def rule_motifs(layout: str) -> list:
+    """The registered rules' motifs for programs of ``layout``, each as often as its weight."""
+    from mlsys_jax.passes import registry
+
+    return [e.rule.motif for e in registry.PASSES.values()
+            if e.rule is not None and e.rule.motif is not None and layout in e.rule.motif_layouts
+            for _ in range(e.rule.motif_weight)]
+
+
 def draw_motif(g: Builder, knobs):
-    table = [m_chain, m_dup, m_near_dup, m_const, m_misc]
-    table += [m_conv_bn, m_conv_bn, m_parallel_convs, m_parallel_convs] if g.layout != "dense" \
-        else [m_matmul]
+    table = [m_chain, m_dup, m_near_dup, m_const, m_misc] + rule_motifs(g.layout)
+    if g.layout == "dense":
+        table.append(m_matmul)
     if g.integer:
         table += int_motifs()
     g.c.choice(table)(g)

@@ -8,9 +8,12 @@ every motif below draws its axes, scales and dtypes from what frameworks and use
 """
 from __future__ import annotations
 
+from mlsys_jax.passes.rules import fold_dense_bn, fold_matmul_scale
+
 SQUARE = [2, 4, 4, 4]                  # C == H == W, for NCHW and NHWC alike
-ATTENTION_FORMS = ("q_scaled", "scores_scaled", "scores_div")
 TYPED = ("div", "mul_int", "where")
+# the Dense rules' motifs live beside their rules (passes/rules/); the generator draws them here
+m_dense_bn, m_attention = fold_dense_bn.motif, fold_matmul_scale.motif
 
 
 def m_helper(g):
@@ -25,27 +28,6 @@ def m_helper(g):
                "seed": g.c.seed(), "name": "conv_block", "args": [v]}, shape)
     if g.c.chance(0.6):
         g.bn(y)
-
-
-def m_dense_bn(g):
-    """A Dense layer (bias along the features, none, or along the rows: with 4 outputs the rows
-    have the features' length), then a BatchNorm or per-feature affine, maybe a relu."""
-    v = g.pick(lambda s: len(s) == 2)
-    rows = g.shapes[v][0]
-    n = g.c.choice((g.shapes[v][1], rows))
-    y = g.add({"op": "dense", "n": n, "bias_axis": g.c.choice((1, 1, None, 0)),
-               "seed": g.c.seed(), "args": [v]}, [rows, n])
-    if g.c.chance(0.8):
-        y = g.bn(y)
-    if g.c.chance(0.4):
-        g.unary(y, "relu")
-
-
-def m_attention(g):
-    """Scaled dot-product attention scores: ``q / √d`` before ``q·kᵀ``, or the scores scaled."""
-    v = g.pick(lambda s: s == g.shapes[0])
-    g.add({"op": "attention", "form": g.c.choice(ATTENTION_FORMS), "seed": g.c.seed(),
-           "args": [v]}, g.shapes[0])
 
 
 def m_typed(g):

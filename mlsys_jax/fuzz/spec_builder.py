@@ -43,6 +43,9 @@ class Builder:
     boolean program computes in 'i32') or 'bool' (masks: comparisons, boolean inputs). Motifs
     pick ``main`` values unless they ask for masks."""
 
+    # the generator's vocabulary, for motifs written beside their rules (passes/rules/)
+    CONV_PAIRS, NEAR_MISSES = CONV_PAIRS, NEAR_MISSES
+
     def __init__(self, chooser, layout: str, input_shapes, *, in_body: str | None = None,
                  dtype: str = "f32", keys: int = 0):
         self.c, self.layout, self.in_body, self.keys = chooser, layout, in_body, keys

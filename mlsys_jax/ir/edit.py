@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 
 from mlsys_jax.compat import (ClosedJaxpr, DropVar, Literal, Tracer, Var, bind_equation,
-                              new_jaxpr, typeof)
+                              dce_jaxpr_consts, new_jaxpr, typeof)
 
 
 class Const:
@@ -231,3 +231,12 @@ class Editor:
                 order.append(k)
         self.constvars = [self.constvars[k] for k in order]
         self.consts = [self.consts[k] for k in order]
+
+
+def dce_jaxpr(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """Remove equations no output needs (JAX's own DCE rules: effects kept, bodies pruned)."""
+    n = len(closed.jaxpr.constvars)
+    new, used_consts, _ = dce_jaxpr_consts(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                                           instantiate=[False] * n + [True] * len(closed.jaxpr.invars))
+    consts = [c for c, u in zip(closed.consts, used_consts) if u]
+    return ClosedJaxpr(new, consts)

@@ -9,14 +9,14 @@ from mlsys_jax.passes.basic import cse, dce, dce_jaxpr, fold_constants, inline, 
 from mlsys_jax.passes.core import (FixpointError, Pass, PassResult, Refusal, Rewrite, Runner,
                                    chain, fixpoint, make_pass)
 from mlsys_jax.passes.manager import LogEntry, RunResult, cost_summary, run
-from mlsys_jax.passes.registry import pipeline
-from mlsys_jax.passes.rules.enlarge_conv_kernel import enlarge_conv_kernel
-from mlsys_jax.passes.rules.fold_conv_bn import fold_conv_bn
-from mlsys_jax.passes.rules.merge_parallel_convs import merge_parallel_convs
+from mlsys_jax.passes.registry import PASSES, pipeline
 from mlsys_jax.passes.verify import VerificationError, verify
 
-__all__ = ["enlarge_conv_kernel", "fold_conv_bn", "merge_parallel_convs", "cse", "dce",
-           "dce_jaxpr", "fold_constants", "inline", "prune_outputs", "FixpointError", "Pass",
-           "PassResult", "Refusal", "Rewrite", "Runner", "chain", "fixpoint", "make_pass",
-           "LogEntry", "RunResult", "cost_summary", "run", "pipeline", "VerificationError",
-           "verify"]
+# every rule's factory (passes/rules/, found by the registry), exported under its name
+RULES = tuple(name for name, e in PASSES.items() if e.rule is not None)
+globals().update({name: PASSES[name].factory for name in RULES})
+
+__all__ = [*RULES, "cse", "dce", "dce_jaxpr", "fold_constants", "inline", "prune_outputs",
+           "FixpointError", "Pass", "PassResult", "Refusal", "Rewrite", "Runner", "chain",
+           "fixpoint", "make_pass", "LogEntry", "RunResult", "cost_summary", "run", "pipeline",
+           "VerificationError", "verify"]

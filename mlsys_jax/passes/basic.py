@@ -11,30 +11,21 @@ import math
 
 import jax
 
-from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, dce_jaxpr_consts, eval_context
+from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, eval_context
 from mlsys_jax.ir import input_structs, interpret
 from mlsys_jax.ir.consts import fold_equation
-from mlsys_jax.ir.edit import known
+from mlsys_jax.ir.edit import dce_jaxpr, known
 from mlsys_jax.ir.keys import params_key, value_key
 from mlsys_jax.ir.primitives import PLAIN_CALLS
 from mlsys_jax.ir.walk import bodies, body_path
 from mlsys_jax.passes.core import Log, Pass, PassResult, edit_pass, is_pure
 from mlsys_jax.passes.engine import edit
-from mlsys_jax.passes.rules.linear import is_conv_bias_call
+from mlsys_jax.passes.rewrite.linear import is_conv_bias_call
 
 FOLD_MAX_ELEMENTS = 1024  # a folded value may exceed its largest input only up to this size
 
 
 # ---- dce ------------------------------------------------------------------------------------
-
-def dce_jaxpr(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """Remove equations no output needs (JAX's own DCE rules: effects kept, bodies pruned)."""
-    n = len(closed.jaxpr.constvars)
-    new, used_consts, _ = dce_jaxpr_consts(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
-                                           instantiate=[False] * n + [True] * len(closed.jaxpr.invars))
-    consts = [c for c, u in zip(closed.consts, used_consts) if u]
-    return ClosedJaxpr(new, consts)
-
 
 def _size(eqn) -> int:
     """An equation and every equation nested in its bodies."""
@@ -156,7 +147,7 @@ def inline(names=None) -> Pass:
     primitives can see them. custom_jvp/vjp calls stay calls: inlining would drop their derivative
     rules and change gradients (e.g. relu's at 0). Unless named, a ``conv_bias`` call (a conv and
     its bias, the op ``fold_conv_bn`` emits) stays a call too: every conv rule reads through it
-    (``rules/linear.py``), and opening it would only undo the fold — ``fixpoint(chain(inline(),
+    (``rewrite/linear.py``), and opening it would only undo the fold — ``fixpoint(chain(inline(),
     fold_conv_bn()))`` would go round for ever."""
     wanted = None if names is None else frozenset([names] if isinstance(names, str) else names)
 

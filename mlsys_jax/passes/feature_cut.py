@@ -15,7 +15,7 @@ What a cut proves: on the kept features, every element of the region's outputs a
 replacement's, as whole-region validation judges it (docs/verification.md §1); it says nothing
 about the other features, which ``optimize``'s value check still compares element by element.
 It relies on the rule computing each feature of its replacement from that feature's values only,
-as the fold algebra does (``rules/linear.py``); a replacement that cannot run on the cut is
+as the fold algebra does (``rewrite/linear.py``); a replacement that cannot run on the cut is
 validated whole. Every log line of a rewrite validated so says so (:meth:`Cut.describe`).
 """
 from __future__ import annotations

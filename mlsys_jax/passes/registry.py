@@ -16,9 +16,8 @@ from typing import Callable, Iterable
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.passes import basic
 from mlsys_jax.passes.core import Pass, chain
-from mlsys_jax.passes.rules import enlarge_conv_kernel, fold_conv_bn, fold_dense_bn, \
-    fold_matmul_scale, merge_parallel_convs
-from mlsys_jax.passes.rules.rule import FINITE_ONLY, NUMERIC, STRUCTURAL, Rule
+from mlsys_jax.passes import rules
+from mlsys_jax.passes.rewrite.rule import FINITE_ONLY, NUMERIC, STRUCTURAL, Rule
 
 __all__ = ["Entry", "PASSES", "NAMES", "DEFAULT_PIPELINE", "STRUCTURAL", "NUMERIC", "FINITE_ONLY",
            "names",
@@ -30,7 +29,7 @@ __all__ = ["Entry", "PASSES", "NAMES", "DEFAULT_PIPELINE", "STRUCTURAL", "NUMERI
 class Entry:
     """One registered pass: its name (the name of the Pass its factory returns), factory, kind,
     whether the search may use it, what it does, its exactness caveat ("" when exact), and the
-    :class:`~mlsys_jax.passes.rules.rule.Rule` it is made from (None for a plain pass)."""
+    :class:`~mlsys_jax.passes.rewrite.rule.Rule` it is made from (None for a plain pass)."""
 
     name: str
     factory: Callable[..., Pass]
@@ -66,11 +65,8 @@ PASSES: dict[str, Entry] = {e.name: e for e in (
     Entry("fold_constants", basic.fold_constants, NUMERIC, False,
           "evaluate equations whose inputs are all constants"),
     Entry("inline", basic.inline, STRUCTURAL, False, "inline named calls into their parent"),
-    rule_entry(fold_conv_bn),
-    rule_entry(merge_parallel_convs),
-    rule_entry(enlarge_conv_kernel),
-    rule_entry(fold_dense_bn),
-    rule_entry(fold_matmul_scale),
+    # every module of passes/rules/, found there: a new rule is a new module
+    *(rule_entry(m) for m in sorted(rules.modules(), key=lambda m: m.RULE.order)),
 )}
 NAMES = tuple(PASSES)  # the built-in passes (``PASSES`` also holds any registered since)
 # The standard pipeline (``mlsys-jax optimize`` without --passes): fold constants first so the

@@ -23,8 +23,7 @@ def test_large_constants_enter_compiled_programs_as_arguments():
 
 def test_folding_a_kernel_in_blocks_of_channels_gives_the_same_weights(monkeypatch):
     from mlsys_jax.passes import fold_conv_bn
-    from mlsys_jax.passes.rules import linear
-
+    from mlsys_jax.passes.rewrite import linear
     rng = np.random.default_rng(1)
     w = jnp.asarray(rng.standard_normal((3, 3, 4, 8)), jnp.float32)  # HWIO
     scale = jnp.asarray(rng.uniform(0.5, 2.0, 8), jnp.float32)

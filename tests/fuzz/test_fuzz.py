@@ -166,9 +166,8 @@ def test_float64_twin_vouches_for_the_output_whose_computation_mirrors_it(case):
 def _wrong_below_float64(wrong):
     """fold_matmul_scale with its folded weights made ``wrong`` in programs narrower than float64
     only: translation validation (float64) and the float64 twin see the exact fold."""
-    from mlsys_jax.fuzz.mutants import _during
-    from mlsys_jax.passes.rules import fold
-
+    from mlsys_jax.passes.rewrite.mutate import during as _during
+    from mlsys_jax.passes.rewrite import fold
     real = fold.scale_weights
 
     def lossy(w, vec, site, dtype):

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 from mlsys_jax import ir, models, passes as P
-from mlsys_jax.passes.rules.linear import conv_difference as attribute_difference, convs as find_sites
+from mlsys_jax.passes.rewrite.linear import conv_difference as attribute_difference, convs as find_sites
 from tests.passes.conv_cases import (F64, LAYOUTS, block_params as _block_params, bn as _bn,
                                chan as _chan, close as _close, image as _x, kernel as _kernel,
                                rand as _rand)

@@ -15,10 +15,10 @@ from jax import lax
 from mlsys_jax import ir, passes as P
 from mlsys_jax.compat import Literal
 from mlsys_jax.passes import registry
-from mlsys_jax.passes.rules import linear
-from mlsys_jax.passes.rules.axes import moved_axes, provenance
-from mlsys_jax.passes.rules.level import Level
-from mlsys_jax.passes.rules.rule import STRUCTURAL, Match, Precondition, Refused, Rule
+from mlsys_jax.passes.rewrite import linear
+from mlsys_jax.passes.rewrite.axes import moved_axes, provenance
+from mlsys_jax.passes.rewrite.level import Level
+from mlsys_jax.passes.rewrite.rule import STRUCTURAL, Match, Precondition, Refused, Rule
 from mlsys_jax.passes.search import search
 
 

@@ -13,6 +13,7 @@ from jax import lax
 
 from mlsys_jax import ir, passes as P
 from mlsys_jax.fuzz import mutants
+from mlsys_jax.passes.rewrite import mutate
 from mlsys_jax.passes import validate as V
 from tests.passes.conv_cases import LAYOUTS, bn, chan, kernel, rand
 
@@ -126,7 +127,7 @@ def test_large_regions_run_on_one_example_of_their_batch():
         closed = ir.trace(lambda x: _conv(w)(x) * s[None, :, None, None],
                           jax.ShapeDtypeStruct((64, 8, 24, 24), jnp.float32))
         from mlsys_jax.passes.rules import fold_conv_bn as rule
-        from mlsys_jax.passes.rules.level import Level
+        from mlsys_jax.passes.rewrite.level import Level
 
         level = Level(closed)
         (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
@@ -166,15 +167,14 @@ def test_constants_are_what_the_program_and_the_rewrite_make_of_them(program):
 def test_a_fold_off_by_more_than_rounding_on_constants_alone_is_refused():
     """Program 1601's fold with one channel's scale 1e-5 too large (a hundred float32 ulps):
     every float64 meaning of its constant region refuses it."""
-    from mlsys_jax.passes.rules import fold
-
+    from mlsys_jax.passes.rewrite import fold
     real = fold.scale_weights
 
     def off(w, vec, site, dtype):
         vec = np.array(vec)
         vec.flat[0] *= 1 + 1e-5
         return real(w, vec, site, dtype)
-    with mutants.patched(fold, "scale_weights", off):
+    with mutate.patched(fold, "scale_weights", off):
         res = P.run(P.fold_conv_bn(), _seed0(1601))
     assert not res.changed
     (refused,) = [r for r in res.refusals if r.check == "translation_validation"]

@@ -13,10 +13,11 @@ import pytest
 from jax import lax
 
 from mlsys_jax import ir, passes as P
-from mlsys_jax.fuzz.mutants import _during
+from mlsys_jax.passes.rewrite.mutate import during as _during
 from mlsys_jax.passes import feature_cut, registry, validate as V
-from mlsys_jax.passes.rules import fold, fold_conv_bn as rule
-from mlsys_jax.passes.rules.level import Level
+from mlsys_jax.passes.rules import fold_conv_bn as rule
+from mlsys_jax.passes.rewrite import fold
+from mlsys_jax.passes.rewrite.level import Level
 from mlsys_jax.passes.value_check import check_values
 
 CIN, COUT = 32, 1024  # a 128 KiB float32 kernel

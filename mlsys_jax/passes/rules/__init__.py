@@ -1,10 +1,20 @@
 """The rewrite rules, one module each (docs/architecture.md "Adding a rule").
 
-A rule module holds its anchor pattern (``match``), its preconditions (named ``Precondition``s), its emit
-and its registry entry (``RULE``: kind, search move, exactness caveat), plus the public factory
-named like the rule (``fold_conv_bn()``); ``passes/registry.py`` lists the modules. What they
-share: the semantic view of linear ops (``linear``: which output axes a conv's or a matmul's
-weights own), the affine view of what follows one (``affine``, proved per feature from the
-dataflow by ``axes``), and the machinery that turns a rule into a verified, validated pass
-(``rule``, ``level``).
+A rule module is the whole rule: its anchor pattern (``match``), its preconditions (named
+``Precondition``\\ s), its emit, the fuzzer's motif that makes it fire and its mutants (broken
+variants the fuzzer's oracles must catch), all in its ``RULE``, plus the public factory named
+like the module (``fold_conv_bn()``). The registry finds every module here (:func:`modules`),
+and :mod:`mlsys_jax.passes` exports each factory: adding a rule is adding its module (and its
+test). The machinery they share is :mod:`mlsys_jax.passes.rewrite`.
 """
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+
+def modules() -> list:
+    """Every rule module, in name order (each holds a ``RULE`` and its factory)."""
+    found = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
+             if not m.name.startswith("_")]
+    return sorted((m for m in found if hasattr(m, "RULE")), key=lambda m: m.__name__)

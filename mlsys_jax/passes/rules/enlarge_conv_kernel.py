@@ -16,9 +16,11 @@ import numpy as np
 
 from mlsys_jax.compat import Tracer
 from mlsys_jax.passes.core import Pass
-from mlsys_jax.passes.rules.linear import CONV, LinearSite, conv_difference, convs, emit_conv, \
+from mlsys_jax.passes.rewrite.mutate import RuleMutant, during, proxy
+from mlsys_jax.passes.rules import merge_parallel_convs
+from mlsys_jax.passes.rewrite.linear import CONV, LinearSite, conv_difference, convs, emit_conv, \
     fmt_window
-from mlsys_jax.passes.rules.rule import FINITE_ONLY, Match, Refused, Rule
+from mlsys_jax.passes.rewrite.rule import FINITE_ONLY, Match, Refused, Rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,12 +134,31 @@ def emit(m: Enlarged, em):
     return {s.out: emit_conv(em, s, em.value(s.x), new_w, b, padding=m.padding)}
 
 
+# ---- the fuzzer's side: a motif that makes the rule fire, and its mutants ----------
+
+
+def enlarge_off_centre():
+    """enlarge_conv_kernel zero-padding the kernel on one side only (the old taps shift)."""
+    from mlsys_jax.passes.rules import enlarge_conv_kernel as rule
+
+    def wrong(pad):
+        def f(w, pads, *a, **kw):
+            return pad(w, [(0, lo + hi) for lo, hi in pads], *a, **kw)
+        return f
+    return during(rule.enlarge_conv_kernel(), (rule, "np", proxy(rule.np, pad=wrong)),
+                   (rule, "jnp", proxy(rule.jnp, pad=wrong)))
+
+
 RULE = Rule(
     name=__name__.rpartition(".")[2],  # a rule is named by its module
     what="zero-pad a kernel to a parallel conv's window (§4.2 step 3)",
     match=match, emit=emit,
     caveat=f"{FINITE_ONLY}: a zero tap times an Inf input is NaN (0·Inf)",
-    primitives=frozenset({CONV}))
+    primitives=frozenset({CONV}),
+    # its anchor, parallel convs of two kernel sizes, is merge_parallel_convs's motif's to draw
+    motif=merge_parallel_convs.motif, motif_weight=0, order=3, mutants=(
+        RuleMutant("enlarge_off_centre", enlarge_off_centre,
+                   "1x1 kernel zero-padded on one side: the tap moves off centre"),))
 
 
 def enlarge_conv_kernel(size: int | None = None, only: int | None = None) -> Pass:

@@ -25,12 +25,13 @@ import numpy as np
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.passes.core import Pass
-from mlsys_jax.passes.rules import fold
-from mlsys_jax.passes.rules.affine import affine_chain
-from mlsys_jax.passes.rules.axes import MOVES
+from mlsys_jax.passes.rewrite import fold
+from mlsys_jax.passes.rewrite.affine import affine_chain
+from mlsys_jax.passes.rewrite.axes import MOVES
 from mlsys_jax.passes.rules.fold_dense_bn import batch_norm_shaped
-from mlsys_jax.passes.rules.linear import DOT, dots
-from mlsys_jax.passes.rules.rule import Refused, Rule
+from mlsys_jax.passes.rewrite.linear import DOT, dots
+from mlsys_jax.passes.rewrite.mutate import RuleMutant, during
+from mlsys_jax.passes.rewrite.rule import Refused, Rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,10 +136,33 @@ def emit(m, em):
     return {m.outputs[0]: em.bind(m.scores, args)[0]}
 
 
+# ---- the fuzzer's side: a motif that makes the rule fire, and its mutants ----------
+
+ATTENTION_FORMS = ("q_scaled", "scores_scaled", "scores_div")  # the fuzzer's attention node
+
+
+def motif(g):
+    """Scaled dot-product attention scores: ``q / √d`` before ``q·kᵀ``, or the scores scaled."""
+    v = g.pick(lambda s: s == g.shapes[0])
+    g.add({"op": "attention", "form": g.c.choice(ATTENTION_FORMS), "seed": g.c.seed(),
+           "args": [v]}, g.shapes[0])
+
+
+def matmul_scale_squared():
+    """fold_matmul_scale folding the square of the scale into the weights."""
+    real = fold.scale_weights
+    return during(fold_matmul_scale(), (fold, "scale_weights",
+                                        lambda w, vec, site, dtype: real(w, vec * vec, site, dtype)))
+
+
 RULE = Rule(
     name=__name__.rpartition(".")[2],  # a rule is named by its module
     what="fold a constant scale (attention's 1/√d) into a matmul's constant weights",
-    match=match, emit=emit, checks=fold.CHECKS, primitives=frozenset({DOT}))
+    match=match, emit=emit, checks=fold.CHECKS, primitives=frozenset({DOT}),
+    # drawn at the start of dense programs and among the users' motifs (fuzz/spec.py)
+    motif=motif, motif_layouts=("dense",), motif_weight=0, order=5, mutants=(
+        RuleMutant("matmul_scale_squared", matmul_scale_squared,
+                   "the scale folded in twice (its square)"),))
 
 
 def fold_matmul_scale(only: int | None = None) -> Pass:

@@ -19,9 +19,10 @@ from jax import lax
 from mlsys_jax.compat import Tracer, Var
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.passes.core import Pass
-from mlsys_jax.passes.rules.linear import CONV, LinearSite, conv_difference, convs, emit_conv, \
+from mlsys_jax.passes.rewrite.mutate import RuleMutant, during, proxy
+from mlsys_jax.passes.rewrite.linear import CONV, LinearSite, conv_difference, convs, emit_conv, \
     fmt_window
-from mlsys_jax.passes.rules.rule import FINITE_ONLY, Match, Refused, Rule
+from mlsys_jax.passes.rewrite.rule import FINITE_ONLY, Match, Refused, Rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,13 +132,47 @@ def emit(m: ConvPair, em):
             b.out: lax.slice_in_dim(z, oa, z.shape[fd], axis=fd)}
 
 
+# ---- the fuzzer's side: a motif that makes the rule fire, and its mutants ----------
+
+
+def motif(g):
+    """Two convs on one input: mergeable (summed or used apart) or a near-miss that differs in
+    one attribute (kernel size: enlarge first; others: merge must refuse)."""
+    c, v = g.c, g.pick_main()
+    cin = g.shapes[v][g.chan_axis()]
+    variant = c.choice(g.CONV_PAIRS)
+    base = dict(out=cin, k=3, stride=1, pad="SAME", dil=1, groups=1, precision=None)
+    other = {**base, **g.NEAR_MISSES.get(variant, {})}
+    a = g.conv(v, **base)
+    b = g.conv(v, **other)
+    if g.shapes[a] == g.shapes[b] and variant != "none_indep":
+        g.combine(a, b) if c.chance(0.3) else g.add({"op": "binary", "fn": "add", "args": [a, b]})
+    else:
+        g.forced += [a, b]
+
+
+def merge_concatenating_wrong_axis():
+    """merge_parallel_convs concatenating the weights on the axis after the output-feature one."""
+    from mlsys_jax.passes.rules import merge_parallel_convs as rule
+
+    def wrong(concatenate):
+        def f(arrays, axis=0, **kw):
+            nd = np.ndim(arrays[0])
+            return concatenate(arrays, axis=(axis + 1) % nd if nd > 1 else axis, **kw)
+        return f
+    return during(rule.merge_parallel_convs(), (rule, "np", proxy(rule.np, concatenate=wrong)),
+                   (rule, "jnp", proxy(rule.jnp, concatenate=wrong)))
+
+
 RULE = Rule(
     name=__name__.rpartition(".")[2],  # a rule is named by its module
     what="merge convs on the same input into one (§4.1)",
     match=match, emit=emit,
     caveat=f"{FINITE_ONLY}: summed weights turn Inf·w₁ + Inf·w₂ (NaN where w₁, w₂ "
            "differ in sign) into Inf·(w₁ + w₂)",
-    primitives=frozenset({CONV}))
+    primitives=frozenset({CONV}), motif=motif, motif_weight=2, order=2, mutants=(
+        RuleMutant("merge_concat_wrong_axis", merge_concatenating_wrong_axis,
+                   "parallel convs concatenated on the wrong weight axis"),))
 
 
 def merge_parallel_convs(concat: bool = True, only: int | None = None) -> Pass:

@@ -5,7 +5,7 @@ one jaxpr level and yields :class:`Match`es (the equations it would replace, the
 replaces, what it would do) and :class:`Refused` anchors (matched, but a check failed while the
 pattern was followed); ``checks`` are its preconditions on a whole match, each named, each
 returning None or the reason it refuses; ``emit(match, em)`` computes the replacement values with
-ordinary JAX code through an ``Emit`` (``rules/level.py``), once at the program's dtypes and, for
+ordinary JAX code through an ``Emit`` (``rewrite/level.py``), once at the program's dtypes and, for
 translation validation, once in float64. The rest is its registry entry: kind, whether the search
 may use it, and an exactness caveat ("exact for finite inputs") that its log lines carry and the
 fuzzer's oracles honour.
@@ -25,9 +25,9 @@ import jax
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.ir.walk import bodies, body_path, equations
-from mlsys_jax.passes.basic import dce_jaxpr
+from mlsys_jax.ir.edit import dce_jaxpr
 from mlsys_jax.passes.core import Log, Pass, PassResult, transform
-from mlsys_jax.passes.rules.level import Emit, Level
+from mlsys_jax.passes.rewrite.level import Emit, Level
 from mlsys_jax.passes.feature_cut import Site
 from mlsys_jax.passes.validate import Region, check, enabled
 
@@ -81,6 +81,15 @@ class Rule:
     search_move: bool = True
     caveat: str = ""
     primitives: frozenset = frozenset()   # a program without any of these cannot match
+    # the fuzzer's side, beside the rule: ``motif(g)`` adds to a program being generated (``g``,
+    # a fuzz ``Builder``) a pattern this rule fires on, drawn ``motif_weight`` times as often as
+    # a plain motif in programs of ``motif_layouts``; ``mutants`` are broken variants
+    # (``rewrite.mutate.RuleMutant``) the fuzzer's oracles must catch
+    motif: Callable | None = None
+    motif_layouts: tuple = ("nchw", "nhwc")
+    motif_weight: int = 1
+    mutants: tuple = ()
+    order: int = 100                      # its place among the registered passes, then its name
 
     # -- analysis ----------------------------------------------------------------------------
     def checked(self, level: Level, log: Log, **options) -> list:

@@ -20,7 +20,7 @@ from jax import lax
 from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer
 from mlsys_jax.ir.primitives import JIT
 from mlsys_jax.ir.widen import is_float
-from mlsys_jax.passes.rules.axes import provenance
+from mlsys_jax.passes.rewrite.axes import provenance
 
 CONV, DOT = "conv_general_dilated", "dot_general"
 

@@ -24,7 +24,7 @@ from mlsys_jax.compat import ClosedJaxpr, Literal, Var
 from mlsys_jax.ir.widen import is_float
 from mlsys_jax.ir.opview import op_name
 from mlsys_jax.ir.primitives import JIT
-from mlsys_jax.passes.rules.axes import MOVES, moved_axes, provenance
+from mlsys_jax.passes.rewrite.axes import MOVES, moved_axes, provenance
 
 AFFINE = frozenset({"add", "add_any", "sub", "mul", "div", "neg"})
 SHIFTS = frozenset({"add", "add_any", "sub"})
@@ -213,7 +213,7 @@ def step(level, eqn, t, aff: Affine, shape, features, z) -> Affine:
 
 def through_call(level, eqn, t, aff: Affine, shape, features, z) -> Affine:
     """Extend ``aff`` through a named call (``batch_norm``) whose body is affine in ``t``."""
-    from mlsys_jax.passes.rules.level import Level
+    from mlsys_jax.passes.rewrite.level import Level
 
     body = eqn.params.get("jaxpr")
     name = eqn.params.get("name") or eqn.primitive.name

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import Tracer
-from mlsys_jax.passes.rules.affine import Chain
-from mlsys_jax.passes.rules.linear import LinearSite, emit_conv, emit_dot, scale_weights, \
+from mlsys_jax.passes.rewrite.affine import Chain
+from mlsys_jax.passes.rewrite.linear import LinearSite, emit_conv, emit_dot, scale_weights, \
     weights_overflow
-from mlsys_jax.passes.rules.rule import Match, Precondition
+from mlsys_jax.passes.rewrite.rule import Match, Precondition
 
 
 @dataclass(frozen=True, kw_only=True)
