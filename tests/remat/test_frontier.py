@@ -94,3 +94,12 @@ def test_verdicts_follow_bytes_and_every_round():
     assert verdict(ratio(0.97, 1.02, 1.3))[0] is True                 # within the noise
     assert verdict(ratio(0.8, 0.9, 0.95))[0] is True and "plan faster" in \
         verdict(ratio(0.8, 0.9, 0.95))[1]
+
+
+def test_the_plan_docstring_example_runs():
+    import doctest
+
+    from mlsys_jax.remat.planner import frontier
+
+    result = doctest.testmod(frontier)
+    assert result.attempted > 0 and result.failed == 0

@@ -48,14 +48,13 @@ def _summary(both) -> dict:
 
 
 def main(args) -> int:
-    from mlsys_jax import passes as P
-    from mlsys_jax.cli.headline import (compiler_note, estimates, measured_line,
+    from mlsys_jax.cli.headline import (Estimates, compiler_note, measured_line,
                                         predicted_beside_measured_line, search_title,
                                         speedup_line)
+    from mlsys_jax.cli.measured import check_here_options, table_columns
     from mlsys_jax.cli.per_module import Inputs
-    from mlsys_jax.passes.value_check import check_values
+    from mlsys_jax.passes.optimize_report import optimize_report
     from mlsys_jax.passes.registry import pipeline as named_pipeline
-    from mlsys_jax.passes.search import search
     from mlsys_jax.tables import format_table, wrap
 
     if args.search and args.passes is not None:
@@ -70,11 +69,8 @@ def main(args) -> int:
         raise MlsysError(f"--budget must be ≥ 1 graph, got {budget}")
     if args.rounds < 1:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
-    from mlsys_jax.cli.measured import check_here_options, table_columns
-
     check_here_options(args)
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
-    searched = None
     user = target.resolve(args)
     closed = user.trace(constant_params=True)
     if not closed.jaxpr.outvars:
@@ -82,44 +78,26 @@ def main(args) -> int:
                          "optimize or check; return the values the model computes")
     check_optimize_fits(closed, f"optimize of {user.name}")
     inputs_of = Inputs()  # the graph each rewrite's path refers to
-    try:
-        if args.search:
-            measure = SEARCH_MEASURED if args.measure else 0
-            found = search(closed, alpha=alpha, hw=args.hw, dtype=args.dtype, budget=budget,
-                           measure=measure, observe=inputs_of)
-            after, logged = found.best, found
-            searched = {"path": found.path_rows(), "explored": found.explored,
-                        "budget": budget, "alpha": alpha, "seconds": found.seconds,
-                        "measured": found.measured}
-        else:
-            logged = P.run(pipeline, closed, verify=True, hw=args.hw, dtype=args.dtype,
-                           observe=inputs_of)
-            after = logged.jaxpr
-        rewrites = [{"rule": r.rule, "where": r.where, "detail": r.detail}
-                    for r in logged.rewrites]
-        refusals = [{"rule": r.rule, "where": r.where, "reason": r.reason, "check": r.check}
-                    for r in logged.refusals]
-        broken = ""
-    except P.VerificationError as e:  # a pass bug, not a user error: report it, exit 1
-        after, rewrites, refusals, broken = closed, [], [], str(e)
-        logged = None
-    before_e, after_e = estimates(closed, args.hw, args.dtype), estimates(after, args.hw, args.dtype)
-    per_module = _per_module(user, closed, after, before_e, after_e, logged,
-                             inputs_of=inputs_of, rewrites=rewrites, refusals=refusals)
-    inputs = user.inputs(constant_params=True)
-    check = check_values(closed, after, inputs)
-    verdict, failure = _verdict(broken, check, rewrites)
-    verified = verdict == "yes"
-    measured = (_measure(closed, after, inputs, args.rounds, before_e, after_e) if args.measure
-                else None)
+    done = optimize_report(closed, user.inputs(constant_params=True), pipeline=pipeline,
+                           search=args.search, alpha=alpha, search_budget=budget,
+                           search_measured=SEARCH_MEASURED if args.measure else 0,
+                           hw=args.hw, dtype=args.dtype,
+                           rounds=args.rounds if args.measure else None, observe=inputs_of)
+    before_e = Estimates(done.before_unfused, done.before_fused)
+    after_e = Estimates(done.after_unfused, done.after_fused)
+    rewrites, refusals, searched, measured = (done.rewrites, done.refusals, done.searched,
+                                              done.measured)
+    per_module = _per_module(user, done, before_e, after_e, inputs_of)
+    check, verdict, failure = done.check, done.verdict, done.failure
     if args.json:
         print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
                           "rewrites": rewrites, "refusals": refusals, "modules": per_module,
                           **check.to_dict(),
                           **({"measured": measured} if measured else {}),
                           **({"search": searched} if searched else {}),
-                          "verified": verified, "verdict": verdict, "error": failure}, indent=1))
-        return 0 if verified else 1
+                          "verified": done.verified, "verdict": verdict, "error": failure},
+                         indent=1))
+        return 0 if done.verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
         title = f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: {both.line()}]"
@@ -145,22 +123,22 @@ def main(args) -> int:
     print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
                f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
                f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'})", first=""))
-    return 0 if verified else 1
+    return 0 if done.verified else 1
 
 
-def _per_module(user, closed, after, before_e, after_e, logged, *, inputs_of, rewrites,
-                refusals) -> list[dict]:
+def _per_module(user, done, before_e, after_e, inputs_of) -> list[dict]:
     """The module table before and after (``cli.per_module``), each rewrite and refusal given
     its ``module``."""
     from mlsys_jax.cli.per_module import compare, modules_of
     from mlsys_jax.cli.summary import summarize, weights_of
 
+    closed, after, logged = done.before, done.after, done.logged
     weights = lambda g: weights_of(user, g, constant_params=True)  # noqa: E731
     before = summarize(before_e, weights(closed))
     located = {"rewrites": [], "refusals": []}
     if logged is not None:
-        for key, entries, rows, default in (("rewrites", logged.rewrites, rewrites, closed),
-                                            ("refusals", logged.refusals, refusals, after)):
+        for key, entries, rows, default in (("rewrites", logged.rewrites, done.rewrites, closed),
+                                            ("refusals", logged.refusals, done.refusals, after)):
             for row, m in zip(rows, modules_of(entries, inputs_of, default, weights)):
                 row["module"] = "/".join(m)
                 located[key].append((row["rule"], m))
@@ -177,26 +155,3 @@ def _print_modules(rows: list[dict], before_e, shown_ops: bool) -> None:
     if not shown_ops:
         print(wrap(f"per-kernel tables ({len(before_e.default.kernels)} kernels before): --ops",
                    first="  "))
-
-
-def _verdict(broken: str, check, rewrites) -> tuple[str, str]:
-    """('yes' | 'no' | 'not established', why): the verifier's failure first, then the values."""
-    if broken:
-        return "no", broken
-    if check.verdict == "no":
-        more = f" (and {len(check.problems) - 3} more)" if len(check.problems) > 3 else ""
-        return "no", "; ".join(check.problems[:3]) + more
-    if check.verdict == "not established":
-        validated = (f"; each of the {len(rewrites)} rewrite(s) passed translation validation on "
-                     "its region") if rewrites else ""
-        return "not established", check.why_not_established() + validated
-    return "yes", ""
-
-
-def _measure(before, after, inputs, rounds: int, before_e, after_e) -> dict:
-    """Both graphs timed here side by side, with the default estimates beside the medians."""
-    from mlsys_jax.cost.measure import measure_speedup
-
-    return {**measure_speedup(before, after, inputs, repeats=rounds).to_dict(),
-            "original_predicted_us": before_e.default.time_us,
-            "optimized_predicted_us": after_e.default.time_us}

@@ -29,7 +29,7 @@ class CompiledProgram:
     plan: Plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanReport:
     """The chosen plan at a budget, what it was chosen among, and JAX's policies beside it."""
 
