@@ -21,3 +21,5 @@ def __getattr__(name):  # PEP 562: import heavy parts (and JAX) only when used
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
     raise AttributeError(f"module 'mlsys_jax' has no attribute {name!r}")
+
+__all__ = ["__version__", *_LAZY]

@@ -1,1 +1,4 @@
-"""Rendering helpers: optional matplotlib plots (plots.py) and reports."""
+"""Rendering helpers: optional matplotlib plots (``plots``, ``roofline``, ``memory``) and the
+`run all --report` writer (``report``). Each is a module; matplotlib is imported inside them."""
+
+__all__ = ["plots", "roofline", "memory", "report"]

@@ -4,3 +4,6 @@ vector (``zero``), the pipeline executor (``pipeline``, running :mod:`mlsys_jax.
 and 3D (``threed``). Experiments 04 and the benchmarks use them; a user's own step goes through
 :mod:`mlsys_jax.parallel.shard` and :mod:`mlsys_jax.parallel.pipe`, which import nothing from here.
 """
+
+# the lecture's steps are modules: import the one a section uses (data, tensor, zero, ...)
+__all__ = ["data", "tensor", "zero", "pipeline", "threed"]

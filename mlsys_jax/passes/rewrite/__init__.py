@@ -7,3 +7,5 @@ the semantic view of linear ops (which output axes a conv's or a matmul's weight
 ``fold`` the fold algebra for any linear site; ``mutate`` the helpers a rule's deliberately
 broken variants (its mutants) are written with. Nothing here imports a rule or a pass.
 """
+
+__all__ = ["rule", "level", "linear", "affine", "axes", "fold", "mutate"]

@@ -18,3 +18,5 @@ def modules() -> list:
     found = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)
              if not m.name.startswith("_")]
     return sorted((m for m in found if hasattr(m, "RULE")), key=lambda m: m.__name__)
+
+__all__ = ["modules"]

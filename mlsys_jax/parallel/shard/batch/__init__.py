@@ -2,3 +2,5 @@
 per-primitive table of how each moves or mixes it (``rules``: the batch rules), the moves
 through reshapes and transposes (``moves``), and the explanation a person reads (``explain``).
 :mod:`mlsys_jax.parallel.shard.separability` confirms the verdict on gradients."""
+
+__all__ = ["axis", "rules", "moves", "explain"]
