@@ -129,7 +129,9 @@ RULE = Rule(
     name=__name__.rpartition(".")[2],  # a rule is named by its module
     what="fold a per-feature scale before a Dense layer (RMSNorm's) into its weights' rows",
     match=match, emit=emit, checks=(Precondition("finite_scale", _finite),),
-    primitives=frozenset({DOT}), motif=motif, motif_layouts=("dense",), mutants=(
+    # drawn as often as three plain motifs: dense programs are 40% of a campaign, and the CI tier
+    # wants every pass to fire on a tenth of its programs
+    primitives=frozenset({DOT}), motif=motif, motif_layouts=("dense",), motif_weight=3, mutants=(
         RuleMutant("scale_into_dense_columns", scale_along_columns,
                    "the scale folded into W's columns instead of its rows"),))
 
