@@ -73,3 +73,19 @@ def test_a_factory_reading_a_value_is_named_at_its_line(capsys, tmp_path):
     """))
     code, _, err = run(capsys, "inspect", f"{path}:make", "--abstract")
     assert code == 2 and "reads.py:5" in err and "jnp instead of NumPy" in err
+
+
+def test_remat_on_shapes_compiles_what_the_arrays_compile_and_runs_nothing(capsys):
+    import jax
+
+    import flax_llama as L
+
+    code, out, _ = run(capsys, "remat", f"{LLAMA}:loss_tiny", "--abstract", "--budget", "100%",
+                       "--no-policies", "--json", "--quiet")
+    shapes = json.loads(out)
+    loss_fn, params, batch = L.loss_tiny()
+    on_arrays = jax.jit(jax.grad(loss_fn)).lower(params, batch).compile()
+    assert code == 0 and shapes["abstract"] and shapes["step_time_ratio"] is None
+    assert shapes["grads_max_abs_diff"] is None and shapes["predicted_step_time_ratio"] == 1.0
+    assert shapes["compiled_temp_bytes"] == on_arrays.memory_analysis().temp_size_in_bytes
+    assert shapes["compiled_temp_bytes"] <= shapes["budget_bytes"]

@@ -85,6 +85,12 @@ def report(target: str, budget, repeats: int = 7, policies: bool = True, progres
     loss, note = load_factory(target)
     if note:
         print(f"mlsys-jax remat: note: {note}", file=sys.stderr)
+    from mlsys_jax.ir.abstract import is_abstract
+
+    if is_abstract(loss[1:]):  # shapes only: plans compiled, none run (remat/planner/shapes.py)
+        from mlsys_jax.remat.planner.shapes import plan_on_shapes
+
+        return plan_on_shapes(*loss, wanted, policies=policies, progress=progress)
     return plan_report(*loss, wanted, repeats=repeats, policies=policies, progress=progress)
 
 
@@ -186,13 +192,51 @@ def main(args) -> int:
     try:
         with jax.enable_x64(False):               # the user's model runs under JAX's defaults
             out = report(args.target, args.budget, args.repeats, not args.no_policies, progress)
+            on_shapes = not hasattr(out, "timelines")
+            if on_shapes and args.plot:
+                from mlsys_jax.cli.shapes import refuse_values
+
+                refuse_values("--plot", "it draws the memory timeline the plans' runs measured")
             note = write_plot(args.plot, out) if args.plot else None
     finally:
         progress.done()
     if args.json:
         print(json.dumps(out.to_dict(), indent=1))
+    elif on_shapes:
+        print_shapes(args.target, out)
     else:
         print_text(args.target, out)
         if note:
             print(note)
     return 0
+
+
+def print_shapes(target: str, out) -> None:
+    """The plan on shapes: compiled temp bytes decide the fit, the cost model the choice."""
+    from mlsys_jax.cli.shapes import NOTICE
+    from mlsys_jax.remat.milp import plan_key
+    from mlsys_jax.remat.planner.budget import percent
+    from mlsys_jax.remat.planner.shapes import PREDICTION
+    from mlsys_jax.tables import format_table, wrap
+
+    p, t0 = out.plan, out.no_remat.compiled_temp_bytes
+    print(NOTICE)
+    print(f"remat {target}: budget {out.budget_bytes} bytes of XLA temp "
+          f"({out.budget.describe(t0)}; no remat compiles to {t0})")
+    print("plan: " + ("no remat: the budget fits the user's own gradient" if not p.recomputed
+                      else f"{len(p.segments)} segment(s), {len(p.saved)} saved, "
+                           f"{len(p.recomputed)} recomputed"))
+    rows = [{"program": out.labels[plan_key(q)], "compiled temp bytes": q.compiled_temp_bytes,
+             "of no remat's": percent(q.compiled_temp_bytes, t0),
+             "fits": q.compiled_temp_bytes <= out.budget_bytes,
+             "compiled FLOPs": int(q.compiled_flops),
+             "predicted step time ratio": out.predicted.get(out.labels[plan_key(q)], "-")}
+            for q in sorted(out.compiled, key=lambda q: q.compiled_temp_bytes)]
+    print(format_table(rows, title="\n[every program compiled for the plan; of those that fit, the "
+                                   f"least predicted step time ({PREDICTION}) wins]"))
+    if out.policies:
+        print(format_table([{"policy": r["policy"], "compiled temp bytes": r["compiled_temp_bytes"],
+                             "compiled FLOPs": int(r["compiled_flops"])} for r in out.policies],
+                           title="\n[JAX's built-in policies, compiled (not timed)]"))
+    print(wrap("step times are predicted, not measured, and no gradient is checked against "
+               "jax.grad: on shapes nothing runs", first=""))

@@ -18,7 +18,8 @@ from mlsys_jax.remat.planner.frontier import Frontier
 
 # the keys of ``PlanReport.to_dict`` (``mlsys-jax remat --json``), in order
 JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
-             "step_time_ratio", "grads_max_abs_diff", "saved", "recomputed", "policies")
+             "step_time_ratio", "grads_max_abs_diff", "saved", "recomputed", "policies",
+             "abstract")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class PlanReport:
                 "step_time_ratio": self.step_time_ratio,
                 "grads_max_abs_diff": self.grads_max_abs_diff,
                 "saved": list(p.saved), "recomputed": list(p.recomputed),
-                "policies": self.versus["policies"]}
+                "policies": self.versus["policies"], "abstract": False}
 
 
 def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: bool = True,
