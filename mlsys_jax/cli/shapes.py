@@ -16,11 +16,10 @@ NOTICE = ("on shapes only: the factory's arrays are ShapeDtypeStructs; nothing o
 DISAGREE = 0.10
 
 
-def refuse_values(flag: str, why: str) -> None:
+def refuse_values(flag: str, why: str, fix: str = "run without it") -> None:
     """One line, exit 2: ``flag`` needs values, and on shapes there are none."""
     raise UsageError(f"{flag} needs the model's values and the factory returns shapes only "
-                     f"({why}); run without it, or with a factory that builds arrays at a size "
-                     "that fits")
+                     f"({why}); {fix}, or use a factory that builds arrays at a size that fits")
 
 
 def xla_line(xla) -> str:

@@ -56,7 +56,8 @@ def test_shard_on_shapes_equals_the_run_on_arrays(capsys):
 @pytest.mark.parametrize("argv", [["inspect", f"{LLAMA}:inspect_8b", "--measure"],
                                   ["inspect", f"{LLAMA}:inspect_8b", "--hw", "here"],
                                   ["shard", f"{LLAMA}:train_8b", "--mesh", "data=8",
-                                   "--processes", "2"]])
+                                   "--processes", "2"],
+                                  ["optimize", f"{LLAMA}:inspect_tiny", "--abstract"]])
 def test_what_needs_values_is_refused_in_one_line(capsys, argv):
     code, out, err = run(capsys, *argv)
     assert code == 2 and len(err.strip().splitlines()) <= 2 and "shapes only" in err

@@ -72,6 +72,7 @@ def main(args) -> int:
     check_here_options(args)
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     user = target.resolve(args)
+    _refuse_shapes(user)
     closed = user.trace(constant_params=True)
     if not closed.jaxpr.outvars:
         raise MlsysError(f"optimize: {user.name} returns no outputs (None?): there is nothing to "
@@ -155,3 +156,13 @@ def _print_modules(rows: list[dict], before_e, shown_ops: bool) -> None:
     if not shown_ops:
         print(wrap(f"per-kernel tables ({len(before_e.default.kernels)} kernels before): --ops",
                    first="  "))
+
+
+def _refuse_shapes(user) -> None:
+    """optimize folds the parameters' values and checks both graphs on them: shapes have none."""
+    from mlsys_jax.cli.shapes import refuse_values
+    from mlsys_jax.ir.abstract import is_abstract
+
+    if user.examples and user.args and is_abstract(user.args[0]):
+        refuse_values("optimize", "it folds the parameters' values into the graph and checks "
+                      "both graphs on them", fix="inspect costs a model on shapes")
