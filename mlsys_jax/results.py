@@ -28,6 +28,7 @@ class Check:
     note: str = ""  # why ours differs from the lecture's figure in value but not in kind
 
     def to_dict(self) -> dict:
+        """The check as JSON data; its note only when there is one."""
         out = {"claim": self.claim, "ok": bool(self.ok), "ours": to_jsonable(self.ours),
                "lecture": to_jsonable(self.lecture)}
         if self.note:
@@ -46,6 +47,7 @@ class Result:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, checks: Iterable[Check] = ()) -> dict:
+        """The result and its checks as JSON data (results.json)."""
         return {"id": self.id, "title": self.title,
                 "tables": {k: [to_jsonable(r) for r in v] for k, v in self.tables.items()},
                 "checks": [c.to_dict() for c in checks],

@@ -189,6 +189,7 @@ def available_memory_bytes() -> int:
 
 
 def format_bytes(n: int | float) -> str:
+    """Bytes in the largest binary unit that fits, 3 significant digits (``1.5 GB``)."""
     for unit, size in (("EB", 1 << 60), ("PB", 1 << 50), ("TB", 1 << 40), ("GB", 1 << 30),
                        ("MB", 1 << 20), ("KB", 1 << 10)):
         if n >= size:

@@ -38,9 +38,11 @@ class Timing:
 
     @property
     def median_us(self) -> float:
+        """The median time per call, in µs."""
         return self.median_s * 1e6
 
     def to_dict(self) -> dict:
+        """The timing in µs as JSON data."""
         return {"median_us": self.median_s * 1e6, "min_us": self.min_s * 1e6,
                 "max_us": self.max_s * 1e6, "repeats": self.repeats, "number": self.number}
 
@@ -65,6 +67,7 @@ class Ratio:
             tuple(f"p{p:g}" for p in self.spread)
 
     def to_dict(self) -> dict:
+        """The ratio and its bounds as JSON data, under the bounds' names."""
         lo, hi = self.bound_names
         return {"ratio": self.median, lo: self.low, hi: self.high}
 

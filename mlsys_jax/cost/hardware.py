@@ -159,6 +159,8 @@ def stream_bandwidths(repeats: int = 9) -> dict:
 
 
 def calibrate_device() -> Hardware:
+    """This machine's roofline, measured: an f32 1024² matmul (peak), a donated in-place stream
+    (bandwidth) and an empty jit call (launch)."""
     import jax
     import jax.numpy as jnp
 

@@ -24,6 +24,7 @@ class Speedup:
     ratio: timing.Ratio  # original / optimized: > 1 means faster
 
     def to_dict(self) -> dict:
+        """Both medians, the speedup with its spread and the rounds timed, as plain data for JSON."""
         return {"original_us": self.original.median_us, "optimized_us": self.optimized.median_us,
                 "speedup": self.ratio.median, "speedup_min": self.ratio.low,
                 "speedup_max": self.ratio.high, "rounds": self.original.repeats}

@@ -120,6 +120,7 @@ class Kernel:
 
     @property
     def primitives(self) -> tuple:
+        """Every primitive the kernel runs, in op order."""
         return tuple(p for op in self.ops for p in op.primitives)
 
     @property
@@ -184,14 +185,17 @@ class CostReport:
 
     @property
     def total_flops(self) -> int:
+        """FLOPs summed over all kernels."""
         return sum(k.flops for k in self.kernels)
 
     @property
     def total_bytes(self) -> int:
+        """Bytes moved to and from memory, summed over all kernels."""
         return sum(k.bytes for k in self.kernels)
 
     @property
     def time_us(self) -> float:
+        """Predicted run time in µs: every kernel plus the whole program's dispatch overhead."""
         return sum(k.time_us for k in self.kernels) + self.overhead_us
 
     @property
@@ -200,6 +204,7 @@ class CostReport:
         return self.hardware.timer is not None
 
     def totals(self) -> dict:
+        """The report's headline figures as one dict (FLOPs, bytes, kernels, µs, peak bytes)."""
         return {"flops": self.total_flops, "bytes": self.total_bytes,
                 "kernels": len(self.kernels), "time_us": self.time_us,
                 "peak_bytes": self.peak_bytes}

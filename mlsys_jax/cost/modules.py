@@ -45,6 +45,7 @@ class ModuleCost:
     group: bool = False  # a group of a flat namespace's names (``conv2_*``), not a module
 
     def add(self, other: "ModuleCost") -> None:
+        """Fold another row's costs and parameters into this one (a parent sums its children)."""
         for name in ("params", "param_bytes", "flops", "unfused_bytes", "fused_bytes",
                      "unfused_us", "fused_us", "kernels", "fused_kernels", "compute_us",
                      "memory_us"):

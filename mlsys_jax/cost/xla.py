@@ -31,6 +31,7 @@ class XlaFigures:
     xla_alias_bytes: int
 
     def as_dict(self) -> dict:
+        """The figures as plain data, for tables and JSON."""
         return asdict(self)
 
 

@@ -35,6 +35,7 @@ class Graph:
 
     @property
     def jaxpr(self):
+        """The open jaxpr whose equations the executor runs."""
         return self.closed.jaxpr
 
 
@@ -101,6 +102,7 @@ def grad_graph(loss_fn: Callable, *args, argnums=0) -> Graph:
 
 
 def as_graph(graph) -> Graph:
+    """Accept a Graph or a bare ClosedJaxpr (named ``in0..``/``out0..``); refuse anything else."""
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, ClosedJaxpr):

@@ -37,6 +37,7 @@ class OpCounter:
     vjp_calls: int = 0
 
     def reset(self):
+        """Zero the counters before a measured run."""
         self.forward = self.backward = self.vjp_calls = 0
 
 
@@ -100,13 +101,16 @@ class Tensor:
         return apply(jnp.negative, self, name="neg")
 
     def sum(self, axis=None):
+        """Taped sum over ``axis`` (all axes when None)."""
         return apply(lambda v: jnp.sum(v, axis=axis), self, name="sum")
 
     def mean(self, axis=None):
+        """Taped mean over ``axis`` (all axes when None)."""
         return apply(lambda v: jnp.mean(v, axis=axis), self, name="mean")
 
     @property
     def T(self):
+        """Taped transpose (axes reversed)."""
         return apply(jnp.transpose, self, name="transpose")
 
     def backward(self, grad=None, retain_graph: bool = False, count_ops: bool = False):
@@ -142,22 +146,27 @@ def apply(fn: Callable, *inputs, name: str | None = None) -> Tensor:
 
 
 def relu(x):
+    """Taped ReLU."""
     return apply(jax.nn.relu, x, name="relu")
 
 
 def exp(x):
+    """Taped elementwise exponential."""
     return apply(jnp.exp, x, name="exp")
 
 
 def log(x):
+    """Taped elementwise natural logarithm."""
     return apply(jnp.log, x, name="log")
 
 
 def tanh(x):
+    """Taped elementwise tanh."""
     return apply(jnp.tanh, x, name="tanh")
 
 
 def sigmoid(x):
+    """Taped elementwise logistic sigmoid."""
     return apply(jax.nn.sigmoid, x, name="sigmoid")
 
 

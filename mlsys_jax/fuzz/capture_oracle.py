@@ -120,6 +120,7 @@ def check(program, calls=CALLS) -> dict:
 
 
 def program_seed(seed: int, index: int) -> int:
+    """The seed of program ``index`` of a run, so one program can be regenerated alone."""
     return seed * 1_000_003 + index
 
 
@@ -157,6 +158,7 @@ def run_campaign(programs: int, seed: int = 0, time_budget: float | None = None,
 
 
 def main(argv=None) -> int:
+    """Command line: run random branchy programs under capture and eagerly, report mismatches; the exit code."""
     from mlsys_jax import runtime
 
     ap = argparse.ArgumentParser(prog="python -m mlsys_jax.fuzz.capture_oracle",

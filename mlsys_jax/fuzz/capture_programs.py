@@ -111,10 +111,12 @@ def helper(u, v):
 
 
 def fma_branch(u, v):
+    """One branch a generated program may call: a multiply-add."""
     return u * v - 1.0
 
 
 def add_branch(u, v):
+    """The other branch a generated program may call: an add."""
     return u + v
 
 
@@ -131,6 +133,7 @@ class CaptureProgram:
 
     @property
     def stateful(self) -> bool:
+        """Whether the program reads module state (``G_SCALE``) that a guard must watch."""
         return "G_SCALE" in self.source
 
     def namespace(self) -> dict:
@@ -140,6 +143,7 @@ class CaptureProgram:
         return scope
 
     def function(self):
+        """The program's ``f``, from a fresh namespace (so its module state is its own)."""
         return self.namespace()["f"]
 
     def state(self, scope: dict):

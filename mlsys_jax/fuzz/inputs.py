@@ -57,6 +57,7 @@ def sprinkle(values: np.ndarray, seed: int) -> np.ndarray:
 
 
 def key_struct():
+    """The abstract value of a PRNG key input (a typed key array)."""
     return jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype)
 
 
@@ -76,6 +77,7 @@ def make_inputs(spec, seed: int, dtype: str | None = None) -> list:
 
 
 def input_structs(spec, dtype: str | None = None) -> list:
+    """The abstract inputs of a spec's program (arrays, then PRNG keys), in ``dtype`` for float programs."""
     dt = DTYPES[spec.dtype if is_integer(spec) else dtype or spec.dtype]
     return ([jax.ShapeDtypeStruct(tuple(s), dt) for s in spec.inputs]
             + [key_struct() for _ in range(spec.keys)])

@@ -31,6 +31,7 @@ class IntOps:
         return np.asarray(c, x.dtype)
 
     def int_unary(self, fn, x):
+        """An integer unary op by name, on ``x``."""
         table = {"neg": jnp.negative, "abs": jnp.abs, "square": lambda x: x * x,
                  "not": jnp.invert, "sign": jnp.sign, "clamp": lambda x: jnp.clip(x, -5, 5),
                  "relu": jax.nn.relu, "where_relu": lambda x: jnp.where(x > 0, x, 0),
@@ -40,6 +41,7 @@ class IntOps:
         return table[fn](x)
 
     def int_binary(self, fn, a, b):
+        """An integer binary op by name; operands broadcast and divisors made safe."""
         # lax's division and shifts take one dtype and shape: a weak scalar operand joins a's
         b = jnp.broadcast_to(b.astype(a.dtype), jnp.broadcast_shapes(a.shape, b.shape))
         a = jnp.broadcast_to(a, b.shape)
@@ -53,6 +55,7 @@ class IntOps:
         return table[fn](a, b)
 
     def int_scalar(self, fn, c, x):
+        """An integer op of ``x`` with the constant ``c``."""
         table = {"add": lambda: x + c, "mul": lambda: x * c, "sub": lambda: x - c,
                  "div": lambda: lax.div(x, self._lit(c, x)),
                  "rem": lambda: lax.rem(x, self._lit(c, x)),
@@ -62,33 +65,41 @@ class IntOps:
         return table[fn]()
 
     def int_const(self, fn, c):
+        """An integer op on a constant alone."""
         return {"div": lambda: lax.div(c, self._lit(3, c)), "affine": lambda: c * 3 + 1,
                 "square": lambda: c * c}[fn]()
 
     def int_wconst(self, fn, c):
+        """An op on a weak-typed Python int constant."""
         s = jnp.asarray(c)  # weak-typed (a Python int)
         return s * 2 if fn == "double" else lax.div(s, 2)
 
     # -- masks ----------------------------------------------------------------------------------
     def op_cmp(self, n, a, b):
+        """A comparison node of two values."""
         return CMP[n["fn"]](a, b)
 
     def op_cmpc(self, n, x):
+        """A comparison node of a value with its constant."""
         return CMP[n["fn"]](x, n["c"])
 
     def op_logic(self, n, p, q=None):
+        """A boolean logic node (``not`` takes one operand)."""
         return jnp.logical_not(p) if n["fn"] == "not" else LOGIC[n["fn"]](p, q)
 
     def op_select(self, n, p, x, y):
+        """A ``where`` node: ``x`` where ``p``, else ``y``."""
         return jnp.where(p, x, y)
 
     def op_from_bool(self, n, b):
+        """A boolean turned back into the program's integer dtype."""
         if n["fn"] == "astype":
             return b.astype(self.prog)
         return jnp.where(b, np.asarray(3, self.prog), np.asarray(-2, self.prog))
 
     # -- integer "normalisation" after a conv ---------------------------------------------------
     def op_ibn(self, n, z):
+        """An integer per-channel normalisation after a conv, with drawn per-channel constants."""
         c, s, axis = z.shape[self.axis], n["seed"], self.axis % z.ndim
         a = self.fixed(drawn(s, (c,), self.prog, self.prog, kind="int"))
         b = self.fixed(drawn(s + 1, (c,), self.prog, self.prog, kind="int"))

@@ -69,12 +69,14 @@ class Reference:
 
     @property
     def ref64(self) -> list:
+        """The program's outputs evaluated in float64 op by op (computed once, then cached)."""
         if "out" not in self._ref64:
             self._ref64["out"] = evaluate.evaluate(self.closed64, *_inputs64(self))
         return self._ref64["out"]
 
     @property
     def derivative64(self) -> list:
+        """The float64 reference derivative along the probe (computed once, then cached)."""
         if "d" not in self._ref64:
             self._ref64["d"] = derivative(self.closed64, _inputs64(self), self.mode, self.probe)
         return self._ref64["d"]
@@ -93,6 +95,7 @@ def _is_float(dtype) -> bool:
 
 
 def derivative(closed, inputs, mode: str, probe: list) -> list:
+    """A program's derivative in ``mode`` along ``probe``, evaluated op by op."""
     return evaluate.derivative(closed, mode, inputs, probe)
 
 
@@ -127,6 +130,7 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
+        """True when no oracle failed."""
         return not self.failures
 
 

@@ -135,6 +135,7 @@ SEED = {seed}
 
 
 def reproducer_source(failure, xfail_reason: str | None = None) -> str:
+    """A standalone pytest file that regenerates a failure's program and checks it again."""
     spec = json.loads(failure.spec.to_json())
     marker = (f"@pytest.mark.xfail(strict=True, reason={xfail_reason!r})\n"
               if xfail_reason else "")

@@ -18,16 +18,20 @@ class HypothesisChooser:
         self.draw = draw
 
     def choice(self, options):
+        """One of ``options``, drawn so that hypothesis shrinks towards the first."""
         return options[self.draw(st.integers(0, len(options) - 1))]
 
     def integer(self, lo: int, hi: int) -> int:
+        """An integer in ``[lo, hi]``, shrinking towards ``lo``."""
         return self.draw(st.integers(lo, hi))
 
     def chance(self, p: float) -> bool:
+        """True with probability ``p``; shrinks to False, so optional features vanish first."""
         # shrinks to 0 -> False: optional features disappear first
         return self.draw(st.integers(0, 999)) >= round(1000 * (1 - p))
 
     def seed(self) -> int:
+        """A seed for a node's own random values."""
         return self.draw(st.integers(0, 2**31 - 2))
 
 

@@ -109,6 +109,7 @@ class Consts:
         self.why: dict = {}  # var -> why it is not known though its inputs are (fold_equation)
 
     def value(self, v):
+        """The known constant value of a variable or literal as NumPy, or None when it is not constant."""
         if isinstance(v, Literal):
             return np.asarray(v.val, dtype=v.aval.dtype)
         if v in self.memo:

@@ -49,6 +49,7 @@ def op_name(eqn) -> str:
 
 
 def is_elementwise_op(eqn) -> bool:
+    """Whether an equation works element by element (a named call counts when all of its body does)."""
     if eqn.primitive.name in ELEMENTWISE:
         return True
     if eqn.primitive.name in NAMED_CALLS:  # a named op made only of elementwise/shape work

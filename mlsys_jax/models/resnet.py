@@ -88,6 +88,7 @@ def enlarge_kernel(w, k: int = 3):
 
 
 def enlarge_block_params(folded: dict) -> dict:
+    """Folded block parameters with ``w1`` padded to ``w3``'s kernel size (§4.2 step ③)."""
     return {**folded, "w1": enlarge_kernel(folded["w1"], folded["w3"].shape[-1])}
 
 

@@ -41,6 +41,7 @@ class PipelineSchedule:
 
     @property
     def steps(self) -> int:
+        """Time steps in the table (its length), bubbles included."""
         return len(self.table)
 
     def bubble_fraction(self) -> Fraction:

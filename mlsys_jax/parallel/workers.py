@@ -110,6 +110,7 @@ def is_stopped(pid: int) -> bool:
 
 
 def describe_exit(returncode: int) -> str:
+    """How a worker process ended, for messages: the signal that killed it or its exit code."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name

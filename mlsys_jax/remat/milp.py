@@ -146,6 +146,7 @@ class Solution:
 
     @property
     def found(self) -> bool:
+        """Whether the solver found a feasible plan."""
         return self.s is not None
 
 

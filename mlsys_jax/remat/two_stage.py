@@ -92,10 +92,12 @@ class ResidualProblem:
 
     @property
     def flops(self) -> np.ndarray:
+        """FLOPs to recompute each unit."""
         return self.milp.unit_flops
 
     @property
     def nbytes(self) -> np.ndarray:
+        """Bytes each value occupies when saved."""
         return self.milp.item_bytes
 
     def solve(self, peak_budget_bytes: int) -> Plan:

@@ -26,10 +26,12 @@ class Point:
 
     @property
     def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved (the roofline's x axis)."""
         return self.flops / self.bytes
 
     @property
     def flop_per_s(self) -> float:
+        """Achieved FLOP/s (the roofline's y axis)."""
         return self.flops / (self.time_us * 1e-6)
 
 

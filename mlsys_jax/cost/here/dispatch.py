@@ -37,6 +37,7 @@ class DispatchCost:
         return self.call_us + self.per_input_us * n_inputs + self.per_output_us * n_outputs
 
     def to_dict(self) -> dict:
+        """The figures as plain data, for JSON output and the cache."""
         return asdict(self)
 
 

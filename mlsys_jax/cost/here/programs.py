@@ -41,6 +41,7 @@ class KernelProgram:
 
     @property
     def n_inputs(self) -> int:
+        """How many arguments the kernel's program takes."""
         return len(self.arguments)
 
     def example_arguments(self, seed: int = 0) -> list:

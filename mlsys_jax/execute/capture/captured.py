@@ -92,6 +92,7 @@ def input_key(args, kwargs):
 
 
 def argument_tree(args, kwargs):
+    """The pytree structure of a call's arguments, part of the key that picks its guard tree."""
     return jax.tree_util.tree_structure((args, kwargs))
 
 

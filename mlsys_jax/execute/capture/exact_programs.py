@@ -157,6 +157,7 @@ def _unit_fn(e: Eqn, n_in: int):
 
 
 def unit_name(e: Eqn) -> str:
+    """How a dispatch unit is named in logs: the primitive, with its call's name when it has one."""
     name = e.params.get("name")
     return f"{e.prim.name}[{name}]" if isinstance(name, str) else e.prim.name
 

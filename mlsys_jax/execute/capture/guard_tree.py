@@ -72,9 +72,11 @@ class Segment:
 
     @property
     def units(self) -> list[str]:
+        """Names of the pieces that run as their own dispatch (empty when all run as one program)."""
         return [p.unit for p in self.pieces if p.unit]
 
     def one_program(self) -> bool:
+        """Whether the whole segment compiles as a single program."""
         return len(self.pieces) == 1 and not self.pieces[0].unit
 
     def jaxpr(self):
@@ -131,6 +133,7 @@ class Root:
         self.changed()
 
     def changed(self):
+        """Note that the tree grew: warm calls restart their streak and the fast path is rebuilt."""
         self.version += 1
         self.warm_streak = 0
         self.fast = None
@@ -184,6 +187,7 @@ class ColdRun:
         self.finished = False
 
     def input(self, value):
+        """Wrap an argument value as a deferred tracer in the next input slot."""
         t = DeferredTracer(self.trace, jax.typeof(value), self.next_slot)
         t.val = self.env[t.slot] = value
         self.next_slot += 1
@@ -191,6 +195,7 @@ class ColdRun:
         return t
 
     def record(self, prim, params, args, out_avals, traits):
+        """Defer one primitive application into the pending segment; tracers for its outputs, in new slots."""
         ins = []
         for a in args:
             if isinstance(a, DeferredTracer):
@@ -267,6 +272,7 @@ class ColdRun:
         self.node = Node()
 
     def graph_break(self, tracer, kind, *extra):
+        """End the segment where Python needs a concrete value, and record why (capture's own work, unwatched)."""
         return untraced(self._graph_break, tracer, kind, *extra)  # capture's own work: unwatched
 
     def _graph_break(self, tracer, kind, *extra):

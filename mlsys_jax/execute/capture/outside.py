@@ -105,6 +105,7 @@ def outside_of(head: str, what: str) -> str:
 
 
 def named(obj) -> str:
+    """A short description of an object for messages: its module, class or type."""
     if isinstance(obj, types.ModuleType):
         return f"module {obj.__name__}"
     if isinstance(obj, type):

@@ -64,6 +64,7 @@ class DeferredTracer(Tracer):
     # Never tell JAX a value (even a materialized one): JAX probes this opportunistically and
     # would take value-dependent paths that no guard records. Breaks go through the dunders below.
     def to_concrete_value(self):
+        """Always None: a value JAX took here would steer it down paths no guard records."""
         return None
 
     def _concrete(self, kind, *extra):
@@ -102,6 +103,7 @@ class RecordTrace(Trace):
         return args
 
     def process_primitive(self, prim, args, params):
+        """Record a primitive instead of running it (capture's own work, unwatched)."""
         return untraced(self._record, prim, args, params)  # capture's own work: unwatched
 
     def _record(self, prim, args, params):
@@ -127,6 +129,7 @@ class RecordTrace(Trace):
         return outs if multiple else outs[0]
 
     def stage_value(self, val):
+        """Keep a deferred value deferred; make anything else an array now, as eager JAX does."""
         # jnp.asarray / jnp.array of a value: a deferred value stays deferred; anything else is
         # made an array now, as eager does.
         if isinstance(val, DeferredTracer) and val._trace is self:
@@ -135,6 +138,7 @@ class RecordTrace(Trace):
             return untraced(eval_trace.stage_value, self._checked([val])[0])
 
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, *, symbolic_zeros):
+        """Record the function's own body: segments are evaluated, never differentiated."""
         # Segments are only evaluated (never differentiated), so the custom rule is not needed;
         # eager evaluation runs ``fun`` op by op too.
         del prim, jvp, symbolic_zeros
@@ -142,16 +146,19 @@ class RecordTrace(Trace):
             return fun.call_wrapped(*self._checked(tracers))
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, *, out_trees, symbolic_zeros):
+        """Record the function's own body: segments are evaluated, never differentiated."""
         del prim, fwd, bwd, out_trees, symbolic_zeros
         with set_current_trace(self):
             return fun.call_wrapped(*self._checked(tracers))
 
     def process_call(self, prim, f, tracers, params):
+        """Record a call's body inline, op by op, as eager evaluation runs it."""
         del prim, params
         with set_current_trace(self):
             return f.call_wrapped(*self._checked(tracers))
 
     def process_map(self, prim, f, tracers, params):
+        """Refuse ``jax.pmap`` inside a captured function, naming the alternatives."""
         raise MlsysError(
             f"capture: {prim.name} (jax.pmap) inside a captured function is not supported; use "
             "jax.shard_map inside it, or call the function eagerly")

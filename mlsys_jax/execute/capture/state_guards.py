@@ -131,6 +131,7 @@ def contents_of(obj):
 
 
 def same_contents(obj, then) -> bool:
+    """Whether a mutable container still holds what a cold run saw (``then``, as recorded)."""
     if isinstance(obj, np.ndarray):
         return _array_bytes(obj) == then
     if isinstance(obj, (list, collections.deque)):
@@ -171,6 +172,7 @@ class StateGuard:
             self.holder), "slot": lambda: read_slot(self.holder, self.key)}[self.kind]()
 
     def holds(self) -> bool:
+        """Whether the place still holds what the cold run saw (unreadable counts as changed)."""
         try:
             if self.kind == "contents":
                 return same_contents(self.holder, self.expected)

@@ -145,6 +145,7 @@ _VIEWS = {"vars": "__dict__", "type": "__class__"}
 
 
 def module_file(name) -> str | None:
+    """The file a loaded module came from, or None (built-in, not loaded)."""
     return getattr(sys.modules.get(name), "__file__", None)
 
 

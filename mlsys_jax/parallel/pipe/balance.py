@@ -105,6 +105,7 @@ def at_split_points(units: Units, names, stages: int) -> tuple[int, ...]:
 
 
 def check_stage_count(units: Units, stages: int) -> None:
+    """Refuse more pipeline stages than units to cut between, naming the units."""
     if len(units.units) < stages:
         raise MlsysError(f"pipe={stages} needs at least {stages} units to cut between, but the "
                          f"model has {len(units.units)} ({', '.join(u.name for u in units.units)}"

@@ -67,6 +67,7 @@ class FlatLayout:
         return {k: jax.ShapeDtypeStruct(lead + (n,), np.dtype(k)) for k, n in self.sizes.items()}
 
     def zeros(self, lead: tuple = ()) -> dict:
+        """One zero buffer per dtype, with ``lead`` axes in front (gradients' accumulators)."""
         return {k: jnp.zeros(lead + (n,), np.dtype(k)) for k, n in self.sizes.items()}
 
     def pack(self, values: Sequence) -> dict:
@@ -124,4 +125,5 @@ def stack_host(buffers: Sequence[dict]) -> dict:
 
 
 def add(a: dict, b: dict) -> dict:
+    """Add two per-dtype buffer dicts key by key."""
     return {k: a[k] + b[k] for k in a}

@@ -42,6 +42,7 @@ ALONG_ROWS = ELEMENTWISE | {"broadcast_in_dim", "reshape", "transpose", "squeeze
 
 
 def update_function(optimizer):
+    """The optimizer step as one function ``(grads, state, params) -> (params, state)``."""
     def update(grads, state, params):
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state

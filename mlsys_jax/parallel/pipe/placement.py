@@ -42,6 +42,7 @@ class StageLeaves:
         self.rep = FlatLayout([self.avals[i] for i in self.rep_leaves])
 
     def slice_aval(self, leaf, lo, hi):
+        """A leaf's abstract value cut to rows ``lo:hi`` (scalars kept whole)."""
         a = self.avals[leaf]
         return a.update(shape=_rows(a.shape, hi - lo)) if a.shape else a
 

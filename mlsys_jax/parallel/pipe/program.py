@@ -206,6 +206,7 @@ class PipelineProgram:
 
     # -- compile and run ----------------------------------------------------------------------
     def jitted(self):
+        """The pipeline's SPMD program, built once: the schedule's body under ``shard_map``, jitted."""
         if self._jitted is None:
             pipe, data = P("pipe"), P("data") if self.data else P()
             cols = tuple(P(None, "pipe") for _ in COLUMNS)
@@ -218,11 +219,14 @@ class PipelineProgram:
         return self._jitted
 
     def arguments(self, own, rep, state, batch):
+        """The program's arguments in order: owned and replicated parameters, optimizer state, the
+        batch, the action table's columns and the forward/backward activity masks."""
         fa = self.fwd_active if self.stages > 1 else np.zeros((self.schedule.steps, 1), np.int32)
         ba = self.bwd_active if self.stages > 1 else fa
         return (own, rep, state, list(batch), tuple(self.columns[k] for k in COLUMNS), fa, ba)
 
     def compile(self, own, rep, state, batch, options=None):
+        """Lower and compile the program for these arguments (nothing runs)."""
         return self.jitted().lower(*self.arguments(own, rep, state, batch)).compile(options)
 
 

@@ -49,6 +49,7 @@ class PipelineReport:
     notes: list = field(default_factory=list)
 
     def to_json(self) -> dict:
+        """The report as JSON data; bubble fractions as exact text and as floats."""
         out = asdict(self)
         for k in ("executed", "table", "formula"):
             frac = self.bubble[k]

@@ -75,6 +75,7 @@ class Split:
 
     @property
     def stages(self) -> int:
+        """The number of stages the loss was cut into."""
         return len(self.parts)
 
     def boundary_bytes(self, k: int) -> int:

@@ -22,6 +22,7 @@ from mlsys_jax.parallel.pipe.split import Split, run_part
 
 
 def is_float(aval) -> bool:
+    """Whether an abstract value is floating (carries a gradient)."""
     return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
@@ -37,14 +38,17 @@ class StageIO:
 
     @property
     def float_in(self) -> tuple:
+        """Positions of the stage's floating inputs (the ones a backward sends back)."""
         return tuple(i for i, a in enumerate(self.in_avals) if is_float(a))
 
     @property
     def float_out(self) -> tuple:
+        """Positions of the stage's floating outputs (the ones gradients arrive for)."""
         return tuple(i for i, a in enumerate(self.out_avals) if is_float(a))
 
 
 def stage_io(split: Split, s: int) -> StageIO:
+    """Stage ``s``'s inputs and outputs: the parameter leaves it reads and the values crossing its cuts."""
     jaxpr, part = split.closed.jaxpr, split.parts[s]
     index = {v: i for i, v in enumerate(jaxpr.invars[:split.n_params])}
     leaves = sorted(index[v] for v in set(part.whole_reads) | set(part.row_reads))

@@ -122,6 +122,7 @@ def stack_scans(jaxpr, n_params: int, live, names) -> dict[int, StackScan]:
 
 
 def common_prefix(lists) -> list:
+    """The longest prefix every list shares (module paths' common parent)."""
     lists = list(lists)
     if not lists:
         return []

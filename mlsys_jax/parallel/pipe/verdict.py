@@ -124,12 +124,14 @@ class PipelineVerdict:
         self.separable_steps: list[bool] = []
 
     def record(self, what: str, diffs, noise, bounds) -> None:
+        """Keep the worst difference-to-bound ratio seen so far for ``what``."""
         for d, n, b in zip(diffs, noise, bounds):
             ratio = d / b if b > 0 else (0.0 if d == 0 else float("inf"))
             if ratio >= self.worst[what]["ratio"]:
                 self.worst[what] = {"diff": d, "noise": n, "bound": b, "ratio": ratio}
 
     def within(self, what: str) -> bool:
+        """Whether every difference recorded for ``what`` stayed within its noise bound."""
         return self.worst[what]["ratio"] <= 1.0
 
 

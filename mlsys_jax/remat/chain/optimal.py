@@ -42,10 +42,12 @@ class ChainDP:
 
     @property
     def min_budget(self) -> int:
+        """The smallest memory budget that has any schedule (-1 if none up to the solved maximum)."""
         feasible = np.flatnonzero(np.isfinite(self.F[0, self.n]))
         return int(feasible[0]) if feasible.size else -1
 
     def forwards(self, budget: int) -> float:
+        """The fewest (cost-weighted) forwards achievable within ``budget``."""
         return float(self.F[0, self.n, min(budget, self.F.shape[2] - 1)])
 
     def schedule(self, budget: int) -> Schedule:

@@ -35,6 +35,7 @@ class Counts:
     checkpoints: int        # h's kept by the first forward sweep (segment starts, h_0 included)
 
     def extra_forwards(self, n: int) -> int:
+        """Forwards beyond the plain N of a store-all run (the recomputation's price)."""
         return self.layer_forwards - n
 
 
