@@ -70,9 +70,10 @@ def load_factory(target: str):
     return (loss_fn, params, batch), note
 
 
-def report(target: str, budget, repeats: int = 7, policies: bool = True, progress=None):
-    """Load the factory and call the library's one entry (``remat.planner.report.plan_report``);
-    the budget and ``repeats`` are checked before the factory runs."""
+def report(target: str, budget, *, repeats: int = 7, policies: bool = True, progress=None):
+    """Load the factory and call the library's one entry (``remat.planner.report.plan_report``,
+    which plans on shapes when the factory returned them); the budget and ``repeats`` are checked
+    before the factory runs."""
     from mlsys_jax.progress import SILENT
     from mlsys_jax.remat.planner.budget import parse_budget
     from mlsys_jax.remat.planner.report import plan_report
@@ -85,12 +86,6 @@ def report(target: str, budget, repeats: int = 7, policies: bool = True, progres
     loss, note = load_factory(target)
     if note:
         print(f"mlsys-jax remat: note: {note}", file=sys.stderr)
-    from mlsys_jax.ir.abstract import is_abstract
-
-    if is_abstract(loss[1:]):  # shapes only: plans compiled, none run (remat/planner/shapes.py)
-        from mlsys_jax.remat.planner.shapes import plan_on_shapes
-
-        return plan_on_shapes(*loss, wanted, policies=policies, progress=progress)
     return plan_report(*loss, wanted, repeats=repeats, policies=policies, progress=progress)
 
 
@@ -191,8 +186,9 @@ def main(args) -> int:
     progress = Progress("mlsys-jax remat", enabled=not args.quiet)
     try:
         with jax.enable_x64(False):               # the user's model runs under JAX's defaults
-            out = report(args.target, args.budget, args.repeats, not args.no_policies, progress)
-            on_shapes = not hasattr(out, "timelines")
+            out = report(args.target, args.budget, repeats=args.repeats,
+                         policies=not args.no_policies, progress=progress)
+            on_shapes = out.abstract
             if on_shapes and args.plot:
                 from mlsys_jax.cli.shapes import refuse_values
 

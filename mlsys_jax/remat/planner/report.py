@@ -4,7 +4,9 @@
 wants what the answer was chosen among — each compiled program's temp bytes and step time — and
 JAX's built-in policies compiled and timed in the same rounds. Doing that needs the frontier's
 steps in a different order (the policies join the plans' timing session), so it lives here, in
-the library, once: ``plan_report`` returns a ``PlanReport`` and callers only format it.
+the library, once: ``plan_report`` returns a ``PlanReport`` and callers only format it. On
+``ShapeDtypeStruct`` parameters and batch nothing can run, so the same call plans on shapes
+(``remat.planner.shapes``) and returns a ``ShapesPlanReport``; ``.abstract`` says which.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.remat.milp import Plan, plan_key
 from mlsys_jax.remat.planner.budget import Budget, parse_budget
 from mlsys_jax.remat.planner.frontier import Frontier
+from mlsys_jax.remat.planner.shapes import ShapesPlanReport, plan_on_shapes
 
 # the keys of ``PlanReport.to_dict`` (``mlsys-jax remat --json``), in order
 JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
@@ -34,6 +37,7 @@ class CompiledProgram:
 class PlanReport:
     """The chosen plan at a budget, what it was chosen among, and JAX's policies beside it."""
 
+    abstract = False                # planned on arrays: timed and checked (not a field)
     budget: Budget                  # as the user said it
     budget_bytes: int               # compiled temp bytes the plan had to fit (the least: its own)
     plan: Plan                      # the answer, with its compiled figures
@@ -69,14 +73,19 @@ class PlanReport:
 
 
 def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: bool = True,
-                progress: Progress = SILENT) -> PlanReport:
+                progress: Progress = SILENT) -> PlanReport | ShapesPlanReport:
     """Plan ``jax.grad(loss_fn)`` at ``budget`` (as ``Frontier.plan``), time the plans that fit
-    beside no remat and, with ``policies``, JAX's built-in policies in the same rounds."""
+    beside no remat and, with ``policies``, JAX's built-in policies in the same rounds. On
+    shapes (``ir.abstract.is_abstract``) nothing runs: ``planner.shapes.plan_on_shapes``."""
+    from mlsys_jax.ir.abstract import is_abstract
     from mlsys_jax.remat.planner.policies import compare_policies, policy_programs
 
     if not isinstance(repeats, int) or repeats < 1:
         raise MlsysError(f"--repeats must be a positive int, got {repeats!r}")
     wanted = parse_budget(budget)                      # a bad budget fails before any work
+    if is_abstract((params, batch)):
+        return plan_on_shapes(loss_fn, params, batch, wanted, policies=policies,
+                              progress=progress)
     fr = Frontier(loss_fn, params, batch, repeats=repeats, progress=progress)
     nbytes = wanted.bytes_of(fr.no_remat.compiled_temp_bytes)
     if nbytes is None:

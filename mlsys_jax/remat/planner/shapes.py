@@ -27,6 +27,7 @@ PREDICTION = "compute-bound: XLA's compiled FLOPs over no remat's"
 class ShapesPlanReport:
     """The plan chosen on shapes, the plans it was chosen among, and JAX's policies compiled."""
 
+    abstract = True          # planned on shapes: compiled, nothing run (not a field)
     budget: Budget
     budget_bytes: int
     plan: Plan
