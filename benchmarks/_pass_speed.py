@@ -49,14 +49,15 @@ def structural_vs_jax_dce(generated_program, quick: bool) -> tuple[dict, list]:
 def fuzz_rate(quick: bool) -> tuple[dict, list]:
     """The fuzzer's CI tier: programs per second, and the share of its CPU time the passes take."""
     from mlsys_jax.fuzz.program import build
-    from mlsys_jax.fuzz.campaign import run_campaign
+    from mlsys_jax.fuzz.campaign import CampaignOptions, run_campaign
     from mlsys_jax.fuzz.judge import apply_pass
     from mlsys_jax.fuzz.spec import generate_seeded, program_seed
     from mlsys_jax.passes import registry
 
     programs = 6 if quick else 30
     t0, c0 = time.perf_counter(), time.process_time()  # the CI tier's settings, one process
-    s = run_campaign(programs, 0, gradient_every=2, system_every=100, shrink_failures=False)
+    s = run_campaign(programs, 0, options=CampaignOptions(gradient_every=2, system_every=100,
+                                                          shrink_failures=False))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     passes = registry.instantiate()
     c0 = time.process_time()  # the same programs, passes only, verified as the campaign runs them

@@ -63,22 +63,47 @@ class Summary:
 PROGRESS_EVERY = 500  # programs a stage line of progress covers
 
 
-def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
-                 time_budget: float | None = None,
-                 out_dir: str | None = None, gradient_every: int = 1, knobs: Knobs | None = None,
-                 stop_at_first_failure: bool = False, shrink_failures: bool = True,
-                 system_every: int = 50, first: int = 0, fixpoint_every: int = 5,
-                 validate: bool = True, progress=None) -> Summary:
-    """Generate ``programs`` random programs and run every pass on each (see module doc).
-
-    Programs are numbered from ``first`` (to split one campaign over processes). Every
-    ``system_every``-th program also runs one random remat case and one data-parallel
-    step against their oracles (:mod:`mlsys_jax.fuzz.systems`); 0 turns that off. Every
-    ``fixpoint_every``-th program also repeats every pass and pipeline to a fixpoint
-    (``judge.fixpoints``; 0: never). ``validate``: the passes run with translation validation,
+@dataclass(frozen=True, kw_only=True)
+class CampaignOptions:
+    """A campaign's settings. ``time_budget``: seconds, then it stops; ``out_dir``: where shrunk
+    reproducers are saved (None: not saved); ``gradient_every``: every k-th program also checks
+    gradients; ``knobs``: the generator's; ``stop_at_first_failure``; ``shrink_failures``;
+    ``system_every``: every k-th program also runs one random remat case and one data-parallel
+    step against their oracles (:mod:`mlsys_jax.fuzz.systems`; 0 turns that off);
+    ``fixpoint_every``: every k-th program also repeats every pass and pipeline to a fixpoint
+    (``judge.fixpoints``; 0: never); ``validate``: the passes run with translation validation,
     as users run them; the rewrites it refuses are listed (a correct rule proposes none but
-    those its own dtype cannot hold). ``progress`` (a ``progress.Progress``): a stage line every
-    ``PROGRESS_EVERY`` programs, each program as an item."""
+    those its own dtype cannot hold).
+
+    >>> CampaignOptions(system_every=0).gradient_every
+    1
+    """
+
+    time_budget: float | None = None
+    out_dir: str | None = None
+    gradient_every: int = 1
+    knobs: Knobs | None = None
+    stop_at_first_failure: bool = False
+    shrink_failures: bool = True
+    system_every: int = 50
+    fixpoint_every: int = 5
+    validate: bool = True
+
+
+DEFAULTS = CampaignOptions()
+
+
+def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
+                 options: CampaignOptions = DEFAULTS, first: int = 0, progress=None) -> Summary:
+    """Generate ``programs`` random programs and run every pass on each (see module doc), with
+    ``options`` (:class:`CampaignOptions`).
+
+    Programs are numbered from ``first`` (to split one campaign over processes). ``progress``
+    (a ``progress.Progress``): a stage line every ``PROGRESS_EVERY`` programs, each program as
+    an item."""
+    o = options
+    time_budget, gradient_every, system_every = o.time_budget, o.gradient_every, o.system_every
+    fixpoint_every, out_dir = o.fixpoint_every, o.out_dir
     if not isinstance(programs, int) or programs < 1:
         raise MlsysError(f"fuzz: --programs must be a positive integer, got {programs!r}")
     if time_budget is not None and time_budget <= 0:
@@ -99,10 +124,10 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
         pseed = program_seed(seed, i)
         if system_every and i % system_every == 0:
             _system_cases(s, pseed)
-        spec = generate_seeded(pseed, knobs)
+        spec = generate_seeded(pseed, o.knobs)
         probe = bool(fixpoint_every) and i % fixpoint_every == 0
         out = check_program(spec, passes, pseed, gradients=(i % max(gradient_every, 1) == 0),
-                            validate=validate, fixpoint=probe)
+                            validate=o.validate, fixpoint=probe)
         s.programs += 1
         if out.rejected:
             s.rejected += 1
@@ -125,9 +150,9 @@ def run_campaign(programs: int = 300, seed: int = 0, passes=None, *,
             s.failures.append(f)
             if out_dir is not None and f.spec is not None and f.signature not in seen:
                 seen.add(f.signature)  # one reproducer per distinct failure
-                small = shrink(f, passes) if shrink_failures else f
+                small = shrink(f, passes) if o.shrink_failures else f
                 s.reproducers.append(save_reproducer(small, out_dir))
-        if out.failures and stop_at_first_failure:
+        if out.failures and o.stop_at_first_failure:
             break
     s.seconds = time.perf_counter() - t0
     return s
@@ -177,14 +202,15 @@ def combine(parts: list) -> dict:
 
 
 def _part(args) -> dict:
-    first, n, seed, kwargs, devices = args
+    first, n, seed, options, devices = args
     from mlsys_jax import runtime
 
     runtime.configure(devices=devices, x64=True)  # a fresh (spawned) process: before JAX starts
-    return run_campaign(n, seed, first=first, **kwargs).as_dict()
+    return run_campaign(n, seed, options=options, first=first).as_dict()
 
 
-def run_split(programs: int, seed: int = 0, workers: int = 2, **kwargs) -> dict:
+def run_split(programs: int, seed: int = 0, workers: int = 2, *,
+              options: CampaignOptions = DEFAULTS) -> dict:
     """The same campaign as ``run_campaign(programs, seed)``, split over ``workers`` processes
     (programs are seeded by index, so the union is identical); returns the combined summary."""
     import concurrent.futures
@@ -193,9 +219,9 @@ def run_split(programs: int, seed: int = 0, workers: int = 2, **kwargs) -> dict:
     import jax
 
     if workers <= 1:
-        return run_campaign(programs, seed, **kwargs).as_dict()
+        return run_campaign(programs, seed, options=options).as_dict()
     bounds = [programs * k // workers for k in range(workers + 1)]
-    jobs = [(lo, hi - lo, seed, kwargs, jax.device_count()) for lo, hi in zip(bounds, bounds[1:])]
+    jobs = [(lo, hi - lo, seed, options, jax.device_count()) for lo, hi in zip(bounds, bounds[1:])]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         return combine(list(pool.map(_part, jobs)))

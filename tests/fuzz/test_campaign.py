@@ -8,7 +8,7 @@ campaign probes every program.)
 """
 import pytest
 
-from mlsys_jax.fuzz.campaign import run_split
+from mlsys_jax.fuzz.campaign import CampaignOptions, run_split
 from mlsys_jax.passes.registry import NAMES
 
 pytestmark = pytest.mark.campaign
@@ -21,7 +21,8 @@ def summary():
     # one process: the suite's own workers already fill the CI cores. Programs are seeded by
     # index, so this is the campaign ``mlsys-jax fuzz --programs 60 --seed 0`` runs (which
     # probes every gradient); the remat and data-parallel oracles see every 20th program.
-    return run_split(PROGRAMS, SEED, workers=1, gradient_every=2, system_every=20)
+    return run_split(PROGRAMS, SEED, workers=1,
+                     options=CampaignOptions(gradient_every=2, system_every=20))
 
 
 def test_campaign_size_and_validity(summary):

@@ -11,7 +11,7 @@ import pytest
 from mlsys_jax import passes
 from mlsys_jax.fuzz import Spec, generate_seeded, oracles, program_seed
 from mlsys_jax.fuzz.program import build, make_inputs
-from mlsys_jax.fuzz.campaign import run_campaign
+from mlsys_jax.fuzz.campaign import CampaignOptions, run_campaign
 from mlsys_jax.fuzz.judge import check_program, finite_inputs_only
 from mlsys_jax.fuzz.mutants import MUTANTS
 from mlsys_jax.fuzz.spec import Knobs, all_ops
@@ -140,7 +140,8 @@ def test_an_integer_division_folded_into_a_conv_is_caught():
     assert "not bitwise equal" in out.failures[0].message
     knobs = Knobs(integer=1.0, boolean=0.0, image=1.0, conv_motifs=1.0, wrapper=0.0)
     # stops at the first failure: at seed 4 that is program 16 (of up to 30)
-    s = run_campaign(30, 4, broken, knobs=knobs, system_every=0, gradient_every=0,
-                     stop_at_first_failure=True, shrink_failures=False)
+    s = run_campaign(30, 4, broken, options=CampaignOptions(
+        knobs=knobs, system_every=0, gradient_every=0, stop_at_first_failure=True,
+        shrink_failures=False))
     assert s.mismatches >= 1 and s.failures[0].pass_name == "fold_conv_bn", s.as_dict()
     assert "not bitwise equal" in s.failures[0].message

@@ -37,7 +37,7 @@ def _check_args(args) -> None:
 def main(args) -> int:
     """Run the campaign; print a table or one JSON object; exit 1 if anything failed."""
     from mlsys_jax import runtime
-    from mlsys_jax.fuzz.campaign import run_campaign
+    from mlsys_jax.fuzz.campaign import CampaignOptions, run_campaign
     from mlsys_jax.fuzz.mutants import mutation_score
     from mlsys_jax.passes import registry
 
@@ -57,8 +57,8 @@ def main(args) -> int:
     passes = registry.instantiate(args.passes, "fuzz --passes")
     # failures are shrunk and saved as pytest files (created only when something fails)
     progress = Progress("mlsys-jax fuzz")
-    s = run_campaign(args.programs, args.seed, passes, time_budget=args.time_budget,
-                     out_dir=args.out or DEFAULT_OUT, progress=progress)
+    options = CampaignOptions(time_budget=args.time_budget, out_dir=args.out or DEFAULT_OUT)
+    s = run_campaign(args.programs, args.seed, passes, options=options, progress=progress)
     progress.done()
     d = s.as_dict()
     if args.json:
