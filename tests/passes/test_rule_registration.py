@@ -4,7 +4,7 @@ exported from ``mlsys_jax.passes``, drawn by the fuzzer (its motif makes it fire
 import pytest
 
 from mlsys_jax import passes
-from mlsys_jax.fuzz.campaign import run_campaign
+from mlsys_jax.fuzz.campaign import CampaignOptions, run_campaign
 from mlsys_jax.fuzz.mutants import MUTANTS
 from mlsys_jax.fuzz.spec import Knobs
 from mlsys_jax.passes import registry, rules
@@ -34,8 +34,8 @@ def test_every_rule_has_a_motif_and_a_mutant_beside_it(name):
 def test_the_fuzzer_makes_every_rule_fire(name):
     rule = registry.PASSES[name].rule
     image = 0.0 if rule.motif_layouts == ("dense",) else 1.0
-    summary = run_campaign(12, 0, [name], knobs=Knobs(image=image, integer=0.0),
-                           system_every=0, gradient_every=0, fixpoint_every=0,
-                           shrink_failures=False)
+    options = CampaignOptions(knobs=Knobs(image=image, integer=0.0), system_every=0,
+                              gradient_every=0, fixpoint_every=0, shrink_failures=False)
+    summary = run_campaign(12, 0, [name], options=options)
     assert summary.per_pass[name]["fired"] > 0, f"{name} never fired on 12 programs"
     assert not summary.failures
