@@ -39,9 +39,8 @@ def test_inspect_only_factories_run_jitted_in_float32(name):
 def test_llama_factories_count_their_parameters_and_the_8b_one_allocates_nothing():
     import flax_llama as L
 
-    loss_fn, params, batch = L.loss_tiny()
+    _, params, _ = L.loss_tiny()  # its loss runs in tests/ecosystem/test_shapes.py
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == L.parameter_count(L.TINY)
-    assert bool(jnp.isfinite(jax.jit(loss_fn)(params, batch)))
     _, params, batch, _ = L.train_8b()  # shapes only: a real 8B init would need 32 GB
     leaves = jax.tree_util.tree_leaves((params, batch))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)

@@ -42,7 +42,7 @@ def test_the_text_says_shapes_first_and_prints_xla_beside_ours(capsys):
 
 @pytest.mark.slow
 def test_shard_on_shapes_equals_the_run_on_arrays(capsys):
-    args = ["--mesh", "data=4", "--zero", "3", "--json"]
+    args = ["--mesh", "data=2", "--zero", "3", "--quick-compile", "--json"]
     _, on_arrays, _ = run(capsys, "shard", f"{LLAMA}:train_tiny", "--steps", "1", *args)
     code, on_shapes, _ = run(capsys, "shard", f"{LLAMA}:train_tiny", "--abstract", *args)
     arrays, shapes = json.loads(on_arrays), json.loads(on_shapes)
