@@ -17,7 +17,7 @@ from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.remat.milp import Plan, plan_key
 from mlsys_jax.remat.planner.budget import Budget, parse_budget
 from mlsys_jax.remat.planner.frontier import Frontier
-from mlsys_jax.remat.planner.shapes import ShapesPlanReport, plan_on_shapes
+from mlsys_jax.remat.planner.shapes import ShapesPlanReport, json_figures, plan_on_shapes
 
 # the keys of ``PlanReport.to_dict`` (``mlsys-jax remat --json``), in order
 JSON_KEYS = ("budget_bytes", "predicted_peak_bytes", "compiled_temp_bytes", "compiled_flops",
@@ -61,15 +61,9 @@ class PlanReport:
 
     def to_dict(self) -> dict:
         """The ``JSON_KEYS`` figures (the command's ``--json``)."""
-        p = self.plan
-        return {"budget_bytes": self.budget_bytes,
-                "predicted_peak_bytes": p.predicted_peak_bytes,
-                "compiled_temp_bytes": p.compiled_temp_bytes,
-                "compiled_flops": p.compiled_flops,
-                "step_time_ratio": self.step_time_ratio,
-                "grads_max_abs_diff": self.grads_max_abs_diff,
-                "saved": list(p.saved), "recomputed": list(p.recomputed),
-                "policies": self.versus["policies"], "abstract": False}
+        return json_figures(self.budget_bytes, self.plan, step_time_ratio=self.step_time_ratio,
+                            grads_max_abs_diff=self.grads_max_abs_diff,
+                            policies=self.versus["policies"], abstract=False)
 
 
 def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: bool = True,

@@ -43,14 +43,8 @@ class ShapesPlanReport:
 
     def to_dict(self) -> dict:
         """``remat --json`` on shapes: the keys of a run on arrays (their measured ones None)."""
-        p = self.plan
-        return {"budget_bytes": self.budget_bytes,
-                "predicted_peak_bytes": p.predicted_peak_bytes,
-                "compiled_temp_bytes": p.compiled_temp_bytes,
-                "compiled_flops": p.compiled_flops,
-                "step_time_ratio": None, "grads_max_abs_diff": None,
-                "saved": list(p.saved), "recomputed": list(p.recomputed),
-                "policies": self.policies, "abstract": True,
+        return {**json_figures(self.budget_bytes, self.plan, step_time_ratio=None,
+                               grads_max_abs_diff=None, policies=self.policies, abstract=True),
                 "predicted_step_time_ratio": self.predicted_step_time_ratio,
                 "predicted_as": PREDICTION,
                 "frontier": [{"label": self.labels[plan_key(q)],
@@ -58,6 +52,17 @@ class ShapesPlanReport:
                               "compiled_flops": q.compiled_flops,
                               "predicted_step_time_ratio": self.predicted.get(
                                   self.labels[plan_key(q)])} for q in self.compiled]}
+
+
+def json_figures(budget_bytes: int, p: Plan, **measured) -> dict:
+    """``JSON_KEYS`` of a plan at a budget; ``measured`` gives the figures a run measured (step
+    time, gradients' |Δ|, policies) and ``abstract``, in that order."""
+    return {"budget_bytes": budget_bytes, "predicted_peak_bytes": p.predicted_peak_bytes,
+            "compiled_temp_bytes": p.compiled_temp_bytes, "compiled_flops": p.compiled_flops,
+            "step_time_ratio": measured["step_time_ratio"],
+            "grads_max_abs_diff": measured["grads_max_abs_diff"],
+            "saved": list(p.saved), "recomputed": list(p.recomputed),
+            "policies": measured["policies"], "abstract": measured["abstract"]}
 
 
 def plan_on_shapes(loss_fn, params, batch, budget, *, policies: bool = True,
