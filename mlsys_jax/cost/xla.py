@@ -43,11 +43,16 @@ def _lowered(closed: ClosedJaxpr):
     return jax.jit(jaxpr_as_fun(closed)).lower(*_abstract_args(closed.jaxpr))
 
 
-def _flops(lowered_or_compiled) -> float:
+def _analysis(lowered_or_compiled) -> dict:
+    """``cost_analysis()`` as one dict (older JAX: a list of one dict per program)."""
     analysis = lowered_or_compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+    if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
-    return float((analysis or {}).get("flops", 0.0))
+    return analysis or {}
+
+
+def _flops(lowered_or_compiled) -> float:
+    return float(_analysis(lowered_or_compiled).get("flops", 0.0))
 
 
 def _scans(jaxpr):
@@ -79,9 +84,7 @@ def xla_figures(closed: ClosedJaxpr, compiled=None) -> XlaFigures:
     """Compile ``closed`` on its avals (or take ``compiled``, the same program compiled with its
     shardings) and read XLA's figures. Nothing of the arguments' size is allocated."""
     compiled = compiled if compiled is not None else _lowered(closed).compile()
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else {}
+    analysis = _analysis(compiled)
     memory = compiled.memory_analysis()
     return XlaFigures(
         xla_flops=xla_flops_per_trip(closed, float(analysis.get("flops", 0.0))),

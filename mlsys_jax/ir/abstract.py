@@ -47,11 +47,8 @@ def run_abstract(factory: Callable[[], Any]) -> Any:
 
     try:
         structs = iter(jax.eval_shape(arrays_of_factory))
-    except jax.errors.ConcretizationTypeError as e:
-        raise _needs_values(e) from e
-    except jax.errors.TracerArrayConversionError as e:
-        raise _needs_values(e) from e
-    except jax.errors.TracerIntegerConversionError as e:
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+            jax.errors.TracerIntegerConversionError) as e:
         raise _needs_values(e) from e
     leaves = [next(structs) if _is_array(x) else x for x in kept["leaves"]]
     return jax.tree_util.tree_unflatten(kept["treedef"], leaves)
@@ -66,14 +63,14 @@ def _needs_values(e: Exception) -> MlsysError:
 
 
 def _user_line(e: BaseException) -> str:
-    """``file.py:LINE`` of the innermost frame outside JAX, NumPy and mlsys_jax, or ''."""
+    """``file.py:LINE`` of the innermost frame of ``e``'s traceback that is the user's (outside
+    installed libraries and mlsys_jax: ``provenance``'s rule for an equation's line), or ''."""
     import traceback
 
-    frames = traceback.extract_tb(e.__traceback__)
-    skip = ("/jax/", "/jaxlib/", "/numpy/", "/mlsys_jax/", "/flax/", "/equinox/", "/haiku/",
-            "/keras/", "<frozen")
-    user = [f for f in frames if not any(s in f.filename for s in skip)]
-    return f"{user[-1].filename.rsplit('/', 1)[-1]}:{user[-1].lineno}" if user else ""
+    from mlsys_jax.ir.provenance import lines_of
+
+    frames = reversed(traceback.extract_tb(e.__traceback__))  # innermost first
+    return lines_of((f.filename, f.lineno) for f in frames)[0] or ""
 
 
 def is_abstract(tree) -> bool:

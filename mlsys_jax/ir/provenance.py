@@ -116,10 +116,17 @@ def user_line(eqn) -> str:
 
 def _lines(eqn) -> tuple:
     """(the user's line or None, a library's line or None)."""
+    return lines_of((file, line) for file, line, _ in source_frames(eqn.source_info))
+
+
+def lines_of(frames) -> tuple:
+    """(the user's line or None, a library's line or None) of ``frames``, ``(file, line)`` pairs
+    innermost first: the first outside installed libraries and mlsys_jax, and the first outside
+    mlsys_jax (``<frozen ...>`` and other pseudo-files are neither)."""
     library = None
-    for file, line, _ in source_frames(eqn.source_info):
+    for file, line in frames:
         path = os.path.realpath(file)
-        if path.startswith(_OURS):
+        if path.startswith(_OURS) or file.startswith("<"):
             continue
         here = f"{os.path.basename(file)}:{line}"
         if not path.startswith(_LIBRARIES):

@@ -152,20 +152,6 @@ def computation_trips(hlo: str) -> dict[str, tuple[int, bool]]:
     return trips
 
 
-def by_kind(colls: list[Collective]) -> list[dict]:
-    """Collectives per call, by kind: how many run, the bytes of their results and the bytes one
-    device sends in a ring (each counted as often as its loops run it)."""
-    out = []
-    for kind in KINDS:
-        mine = [c for c in colls if c.kind == kind]
-        if mine:
-            out.append({"kind": kind, "count": sum(c.trips for c in mine),
-                        "bytes": sum(c.trips * c.result_bytes for c in mine),
-                        "ring_bytes": sum(c.trips * c.ring_bytes for c in mine),
-                        "trips_known": all(c.trips_known for c in mine)})
-    return out
-
-
 def collective_counts(hlo: str) -> Counter:
     """How many collectives of each kind the compiled HLO holds."""
     return Counter(c.kind for c in collectives(hlo))

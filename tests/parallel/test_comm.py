@@ -84,9 +84,12 @@ def test_a_collective_in_a_scanned_layer_runs_once_per_layer():
     hlo = jax.jit(loss).lower(w, x).compile().as_text()
     gathers = [c for c in comm.collectives(hlo) if c.kind == "all-gather"]
     assert gathers and all(c.trips == layers and c.trips_known for c in gathers)
-    row = {r["kind"]: r for r in comm.by_kind(comm.collectives(hlo))}["all-gather"]
+    # what shard's table reads: per step, each gather once per layer
+    from mlsys_jax.parallel.shard.collectives import by_axis
+
+    row = by_axis(hlo, mesh)[("all-gather", "data")]
     assert row["count"] == layers * len(gathers)
-    assert row["bytes"] == layers * sum(c.result_bytes for c in gathers)
+    assert row["payload_bytes"] == layers * sum(c.result_bytes - c.scalar_bytes for c in gathers)
 
 
 def test_trips_follow_nested_loops_and_unknown_counts_are_flagged():

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.shard import collectives, report, step
 from mlsys_jax.parallel.shard.inputs import display_path
 from mlsys_jax.parallel.shard.layout import per_device
@@ -60,11 +61,12 @@ def compile_on_shapes(loss_fn: Callable, params, batch, optimizer, mesh_shape: d
     compiled = step.compile_sharded(setup, setup.loss, options, donate=True)
     compile_s = time.perf_counter() - t0
     say("reading the compiled step's bytes and collectives")
+    hlo = compiled.as_text()
     formulas = collectives.formulas(setup.loss, setup.trainable, setup.batch, lay)
     split = setup.split
     out = ShapesReport(
         mesh=dict(lay.mesh.shape), zero=lay.stage, per_device=per_device(lay, compiled),
-        collectives=collectives.table(lay, compiled.as_text(), formulas),
+        collectives=collectives.table(lay, hlo, formulas),
         compile_s=compile_s,
         tensor_parallel=report.tensor_parallel(split, int(lay.mesh.shape.get("model", 1))),
         rules=[list(r) for r in split.rules], rules_derived=split.source == "derived",
@@ -74,16 +76,10 @@ def compile_on_shapes(loss_fn: Callable, params, batch, optimizer, mesh_shape: d
                     else formulas["forward_all_reduces"])
         out.forward_all_reduces, _ = collectives.forward_all_reduces(
             setup.loss, setup.trainable, setup.batch, lay, megatron, options)
-    if any(not c.trips_known for c in _collectives_of(compiled)):
+    if any(not c.trips_known for c in comm.collectives(hlo)):
         out.notes.append("a collective sits in a while loop whose trip count XLA does not know: "
                          "it is counted once per step")
     out.notes.append("shapes only, not executed: XLA's figures for the compiled step; temp bytes "
                      "are XLA:CPU's (another backend fuses and schedules otherwise), argument and "
                      "output bytes depend only on the layout")
     return out
-
-
-def _collectives_of(compiled):
-    from mlsys_jax.parallel import comm
-
-    return comm.collectives(compiled.as_text())

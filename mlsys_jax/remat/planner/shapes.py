@@ -74,11 +74,12 @@ def plan_on_shapes(loss_fn, params, batch, budget, *, policies: bool = True,
     wanted = parse_budget(budget)                      # a bad budget fails before any work
     fr = Frontier(loss_fn, params, batch, repeats=1, progress=progress)
     nbytes = wanted.bytes_of(fr.no_remat.compiled_temp_bytes)
-    if nbytes is None:
+    if nbytes is None:              # min: the least-peak plans, compiled; the least of them fits
         fr.compile_least()
         nbytes = fr.min_budget_bytes
-    fitting = fr.fitting(nbytes) if nbytes >= fr.no_remat.compiled_temp_bytes else \
-        [p for p in fr.search(nbytes) if p.compiled_temp_bytes <= nbytes]
+        fitting = fr.fitting(nbytes)
+    else:
+        fitting = fr.search(nbytes)     # the plans compiled that fit (no remat, if it does)
     if not fitting:
         raise fr.refusal(nbytes)
     base = fr.no_remat.compiled_flops
