@@ -7,7 +7,9 @@ Checks, as figures: parameters equal the analytic count; our FLOPs over XLA's (s
 trip on both sides); the command's wall over the plain process's; ZeRO-3 over 64 devices holds
 12Ψ/64 of parameters and Adam state and 4Ψ/64 of gradients per device (float32), and XLA's
 argument bytes equal those of a plain program that splits every parameter 64 ways; on
-``data=8,model=8`` the command's own state accounting beside XLA's argument bytes.
+``data=8,model=8`` the command's own state accounting beside XLA's argument bytes; ``remat
+--budget 50%`` on the 8B model whose blocks are not checkpointed: a plan under the budget by
+compiled temp bytes, its wall over the plain build+compile of the gradient.
 """
 from __future__ import annotations
 
@@ -44,6 +46,15 @@ _PLAIN_GRAD = ("import sys, importlib.util, jax\n"
                "    return f(jax.tree.unflatten(tree, full), *rest).sum()\n"
                "c = jax.jit(jax.grad(loss)).lower([leaves[i] for i in diff], *args[1:]).compile()\n"
                "print(c.cost_analysis()['flops'])\n")
+
+# the plain build+compile of a loss's gradient, what `remat` starts from: import the example,
+# build its abstract (loss_fn, params, batch), compile jax.grad w.r.t. params (argv: file, factory)
+_PLAIN_LOSS_GRAD = ("import sys, importlib.util, jax\n"
+                    "spec = importlib.util.spec_from_file_location('m', sys.argv[1])\n"
+                    "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+                    "loss_fn, params, batch = getattr(m, sys.argv[2])()[:3]\n"
+                    "c = jax.jit(jax.grad(loss_fn)).lower(params, batch).compile()\n"
+                    "print(c.memory_analysis().temp_size_in_bytes)\n")
 
 # the plain FSDP step: every parameter and Adam leaf split 64 ways on its first dimension that
 # 64 divides, the batch over data; argument bytes per device (argv: file, factory, devices)
@@ -106,6 +117,20 @@ def _shard(factory: str, mesh: str, devices: int) -> tuple[dict, dict]:
     return json.loads(run["stdout"]), run
 
 
+def _remat(factory: str) -> dict:
+    """``remat --budget 50%`` on the 8B loss whose blocks are not checkpointed, beside the plain
+    build+compile of its gradient."""
+    plain = _timed([sys.executable, "-c", _PLAIN_LOSS_GRAD, LLAMA, factory])
+    ours = _timed(_cli("remat", f"{LLAMA}:{factory}", "--budget", "50%", "--json"))
+    plan = json.loads(ours["stdout"])
+    return {"plan_temp_over_plain_temp_ratio": plan["compiled_temp_bytes"] / int(plain["stdout"]),
+            "plan_under_budget": int(plan["compiled_temp_bytes"] <= plan["budget_bytes"]),
+            "predicted_step_time_ratio": plan["predicted_step_time_ratio"],
+            "wall_over_plain_ratio": ours["wall_s"] / plain["wall_s"],
+            "wall_s": ours["wall_s"], "plain_wall_s": plain["wall_s"],
+            "peak_rss_gb": ours["rss_bytes"] / 1e9}
+
+
 def _gpt2_equal() -> dict:
     """GPT-2 small on arrays and under --abstract: 1 where every figure is equal."""
     gpt2 = "examples/flax_gpt2.py"
@@ -143,6 +168,7 @@ def run(quick: bool = False) -> dict:
         "xla_argument_over_plain_fsdp_ratio": d["xla_argument_bytes"] / int(plain["stdout"]),
         "wall_s": run64["wall_s"], "peak_rss_gb": run64["rss_bytes"] / 1e9,
         "collective_kinds": len([r for r in fsdp["collectives"] if r["count"]])}
+    figures["llama8b_remat_50pct"] = _remat("loss_8b_no_remat")
     if not quick:
         tp, run88 = _shard("train_8b", "data=8,model=8", 64)
         d = tp["per_device"]
@@ -159,6 +185,8 @@ def run(quick: bool = False) -> dict:
              f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters",
              "each command is a process of its own beside a plain JAX process that builds the "
              "abstract model and compiles the same gradient (inspect) or an FSDP step splitting "
-             "every leaf 64 ways (shard); peak RSS of each process alone",
+             "every leaf 64 ways (shard), or compiles the loss's gradient (remat, on the 8B "
+             "model whose blocks are not checkpointed: the plan's temp bytes are over that "
+             "gradient's); peak RSS of each process alone",
              f"this machine: {os.cpu_count()} cores"]
     return {"figures": figures, "notes": notes}

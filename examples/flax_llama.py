@@ -14,7 +14,7 @@ The ``*_tiny`` factories build the same code with real arrays at a size the test
     mlsys-jax inspect examples/flax_llama.py:inspect_tiny --grad
     mlsys-jax shard examples/flax_llama.py:train_tiny --mesh data=4 --zero 3
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import flax.linen as nn
 import jax
@@ -33,6 +33,7 @@ class Config:
     seq: int
     batch: int
     rope_theta: float = 500_000.0
+    remat_blocks: bool = True       # nn.remat around each block, as large flax models do
 
     @property
     def head_dim(self) -> int:
@@ -41,6 +42,7 @@ class Config:
 
 LLAMA_8B = Config(layers=32, d_model=4096, heads=32, kv_heads=8, hidden=14336, vocab=128256,
                   seq=2048, batch=64)
+LLAMA_8B_NO_REMAT = replace(LLAMA_8B, remat_blocks=False)   # for `remat` to plan
 TINY = Config(layers=2, d_model=64, heads=4, kv_heads=2, hidden=128, vocab=256, seq=16, batch=4)
 
 
@@ -109,7 +111,8 @@ class Llama(nn.Module):
     def __call__(self, tokens):
         c = self.config
         x = nn.Embed(c.vocab, c.d_model, name="embed")(tokens)
-        stack = nn.scan(nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True},
+        block = nn.remat(Block) if c.remat_blocks else Block
+        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                         length=c.layers)
         x, _ = stack(c, name="layers")(x, None)
         return nn.Dense(c.vocab, use_bias=False, name="lm_head")(RMSNorm(name="norm")(x))
@@ -187,3 +190,12 @@ def loss_8b():
 
 def train_8b():
     return train(LLAMA_8B, abstract=True)
+
+
+def loss_8b_no_remat():
+    """The 8B loss with its blocks not checkpointed: what ``remat`` plans for."""
+    return loss(LLAMA_8B_NO_REMAT, abstract=True)
+
+
+def loss_tiny_no_remat():
+    return loss(replace(TINY, remat_blocks=False))

@@ -172,8 +172,11 @@ class Plan:
     #                                    "backward"; None: not pinned (two_stage's names policy)
     budget_bytes: int | None = None    # the user's budget, XLA temp bytes, that a Frontier met
     min_budget_bytes: int | None = None  # the least compiled temp bytes a Frontier found
+    scan_policy: str | None = None     # a plan that checkpoints scan bodies under this policy
+    #                                    (planner.scan_bodies; ``recomputed``: those scans)
 
 
 def plan_key(p: Plan) -> tuple:
-    """What makes two plans the same program: segments, saved and recomputed values, the pin."""
-    return p.segments, p.saved, p.recomputed, p.pin
+    """What makes two plans the same program: segments, saved and recomputed values, the pin
+    (and the policy of checkpointed scan bodies)."""
+    return p.segments, p.saved, p.recomputed, p.pin, p.scan_policy

@@ -102,6 +102,19 @@ def _ratio_text(out, p) -> str:
     return "not timed" if r is None else f"{r.median:.4g} [{r.low:.4g}–{r.high:.4g}]"
 
 
+def describe(p) -> str:
+    """The chosen plan in one line: no remat, scan bodies checkpointed, or the MILP's plan."""
+    if not p.recomputed:
+        return "no remat: the budget fits the user's own gradient"
+    if p.scan_policy:
+        return (f"{len(p.recomputed)} scan(s) with every trip's body checkpointed, "
+                f"{p.method} (the backward recomputes one trip at a time)")
+    return (f"{len(p.segments)} segment(s), {len(p.saved)} saved, {len(p.recomputed)} recomputed "
+            f"({p.recompute_flops} FLOPs predicted); {p.method}, optimality gap "
+            f"{p.optimality_gap:.2%}; pinned (kept from XLA's CSE): "
+            f"{'the whole segment backward' if p.pin == 'backward' else 'the recomputation'}")
+
+
 def print_text(target: str, out) -> None:
     from mlsys_jax.remat.planner.budget import percent
     from mlsys_jax.tables import format_table
@@ -110,22 +123,18 @@ def print_text(target: str, out) -> None:
     t0 = base.compiled_temp_bytes
     print(f"remat {target}: budget {budget_bytes} bytes of XLA temp "
           f"({out.budget.describe(t0)}; no remat compiles to {t0})")
-    kind = "no remat: the budget fits the user's own gradient" if not p.recomputed else (
-        f"{len(p.segments)} segment(s), {len(p.saved)} saved, {len(p.recomputed)} recomputed "
-        f"({p.recompute_flops} FLOPs predicted); {p.method}, optimality gap "
-        f"{p.optimality_gap:.2%}; pinned (kept from XLA's CSE): "
-        f"{'the whole segment backward' if p.pin == 'backward' else 'the recomputation'}")
-    print(f"plan: {kind}")
+    print(f"plan: {describe(p)}")
     n = len(out.compiled)
     print(f"  {n} program(s) compiled for the plan (no remat and "
           f"{n - 1} plan(s)) in {out.compile_seconds:.1f} s; of those that fit, the fastest "
           "measured")
-    if p.recomputed:
+    if p.recomputed and not p.scan_policy:
         print(f"  saved:      {_names(out.shapes, p.saved)}")
         print(f"  recomputed: {_names(out.shapes, p.recomputed)}")
     rel = out.grads_max_rel_diff
     rows = [{"figure": "predicted peak bytes (backward's residuals)",
-             "plan": p.predicted_peak_bytes, "no remat": base.predicted_peak_bytes},
+             "plan": ("not modelled (scan bodies)" if p.predicted_peak_bytes is None
+                      else p.predicted_peak_bytes), "no remat": base.predicted_peak_bytes},
             {"figure": "compiled temp bytes", "plan": p.compiled_temp_bytes, "no remat": t0},
             {"figure": "  of no remat's", "plan": percent(p.compiled_temp_bytes, t0, 100 *
                                                          budget_bytes / t0),
@@ -143,7 +152,8 @@ def print_text(target: str, out) -> None:
     compiled = [{"program": c.label, "compiled temp bytes": c.plan.compiled_temp_bytes,
                  "of no remat's": percent(c.plan.compiled_temp_bytes, t0),
                  "fits": c.plan.compiled_temp_bytes <= budget_bytes,
-                 "pin": c.plan.pin if c.plan.recomputed else "",
+                 "pin": (f"scan body, {c.plan.scan_policy}" if c.plan.scan_policy else
+                         c.plan.pin if c.plan.recomputed else ""),
                  "compiled FLOPs": int(c.plan.compiled_flops),
                  "step time ratio": _ratio_text(out, c.plan)}
                 for c in sorted(out.compiled, key=lambda c: c.plan.compiled_temp_bytes)]
@@ -167,7 +177,7 @@ def write_plot(path: str, out) -> str:
     p = out.plan
     lines = {"budget": out.budget_bytes,
              "no remat, compiled temp bytes": out.no_remat.compiled_temp_bytes}
-    if p.recomputed:
+    if p.recomputed and not p.scan_policy:
         lines["the plan, compiled temp bytes"] = p.compiled_temp_bytes
     written = memory.timeline(path, out.timelines, lines, title=f"Recomputation: {p.n_values} "
                               f"values, {len(p.segments)} segment(s)")
@@ -219,9 +229,7 @@ def print_shapes(target: str, out) -> None:
     print(NOTICE)
     print(f"remat {target}: budget {out.budget_bytes} bytes of XLA temp "
           f"({out.budget.describe(t0)}; no remat compiles to {t0})")
-    print("plan: " + ("no remat: the budget fits the user's own gradient" if not p.recomputed
-                      else f"{len(p.segments)} segment(s), {len(p.saved)} saved, "
-                           f"{len(p.recomputed)} recomputed"))
+    print(f"plan: {describe(p)}")
     rows = [{"program": out.labels[plan_key(q)], "compiled temp bytes": q.compiled_temp_bytes,
              "of no remat's": percent(q.compiled_temp_bytes, t0),
              "fits": q.compiled_temp_bytes <= out.budget_bytes,

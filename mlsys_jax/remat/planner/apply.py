@@ -129,9 +129,30 @@ def check_plan(graph: LossGraph, the_plan) -> None:
                          f"values; this loss has {graph.n_values}); plan this loss first")
 
 
+def _scan_bodies_applied(graph: LossGraph, policy: str):
+    """The loss with every eligible scan body checkpointed under ``policy``."""
+    from mlsys_jax.remat.planner.scan_bodies import bind_checkpointed, eligible
+
+    jaxpr = graph.closed.jaxpr
+
+    def run(diff, batch):
+        env = graph.start_env(diff, batch)
+        for eqn in jaxpr.eqns:
+            if eligible(eqn):
+                outs = bind_checkpointed(eqn, [graph.read(env, v) for v in eqn.invars], policy)
+                env.update((v, o) for v, o in zip(eqn.outvars, outs)
+                           if not isinstance(v, DropVar))
+            else:
+                graph.run([eqn], env)
+        return graph.read(env, jaxpr.outvars[0])
+    return run
+
+
 def flat_applied(graph: LossGraph, the_plan: Plan):
     """``fn(diff, batch_leaves)``: the loss with the plan's segments, saves and recomputation."""
     check_plan(graph, the_plan)
+    if the_plan.scan_policy is not None:
+        return _scan_bodies_applied(graph, the_plan.scan_policy)
     jaxpr = graph.closed.jaxpr
     eqns = jaxpr.eqns
     last_read = {}

@@ -27,6 +27,8 @@ from mlsys_jax.remat.planner.budget import parse_budget, percent
 from mlsys_jax.remat.planner.flat import flatten_loss
 from mlsys_jax.remat.planner.graph import loss_graph
 from mlsys_jax.remat.planner.programs import Programs
+from mlsys_jax.remat.planner.scan_bodies import POLICIES as SCAN_POLICIES
+from mlsys_jax.remat.planner.scan_bodies import eligible
 from mlsys_jax.remat.planner.segments import SegmentedProblem
 
 # predicted budgets of the whole frontier: min + f·(store-all − min); above ~0.75 plans compile to
@@ -46,13 +48,14 @@ class Frontier:
     """The compiled plans of one loss; ``plan(budget)`` compiles what the budget needs."""
 
     def __init__(self, loss_fn, params, batch, *, ladder=(), time_limit_s: float = 20.0,
-                 repeats: int = 7, timing_budget_s: float = 10.0, progress: Progress = SILENT):
+                 repeats: int = 7, timing_budget_s: float = 10.0, progress: Progress = SILENT,
+                 flops_per_trip: bool = False):
         self.progress, self.repeats, self.timing_budget_s = progress, repeats, timing_budget_s
         progress.stage("tracing the loss and linearizing each equation")
         self.flat = flatten_loss(loss_fn, params, batch, "plan")
         self.graph = loss_graph(self.flat)
         self.problem = SegmentedProblem(self.graph, time_limit_s)
-        self.programs = Programs(self.flat, progress)
+        self.programs = Programs(self.flat, progress, flops_per_trip=flops_per_trip)
         self.compiled, self.labels, self.timings = {}, {}, {}   # by plan_key
         self.last_times = {}              # label -> Timing of the last timing session
         self.measured: list[Plan] = []
@@ -83,9 +86,11 @@ class Frontier:
         if not p.recomputed:
             return self.no_remat
         label = f"plan {len(self.measured)}"
-        self.progress.item(len(self.measured), len(self.measured),
-                           f"compiling {label}: {len(p.recomputed)} values recomputed in "
-                           f"{len(p.segments)} segments, predicted peak {p.predicted_peak_bytes}")
+        what = (f"{len(p.recomputed)} scan bodies checkpointed ({p.scan_policy})"
+                if p.scan_policy else
+                f"{len(p.recomputed)} values recomputed in {len(p.segments)} segments, "
+                f"predicted peak {p.predicted_peak_bytes}")
+        self.progress.item(len(self.measured), len(self.measured), f"compiling {label}: {what}")
         prog = self.programs.compile(label, flat_applied(self.graph, p))
         return self._record(p, prog, label)
 
@@ -99,10 +104,31 @@ class Frontier:
                 self.compile(replace(solved, pin=pin))
 
     def compile_least(self) -> None:
-        """Compile the MILP's least-peak plan with each pin (the tight end of the frontier)."""
+        """Compile the MILP's least-peak plan with each pin (the tight end of the frontier), and
+        the scan-body plans."""
         least = self.problem.solve(self.problem.min_peak_budget_bytes)
         for pin in PINS:
             self.compile(replace(least, pin=pin))
+        self.compile_scan_bodies()
+
+    def compile_scan_bodies(self) -> None:
+        """Compile, per policy of ``scan_bodies.POLICIES``, the loss with every scan body of more
+        than one trip checkpointed (none: the loss has no such scan). The MILP sees a scan as one
+        equation and cannot free its layers' activations; these plans do."""
+        jaxpr = self.graph.closed.jaxpr
+        scans = [i for i, e in enumerate(jaxpr.eqns) if eligible(e)]
+        if not scans:
+            return
+        names = tuple(self.graph.names[self.graph.value_of[v]] for i in scans
+                      for v in jaxpr.eqns[i].outvars[:1] if v in self.graph.value_of)
+        self.progress.stage(f"compiling {len(scans)} scan(s) with their bodies checkpointed, "
+                            f"{len(SCAN_POLICIES)} policies")
+        for policy in SCAN_POLICIES:
+            self.compile(replace(
+                self.no_remat, saved=(), recomputed=names, predicted_peak_bytes=None,
+                recompute_flops=int(sum(self.graph.eqn_flops[i] for i in scans)), pin=None,
+                method=f"scan bodies under jax.checkpoint(policy={policy})",
+                scan_policy=policy))
 
     @property
     def min_budget_bytes(self) -> int:
@@ -130,6 +156,7 @@ class Frontier:
             if self.compile(replace(least, pin=pin)).compiled_temp_bytes <= budget_bytes:
                 self._bracket(budget_bytes, pin)
                 break
+        self.compile_scan_bodies()
         return self.fitting(budget_bytes)
 
     def fitting(self, budget_bytes: int) -> list[Plan]:
@@ -249,7 +276,7 @@ class Frontier:
     def no_saving_reason(self) -> str:
         """Why no plan lowers temp bytes here, from the figures of the least-memory plans."""
         pb = self.no_remat.predicted_peak_bytes
-        tight = [p for p in self.measured if p.recomputed]
+        tight = [p for p in self.measured if p.recomputed and not p.scan_policy]
         pred = min((p.predicted_peak_bytes for p in tight), default=pb)
         comp = ", ".join(f"{p.compiled_temp_bytes} ({p.pin} pinned)" for p in tight[-2:])
         return (f"no recomputation lowers XLA's temp bytes for this model — the least-memory plans "

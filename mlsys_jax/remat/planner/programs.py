@@ -69,8 +69,11 @@ def grad_difference(grads, reference) -> tuple[float, float]:
 class Programs:
     """The compiled programs of one flat loss, by label; the reference is the first compiled."""
 
-    def __init__(self, flat: FlatLoss, progress: Progress = SILENT):
-        self.flat, self.progress = flat, progress
+    def __init__(self, flat: FlatLoss, progress: Progress = SILENT, *,
+                 flops_per_trip: bool = False):
+        # flops_per_trip: FLOPs with scan bodies counted per trip (cost.xla), where they decide
+        # (on shapes); XLA's cost analysis alone counts a while body once
+        self.flat, self.progress, self.flops_per_trip = flat, progress, flops_per_trip
         self.by_label: dict[str, Program] = {}
         self._by_print: dict[str, Program] = {}
         self.reference: Program | None = None
@@ -96,6 +99,10 @@ class Programs:
         else:
             exe = lowered.compile()
             flops = (exe.cost_analysis() or {}).get("flops", float("nan"))
+            if self.flops_per_trip:
+                from mlsys_jax.cost.xla import xla_flops_per_trip
+
+                flops = xla_flops_per_trip(jax.make_jaxpr(jax.grad(fn))(*self.args), flops)
             prog = Program(label, key, int(exe.memory_analysis().temp_size_in_bytes),
                            float(flops), exe, compile_s=time.perf_counter() - t0)
             self._by_print[key] = prog

@@ -95,7 +95,7 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
     versus = compare_policies(fr, built, times, candidates)
     prog = fr.program(chosen)
     timelines = {"no remat": fr.problem.timeline(fr.no_remat)}
-    if chosen.recomputed:
+    if chosen.recomputed and not chosen.scan_policy:      # the MILP's model: its plans only
         timelines["the plan"] = fr.problem.timeline(chosen)
     return PlanReport(
         budget=wanted, budget_bytes=chosen.budget_bytes, plan=chosen, no_remat=fr.no_remat,

@@ -5,8 +5,10 @@ On shapes nothing runs, so no plan is timed and no gradient is checked against `
 The budget and the frontier are what they are on arrays — XLA's temp bytes of each plan compiled
 (``Frontier``: no remat, the least-peak plans, the plans that bracket the budget) — and of the
 plans that fit, the one with the least *predicted* step time wins, predicted compute-bound: the
-plan's FLOPs over no remat's, both as XLA compiled them (recomputation adds FLOPs; the memory it
-saves does not show in this ratio). The roofline estimate of our own cost model is not used here:
+plan's FLOPs over no remat's, both as XLA compiled them with scan bodies counted per trip
+(``cost.xla``; recomputation adds FLOPs, the memory it saves does not show in this ratio).
+A model whose layers are a scan gets plans that checkpoint the scan's body
+(``planner.scan_bodies``) beside the MILP's. The roofline estimate of our own cost model is not used here:
 it does not yet cost a plan's recomputing segments (``custom_vjp`` around a ``cond``) as XLA
 runs them, and predicted a recomputing GPT-2 at half no remat's time. JAX's built-in policies
 are compiled beside them, not timed.
@@ -20,7 +22,7 @@ from mlsys_jax.remat.milp import Plan, plan_key
 from mlsys_jax.remat.planner.budget import Budget, parse_budget
 from mlsys_jax.remat.planner.frontier import Frontier
 
-PREDICTION = "compute-bound: XLA's compiled FLOPs over no remat's"
+PREDICTION = "compute-bound: XLA's compiled FLOPs (scan bodies per trip) over no remat's"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +74,7 @@ def plan_on_shapes(loss_fn, params, batch, budget, *, policies: bool = True,
     from mlsys_jax.remat.planner.policies import policy_programs
 
     wanted = parse_budget(budget)                      # a bad budget fails before any work
-    fr = Frontier(loss_fn, params, batch, repeats=1, progress=progress)
+    fr = Frontier(loss_fn, params, batch, repeats=1, progress=progress, flops_per_trip=True)
     nbytes = wanted.bytes_of(fr.no_remat.compiled_temp_bytes)
     if nbytes is None:              # min: the least-peak plans, compiled; the least of them fits
         fr.compile_least()
