@@ -123,8 +123,9 @@ def tp_formula(loss, trainable, batch, layout: Layout, axis: str = MODEL) -> dic
 
     Also returns the number of forward all-reduces Megatron's layout needs under key
     ``'forward_all_reduces'``. The analysis follows split parameters into matmuls directly,
-    through dtype casts and function calls; a matmul reached another way (after a reshape, inside
-    a scan) is not counted, and the measured/formula ratio then shows it.
+    through dtype casts, function calls and scans over stacked layers (a body's matmuls once per
+    trip); a matmul reached another way (after a reshape) is not counted, and the
+    measured/formula ratio then shows it.
     """
     m = int(layout.mesh.shape[axis]) if axis in layout.mesh.axis_names else 1
     if m <= 1:
@@ -179,6 +180,28 @@ def _follow(jaxpr, split: dict, depends: set, found: dict) -> None:
             inner_dep = {sv for ov, sv in zip(eqn.invars, sub.invars)
                          if not isinstance(ov, Literal) and ov in depends}
             _follow(sub, inner, inner_dep, found)
+        elif name == "scan":                 # a layer stack: one trip's body, counted per trip
+            _follow_scan(eqn, split, depends, found)
+
+
+def _follow_scan(eqn, split: dict, depends: set, found: dict) -> None:
+    """A scan's body on one trip's slices: a split parameter among its ``xs`` is split along
+    its dims less the leading one; what the body's matmuls need counts once per trip."""
+    body, fixed = eqn.params["jaxpr"].jaxpr, eqn.params["num_consts"] + eqn.params["num_carry"]
+    inner, inner_dep = {}, set()
+    for k, (ov, sv) in enumerate(zip(eqn.invars, body.invars)):
+        if isinstance(ov, Literal):
+            continue
+        if ov in depends:
+            inner_dep.add(sv)
+        if ov in split:
+            dims = split[ov] if k < fixed else {d - 1 for d in split[ov] if d > 0}
+            if dims:
+                inner[sv] = dims
+    trip = {"forward": [], "backward": []}
+    _follow(body, inner, inner_dep, trip)
+    for key, sizes in trip.items():
+        found[key] += sizes * int(eqn.params["length"])
 
 
 def table(layout: Layout, hlo: str, formulas: dict) -> list[dict]:

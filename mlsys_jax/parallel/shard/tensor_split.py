@@ -47,7 +47,8 @@ class TensorSplit:
     specs: dict            # keystr path -> PartitionSpec of every split parameter
     groups: tuple          # ({"column": [paths], "row": [paths], "bias": [paths]}, ...)
     replicated: dict       # keystr path -> why it stays whole
-    row_matmuls: int       # Megatron's forward all-reduces: one per row-parallel matmul
+    row_matmuls: int       # Megatron's forward all-reduces: one per row-parallel matmul run
+    #                        (a layer stack's, once per trip of its scan)
 
 
 class _Value:
@@ -66,10 +67,21 @@ class _Value:
         return isinstance(other, _Value) and other.var is self.var and other.copy == self.copy
 
 
-def _flatten(jaxpr, copy: int, env: dict, out: list, counter: list) -> list:
+@dataclass
+class _Loops:
+    """What inlining a scan's body once leaves for the walk: each sliced input (a body value that
+    is one trip's slice of an outer value along its axis 0) and the values a trip carries on."""
+
+    slices: dict = field(default_factory=dict)    # body value -> the outer value it slices
+    carried: list = field(default_factory=list)   # body values that leave a trip (carry, ys)
+    trips: dict = field(default_factory=dict)     # body value -> the scan's trip count
+
+
+def _flatten(jaxpr, copy: int, env: dict, out: list, counter: list, loops: _Loops) -> list:
     """Append ``(eqn, ins, outs)`` for every equation with calls inlined (each inlined body a
-    fresh copy of its values); ``env`` maps this copy's variables to values. Returns the
-    values of the jaxpr's outputs."""
+    fresh copy of its values) and each scan's body inlined once (``loops`` says how its values
+    relate to the scan's: a layer stack's weights are sliced per trip); ``env`` maps this copy's
+    variables to values. Returns the values of the jaxpr's outputs."""
     def value(v):
         if isinstance(v, Literal):
             return v
@@ -82,25 +94,47 @@ def _flatten(jaxpr, copy: int, env: dict, out: list, counter: list) -> list:
             b = found[0]
             counter[0] += 1
             inner = dict(zip(b.jaxpr.invars, [value(v) for v in eqn.invars]))
-            results = _flatten(b.jaxpr, counter[0], inner, out, counter)
+            results = _flatten(b.jaxpr, counter[0], inner, out, counter, loops)
             env.update(zip(eqn.outvars, results))
+            continue
+        if eqn.primitive.name == "scan":
+            _inline_scan(eqn, [value(v) for v in eqn.invars], out, counter, loops)
             continue
         out.append((eqn, [value(v) for v in eqn.invars], [value(v) for v in eqn.outvars]))
     return [value(v) for v in jaxpr.outvars]
 
 
+def _inline_scan(eqn, ins: list, out: list, counter: list, loops: _Loops) -> None:
+    """One trip of a scan's body, inlined: constants are the outer values, the carry starts as
+    the outer initial value, each ``xs`` value is a slice of the outer one. The scan's outputs
+    stay fresh values (nothing split leaves a loop: the walk fails a split that reaches a
+    carried value)."""
+    body, n_fixed = eqn.params["jaxpr"].jaxpr, eqn.params["num_consts"] + eqn.params["num_carry"]
+    counter[0] += 1
+    inner = {}
+    for k, (bv, outer) in enumerate(zip(body.invars, ins)):
+        if k < n_fixed or isinstance(outer, Literal):
+            inner[bv] = outer
+        else:
+            inner[bv] = _Value(bv, counter[0])
+            loops.slices[inner[bv]] = outer
+            loops.trips[inner[bv]] = int(eqn.params["length"])
+    results = _flatten(body, counter[0], inner, out, counter, loops)
+    loops.carried += [r for r in results if not isinstance(r, Literal)]
+
+
 def derive(closed, param_paths: dict, size: int, axis: str = MODEL) -> TensorSplit:
     """Megatron splits of a loss traced as ``closed``; ``param_paths`` maps the invars of the
     trainable parameters to their keystr paths; ``size`` is the model axis' size."""
-    flat: list = []
+    flat, loops = [], _Loops()
     env = {v: _Value(v, 0) for v in closed.jaxpr.invars}
-    outputs = _flatten(closed.jaxpr, 0, env, flat, [0])
+    outputs = _flatten(closed.jaxpr, 0, env, flat, [0], loops)
     paths = {env[v]: path for v, path in param_paths.items()}
     # A group that fails leaves its weights whole, so their outputs are plain values: walk again
     # without them until no new group fails (the next layers' matmuls become candidates).
     excluded: dict = {}
     while True:
-        walk = _Walk(flat, paths, size, axis, outputs, excluded)
+        walk = _Walk(flat, paths, size, axis, outputs, excluded, loops)
         split = walk.run()
         failed = {p: g.failed for g in walk.groups if g.parent is None and g.failed
                   for p, _ in g.columns if p not in excluded}
@@ -110,8 +144,10 @@ def derive(closed, param_paths: dict, size: int, axis: str = MODEL) -> TensorSpl
 
 
 class _Walk:
-    def __init__(self, flat, param_paths, size, axis, outputs, excluded: dict):
+    def __init__(self, flat, param_paths, size, axis, outputs, excluded: dict, loops: _Loops):
         self.flat, self.paths, self.m, self.axis, self.outputs = flat, param_paths, size, axis, outputs
+        self.loops = loops
+        self.trips: dict = {}        # param -> the trips of the scan that slices it (1: none)
         self.excluded = excluded     # param -> why an earlier walk left it whole
         self.view: dict = {p: (p, tuple(range(len(p.aval.shape)))) for p in param_paths}
         # every value below is a _Value of the flattened program
@@ -154,11 +190,25 @@ class _Walk:
             if not isinstance(v, Literal) and v in self.tag:
                 self.fail(self.tag[v][0], "its output features reach the loss without a second "
                           "matmul (a classifier head)")
+        for v in self.loops.carried:
+            if v in self.tag:
+                self.fail(self.tag[v][0], "its output features are carried out of a scan's trip "
+                          "before any second matmul")
         return self.result()
 
     def weight(self, v):
-        """``(param, dims)`` when ``v`` is a parameter or a cast / transpose of one."""
-        return None if isinstance(v, Literal) else self.view.get(v)
+        """``(param, dims)`` when ``v`` is a parameter, a cast / transpose of one, or one scan
+        trip's slice of one (a stacked layer's weights: the slice's dims are the parameter's
+        less its leading one)."""
+        if isinstance(v, Literal):
+            return None
+        if v in self.loops.slices:
+            w = self.weight(self.loops.slices[v])
+            if w is None:
+                return None
+            self.trips[w[0]] = self.loops.trips[v]
+            return w[0], w[1][1:]
+        return self.view.get(v)
 
     def step(self, eqn, ins: list, outs: list) -> None:
         name = eqn.primitive.name
@@ -337,7 +387,8 @@ class _Walk:
                                               ("bias", g.biases))})
         replicated = {path: reasons.get(p) or self.excluded.get(p) or self.unused_reason(p)
                       for p, path in self.paths.items() if p not in taken}
-        rows = sum(len(grp["row"]) for grp in groups)
+        by_path = {path: p for p, path in self.paths.items()}
+        rows = sum(self.trips.get(by_path[path], 1) for grp in groups for path in grp["row"])
         return TensorSplit(specs, tuple(groups), replicated, rows)
 
     def shared_use(self, g: _Group) -> str:
