@@ -2,7 +2,8 @@
 
 Subpackages: ``ir`` (the jaxpr as the graph), ``cost`` (roofline cost model, liveness), ``passes``
 (verified rewrites and search), ``execute`` (graph executor, tape AD, graph-break capture),
-``remat`` (recomputation schedules), ``parallel`` (shard_map DP/TP/PP/ZeRO/3D), ``models``.
+``remat`` (recomputation schedules), ``parallel`` (shard_map DP/TP/PP/ZeRO/3D), ``planning``
+(how to split a step over N devices: ``mlsys_jax.plan``), ``models``.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "capture": ("mlsys_jax.execute.capture", "capture"),
     "explain": ("mlsys_jax.execute.capture", "explain"),
+    "plan": ("mlsys_jax.planning.search", "plan"),
 }
 
 

@@ -12,7 +12,8 @@ BENCHMARKS = ROOT / "benchmarks"
 # the library never imports them; `cli` (the `mlsys-jax` command) sits on top of everything.
 RANK = {"errors": 0, "compat": 0, "results": 1, "tables": 1, "timing": 1, "runtime": 1,
         "progress": 1, "ir": 2,
-        "cost": 3, "models": 3, "passes": 4, "remat": 4, "parallel": 4, "execute": 5, "fuzz": 6,
+        "cost": 3, "models": 3, "passes": 4, "remat": 4, "parallel": 4, "execute": 5,
+        "planning": 5, "fuzz": 6,
         "viz": 6, "experiments": 7, "benchmarks": 7, "cli": 8}
 
 

@@ -27,6 +27,7 @@ COMMANDS = (
     "fuzz",
     "remat",
     "shard",
+    "plan",
 )
 
 

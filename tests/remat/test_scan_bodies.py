@@ -45,11 +45,11 @@ def test_every_policy_gives_jax_grads_and_fewer_temp_bytes():
         .temp_size_in_bytes  # noqa: E731
     base = temp(scanned_loss)
     for policy in POLICIES:
-        f = with_bodies_checkpointed(scanned_loss, (params, batch), policy)
+        f = with_bodies_checkpointed(scanned_loss, policy)
         got = jax.grad(f)(params, batch)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    nothing = with_bodies_checkpointed(scanned_loss, (params, batch), "nothing_saveable")
+    nothing = with_bodies_checkpointed(scanned_loss, "nothing_saveable")
     assert temp(nothing) < base
 
 

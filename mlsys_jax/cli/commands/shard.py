@@ -29,10 +29,13 @@ HELP = "your training step on a simulated mesh (DP, ZeRO, TP, PP) against one de
 
 def add_arguments(q) -> None:
     q.add_argument("target", metavar="FILE.py:FN", help=f"a factory returning {FORM}")
-    q.add_argument("--mesh", required=True, metavar="data=N[,model=M] | [data=D,]pipe=P",
+    q.add_argument("--mesh", default=None, metavar="data=N[,model=M] | [data=D,]pipe=P",
                    help="mesh axes: data (batch, ZeRO) and model (tensor parallel), or pipe "
                         "(pipeline stages, with data)")
-    q.add_argument("--zero", type=int, default=0, choices=STAGE_NUMBERS,
+    q.add_argument("--layout", default=None, metavar="LAYOUT.json",
+                   help="mesh, ZeRO stage, remat and parameter specs from a layout file "
+                        "(mlsys-jax plan --emit) instead of --mesh/--zero")
+    q.add_argument("--zero", type=int, default=None, choices=STAGE_NUMBERS,
                    help="ZeRO stage: " + "; ".join(f"{s.number} = {s.what}" for s in STAGES))
     q.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
     q.add_argument("--processes", type=int, default=1,
@@ -99,6 +102,43 @@ def _check_devices(mesh: dict, processes: int) -> None:
                          f"over >= 2 processes; use --processes P with P dividing {size}")
 
 
+def _mesh_and_layout(args) -> dict:
+    """The mesh from ``--mesh``, or from ``--layout`` (which also sets the ZeRO stage)."""
+    args.layout_data = None
+    if args.layout is None:
+        if args.mesh is None:
+            raise MlsysError("shard needs --mesh data=N[,model=M] (or --layout LAYOUT.json from "
+                             "mlsys-jax plan --emit)")
+        args.zero = 0 if args.zero is None else args.zero
+        return parse_mesh(args.mesh)
+    from mlsys_jax.planning import layout_file
+
+    if args.mesh is not None or args.zero is not None:
+        raise MlsysError("--layout sets the mesh and the ZeRO stage: give --layout alone, or "
+                         "--mesh/--zero without it")
+    args.layout_data = layout_file.read(args.layout)
+    if "pipeline" in args.layout_data:
+        raise MlsysError(f"--layout {args.layout}: a pipelined layout is not run by --layout "
+                         "yet; give --mesh data=D,pipe=P --microbatches M")
+    args.zero = args.layout_data["zero"]
+    return dict(args.layout_data["mesh"])
+
+
+def _apply_layout(args, loss_fn, params, batch, optimizer, mesh: dict):
+    """``(loss_fn, rules)`` under the layout file: its remat applied, its tensor-parallel rules;
+    its per-parameter specs checked against the layout ``shard`` makes of them."""
+    from mlsys_jax.parallel.shard.setup import prepare
+    from mlsys_jax.planning import layout_file
+    from mlsys_jax.planning.remat import with_remat
+
+    data = args.layout_data
+    loss_fn = with_remat(loss_fn, params, data.get("remat"))
+    rules = layout_file.tp_rules(data)
+    lay = prepare(loss_fn, params, batch, optimizer, mesh, args.zero, rules=rules).layout
+    layout_file.check_held(data, lay.zero if lay.splits.params else lay.tp, args.layout)
+    return loss_fn, rules
+
+
 def _compile_options(args) -> dict | None:
     from mlsys_jax.parallel import comm
 
@@ -120,7 +160,7 @@ def main(args) -> int:
     from mlsys_jax.ir.abstract import is_abstract
     from mlsys_jax.parallel.shard import ShardOptions, simulate, step
 
-    mesh = parse_mesh(args.mesh)
+    mesh = _mesh_and_layout(args)
     shard_pipe.check_flags(args, mesh)
     if "pipe" in mesh:
         return shard_pipe.main(args, mesh)
@@ -134,6 +174,8 @@ def main(args) -> int:
         # users' models run under JAX's defaults (float32); the CLI enables float64 for the lecture
         with jax.enable_x64(False):
             loss_fn, params, batch, optimizer, rules = load_factory(args.target)
+            if args.layout_data is not None:
+                loss_fn, rules = _apply_layout(args, loss_fn, params, batch, optimizer, mesh)
             if is_abstract((params, batch)):
                 return _on_shapes(args, mesh, (loss_fn, params, batch, optimizer, rules), extra)
             if record:

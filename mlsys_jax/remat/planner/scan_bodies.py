@@ -75,24 +75,31 @@ def _evaluate(jaxpr, consts, args, policy: str) -> list:
     return [read(v) for v in jaxpr.outvars]
 
 
-def with_bodies_checkpointed(fn, args: tuple, policy: str):
-    """``fn`` (called as ``fn(*args)``) with every eligible scan body under
-    ``jax.checkpoint(policy=policy)``; the same outputs, the same pytree.
+def with_bodies_checkpointed(fn, policy: str):
+    """``fn`` with every eligible scan body under ``jax.checkpoint(policy=policy)``: the same
+    outputs, the same pytree (traced again for each new set of argument shapes).
 
     >>> import jax, jax.numpy as jnp
     >>> def f(w, x):
     ...     h, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)
     ...     return h.sum()
     >>> w, x = jnp.ones((4, 3, 3)) / 3, jnp.ones(3)
-    >>> g = with_bodies_checkpointed(f, (w, x), "nothing_saveable")
+    >>> g = with_bodies_checkpointed(f, "nothing_saveable")
     >>> bool(jnp.allclose(jax.grad(g)(w, x), jax.grad(f)(w, x)))
     True
     """
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    out_tree = jax.tree_util.tree_structure(out_shape)
+    traced = {}
 
     def checkpointed(*call_args):
-        leaves = jax.tree_util.tree_leaves(call_args)
-        outs = _evaluate(closed.jaxpr, closed.consts, leaves, policy)
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        leaves, tree = jax.tree_util.tree_flatten(call_args)
+        key = (tree, tuple((tuple(jax.numpy.shape(x)), jax.numpy.result_type(x))
+                           for x in leaves))
+        if key not in traced:
+            specs = [jax.ShapeDtypeStruct(k[0], k[1]) for k in key[1]]
+            closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
+                *jax.tree_util.tree_unflatten(tree, specs))
+            traced[key] = closed, jax.tree_util.tree_structure(out_shape)
+        closed, out_tree = traced[key]
+        return jax.tree_util.tree_unflatten(out_tree, _evaluate(closed.jaxpr, closed.consts,
+                                                                leaves, policy))
     return checkpointed

@@ -1,0 +1,235 @@
+"""``plan``: how to split a user's step over N devices — every layout enumerated, pruned by an
+estimate, the best ``shortlist`` compiled on N simulated devices, the fastest that fits chosen.
+
+docs/plan.md has the model of memory and time, its assumptions and its measured figures.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+
+from mlsys_jax.errors import MlsysError
+from mlsys_jax.parallel.axes import DATA, MODEL
+from mlsys_jax.parallel.mesh import make_mesh
+from mlsys_jax.planning.assess import OVERLAP, Assessed, estimate_memory, formula_rows, predict_time
+from mlsys_jax.planning.candidates import enumerate_candidates
+from mlsys_jax.planning.facts import Facts, gather_facts
+from mlsys_jax.planning.links import LINKS
+from mlsys_jax.planning.remat import with_remat
+from mlsys_jax.progress import SILENT, Progress
+
+SHORTLIST = 8
+
+
+@dataclass
+class PlanResult:
+    """Every layout considered, the chosen one and the Pareto front of the compiled ones."""
+
+    devices: int
+    gpus_per_node: int
+    hw: str
+    memory_bytes: int
+    global_batch: int
+    assessed: list
+    chosen: int | None
+    pareto: list
+    why: str
+    facts: Facts = field(repr=False)
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        """``plan --json``: the figures of every candidate, the chosen index, the front."""
+        return {"devices": self.devices, "gpus_per_node": self.gpus_per_node, "hw": self.hw,
+                "memory_bytes": self.memory_bytes, "global_batch": self.global_batch,
+                "links": LINKS[self.hw].as_dict(), "overlap": OVERLAP,
+                "candidates": [_candidate_json(a) for a in self.assessed],
+                "chosen": self.chosen, "pareto": self.pareto, "why": self.why,
+                "notes": self.notes, "seconds": self.seconds}
+
+    @property
+    def best(self) -> Assessed | None:
+        return None if self.chosen is None else self.assessed[self.chosen]
+
+    def layout_data(self, index: int | None = None) -> dict:
+        """The layout file's object (``planning.layout_file``) of candidate ``index`` (default:
+        the chosen one)."""
+        from mlsys_jax.parallel.shard.layout import make_layout
+        from mlsys_jax.planning import layout_file
+
+        index = self.chosen if index is None else index
+        if index is None:
+            raise MlsysError("plan: no layout was chosen, so there is none to emit")
+        c = self.assessed[index].candidate
+        specs, _ = self.facts.tp_specs(c.model)
+        mesh = make_mesh({DATA: c.data, MODEL: c.model} if c.model > 1 else {DATA: c.data})
+        lay = make_layout(self.facts.trainable, self.facts.optimizer, self.facts.batch, mesh,
+                          c.zero, specs)
+        pipeline = ({"stages": c.pipe, "microbatches": c.microbatches, "schedule": c.schedule}
+                    if c.pipe > 1 else None)
+        return layout_file.to_data(mesh=c.shard_mesh, zero=c.zero, remat=c.remat,
+                                   param_specs=lay.zero if lay.splits.params else lay.tp,
+                                   pipeline=pipeline)
+
+
+def _candidate_json(a: Assessed) -> dict:
+    c = a.candidate
+    return {"mesh": c.mesh, "zero": c.zero, "remat": c.remat, "microbatches": c.microbatches,
+            "schedule": c.schedule, "fits": a.fits, "reason": a.reason, "compiled": a.compiled,
+            "compile_s": a.compile_s, "estimate": a.estimate, "per_device": a.per_device,
+            "predicted_step_s": a.predicted_step_s, "compute_s": a.compute_s,
+            "comm_s": a.comm_s, "bubble": a.bubble, "mfu_bound": a.mfu_bound,
+            "collectives": a.collectives, "notes": a.notes}
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+                        if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
+
+
+def _with_rows(batch, rows: int):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype),
+                        batch)
+
+
+def check_request(*, devices: int, gpus_per_node: int, hw: str, memory_bytes: int) -> None:
+    """The request's own sense, before any model is built (one line each)."""
+    if not isinstance(devices, int) or devices < 1:
+        raise MlsysError(f"--devices must be a positive number of GPUs, got {devices!r}")
+    if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise MlsysError(f"--gpus-per-node must be positive, got {gpus_per_node!r}")
+    if devices % gpus_per_node and devices > gpus_per_node:
+        raise MlsysError(f"--devices {devices} is not a whole number of nodes of "
+                         f"{gpus_per_node} GPUs (--gpus-per-node); use a multiple of "
+                         f"{gpus_per_node}, or the node size you have")
+    if hw not in LINKS:
+        raise MlsysError(f"--hw {hw!r}: the plan knows {', '.join(LINKS)} (their compute and "
+                         "links are published figures)")
+    if memory_bytes <= 0:
+        raise MlsysError(f"--memory must be positive, got {memory_bytes}")
+
+
+def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
+         gpus_per_node: int = 8, hw: str = "h100", memory_bytes: int = 80 * 10**9,
+         global_batch: int | None = None, microbatches: int | None = None,
+         shortlist: int = SHORTLIST, progress: Progress = SILENT) -> PlanResult:
+    """Search the layouts of ``devices`` GPUs for the user's step ``(loss_fn, params, batch,
+    optimizer[, rules])`` (arrays or ShapeDtypeStructs; only shapes are read). JAX must have at
+    least ``devices`` devices (simulated CPU devices: ``--devices``)."""
+    from mlsys_jax.cost.hardware import get_hardware
+    from mlsys_jax.parallel.shard import collectives
+    from mlsys_jax.parallel.shard.layout import make_layout
+
+    t0 = time.perf_counter()
+    check_request(devices=devices, gpus_per_node=gpus_per_node, hw=hw, memory_bytes=memory_bytes)
+    if len(jax.devices()) < devices:
+        raise MlsysError(f"plan: {devices} devices asked for but JAX has {len(jax.devices())}; "
+                         f"start with --devices {devices} (set before JAX starts)")
+    node = min(gpus_per_node, devices)
+    params, batch = _abstract(params), _abstract(batch)
+    if global_batch is not None:
+        if global_batch < 1:
+            raise MlsysError(f"--global-batch must be positive, got {global_batch}")
+        batch = _with_rows(batch, global_batch)
+    facts = gather_facts(loss_fn, params, batch, optimizer, rules, progress=progress)
+    if memory_bytes * devices < facts.param_bytes:
+        raise MlsysError(
+            f"--memory {memory_bytes / 1e9:.3g} GB is less than the parameters alone split over "
+            f"all {devices} devices ({facts.param_bytes / devices / 1e9:.3g} GB each of "
+            f"{facts.param_bytes / 1e9:.3g} GB): no layout can fit; more devices or memory")
+    hardware, links = get_hardware(hw), LINKS[hw]
+    assessed = [Assessed(c, why) for c, why in enumerate_candidates(
+        devices, gpus_per_node=node, global_batch=facts.global_batch, remats=facts.remats,
+        microbatches=microbatches)]
+    layouts, formulas = {}, {}
+    progress.stage(f"estimating {len(assessed)} layouts (state exact, activations estimated)")
+    for k, a in enumerate(assessed):
+        if a.reason:
+            continue
+        c = a.candidate
+        key = (c.data, c.model, c.zero)
+        if key not in layouts:
+            progress.item(k + 1, len(assessed), f"laying out data={c.data} model={c.model} "
+                          f"ZeRO-{c.zero}")
+            specs, _ = facts.tp_specs(c.model)
+            mesh = make_mesh({DATA: c.data, MODEL: c.model} if c.model > 1 else {DATA: c.data})
+            layouts[key] = make_layout(facts.trainable, optimizer, facts.batch, mesh, c.zero,
+                                       specs)
+            formulas[key] = formula_rows(collectives.formulas(
+                facts.loss, facts.trainable, facts.batch, layouts[key]),
+                len(jax.tree.leaves(facts.trainable)))
+        estimate_memory(a, facts, layouts[key])
+        predict_time(a, facts, hw=hardware, links=links, gpus_per_node=node, devices=devices,
+                     formula_rows=formulas[key])
+        if a.estimate["total_bytes"] > memory_bytes:
+            e = a.estimate
+            a.reason = (f"does not fit: {e['total_bytes'] / 1e9:.1f} GB > "
+                        f"{memory_bytes / 1e9:.3g} GB (state "
+                        f"{(e['total_bytes'] - e['activation_bytes']) / 1e9:.1f} GB + activations "
+                        f"{e['activation_bytes'] / 1e9:.1f} GB, estimated)")
+    _compile_shortlist(assessed, facts, shortlist, memory_bytes=memory_bytes, hw=hardware,
+                       links=links, node=node, devices=devices, formulas=formulas,
+                       progress=progress)
+    chosen, pareto, why = _choose(assessed)
+    notes = [f"pipelined layouts (pipe > 1) are estimated, not compiled: a pipelined step is not "
+             "yet compiled on shapes, so none is chosen"] if any(
+        a.candidate.pipe > 1 for a in assessed) else []
+    return PlanResult(devices, node, hw, memory_bytes, facts.global_batch, assessed, chosen,
+                      pareto, why, facts, notes, time.perf_counter() - t0)
+
+
+def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, node, devices,
+                       formulas, progress) -> None:
+    from mlsys_jax.parallel.shard.shapes import compile_on_shapes
+
+    ranked = sorted((a for a in assessed if a.fits and a.candidate.pipe == 1),
+                    key=lambda a: (a.predicted_step_s, a.estimate["total_bytes"]))
+    short = ranked[:shortlist]
+    for k, a in enumerate(short, 1):
+        c = a.candidate
+        progress.stage(f"compiling {k} of the {len(short)} best estimated layouts on {devices} "
+                       f"simulated devices: {c.label()}")
+        specs, _ = facts.tp_specs(c.model)
+        rules = [(_rx(p), s) for p, s in specs.items()] if c.model > 1 else None
+        loss = with_remat(facts.loss_fn, facts.params, c.remat)
+        t0 = time.perf_counter()
+        report = compile_on_shapes(loss, facts.params, facts.batch, facts.optimizer,
+                                   c.shard_mesh, zero=c.zero, rules=rules)
+        a.compile_s = time.perf_counter() - t0
+        a.compiled, a.per_device = True, report.per_device
+        a.collectives = [{"kind": r["kind"], "axis": r["axis"], "count": r["count"],
+                          "bytes": r["bytes"]} for r in report.collectives]
+        predict_time(a, facts, hw=hw, links=links, gpus_per_node=node, devices=devices,
+                     formula_rows=formulas[(c.data, c.model, c.zero)])
+        if a.per_device["total_bytes"] > memory_bytes:
+            a.reason = (f"does not fit as compiled: {a.per_device['total_bytes'] / 1e9:.1f} GB > "
+                        f"{memory_bytes / 1e9:.3g} GB (XLA: arguments + outputs − aliased + "
+                        "temp)")
+
+
+def _rx(path: str) -> str:
+    import re
+
+    return re.escape(path) + "$"
+
+
+def _choose(assessed) -> tuple[int | None, list, str]:
+    ok = [(i, a) for i, a in enumerate(assessed) if a.compiled and a.fits]
+    if not ok:
+        return None, [], "no compiled layout fits"
+    front = []
+    for i, a in sorted(ok, key=lambda t: (t[1].bytes, t[1].predicted_step_s)):
+        if not front or a.predicted_step_s < assessed[front[-1]].predicted_step_s:
+            front.append(i)
+    by_time = sorted(ok, key=lambda t: (t[1].predicted_step_s, t[1].bytes))
+    best_i, best = by_time[0]
+    if len(by_time) > 1:
+        nxt = by_time[1][1]
+        why = (f"the least predicted step time of the {len(ok)} compiled layouts that fit: "
+               f"{best.predicted_step_s * 1e3:.4g} ms against {nxt.predicted_step_s * 1e3:.4g} ms "
+               f"for the next ({nxt.candidate.label()})")
+    else:
+        why = "the only compiled layout that fits"
+    return best_i, front, why
