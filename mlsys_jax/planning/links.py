@@ -61,3 +61,11 @@ def collective_seconds(kind: str, ring_bytes: float, count: int, n: int, *, inte
     alpha = links.inter_latency_s if inter else links.intra_latency_s
     steps = max(RING_STEPS.get(kind, 1) * (n - 1), 1)
     return ring_bytes / beta + count * steps * alpha
+
+
+def size(n: float) -> str:
+    """Bytes in decimal units, as GPU memory is sold (80 GB = 80e9 bytes), 3 digits."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"

@@ -16,11 +16,12 @@ from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.planning.assess import OVERLAP, Assessed, estimate_memory, formula_rows, predict_time
 from mlsys_jax.planning.candidates import enumerate_candidates
 from mlsys_jax.planning.facts import Facts, gather_facts
-from mlsys_jax.planning.links import LINKS
+from mlsys_jax.planning.links import LINKS, size
 from mlsys_jax.planning.remat import with_remat
 from mlsys_jax.progress import SILENT, Progress
 
 SHORTLIST = 8
+EXTRA_ROUNDS = 3
 
 
 @dataclass
@@ -136,9 +137,9 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
     facts = gather_facts(loss_fn, params, batch, optimizer, rules, progress=progress)
     if memory_bytes * devices < facts.param_bytes:
         raise MlsysError(
-            f"--memory {memory_bytes / 1e9:.3g} GB is less than the parameters alone split over "
-            f"all {devices} devices ({facts.param_bytes / devices / 1e9:.3g} GB each of "
-            f"{facts.param_bytes / 1e9:.3g} GB): no layout can fit; more devices or memory")
+            f"--memory {size(memory_bytes)} is less than the parameters alone split over all "
+            f"{devices} devices ({size(facts.param_bytes / devices)} each of "
+            f"{size(facts.param_bytes)}): no layout can fit; more devices or memory")
     hardware, links = get_hardware(hw), LINKS[hw]
     assessed = [Assessed(c, why) for c, why in enumerate_candidates(
         devices, gpus_per_node=node, global_batch=facts.global_batch, remats=facts.remats,
@@ -165,10 +166,9 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
                      formula_rows=formulas[key])
         if a.estimate["total_bytes"] > memory_bytes:
             e = a.estimate
-            a.reason = (f"does not fit: {e['total_bytes'] / 1e9:.1f} GB > "
-                        f"{memory_bytes / 1e9:.3g} GB (state "
-                        f"{(e['total_bytes'] - e['activation_bytes']) / 1e9:.1f} GB + activations "
-                        f"{e['activation_bytes'] / 1e9:.1f} GB, estimated)")
+            a.reason = (f"does not fit: {size(e['total_bytes'])} > {size(memory_bytes)} (state "
+                        f"{size(e['total_bytes'] - e['activation_bytes'])} + activations "
+                        f"{size(e['activation_bytes'])}, estimated)")
     _compile_shortlist(assessed, facts, shortlist, memory_bytes=memory_bytes, hw=hardware,
                        links=links, node=node, devices=devices, formulas=formulas,
                        progress=progress)
@@ -186,11 +186,15 @@ def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, n
 
     ranked = sorted((a for a in assessed if a.fits and a.candidate.pipe == 1),
                     key=lambda a: (a.predicted_step_s, a.estimate["total_bytes"]))
-    short = ranked[:shortlist]
-    for k, a in enumerate(short, 1):
+    # the best ``shortlist`` by the estimate; while none of them fits as compiled (the estimate
+    # is optimistic), the next ones too, up to EXTRA_ROUNDS × shortlist in all
+    for k, a in enumerate(ranked, 1):
+        if k > shortlist and (any(b.compiled and b.fits for b in ranked[:k - 1])
+                              or k > EXTRA_ROUNDS * shortlist):
+            break
         c = a.candidate
-        progress.stage(f"compiling {k} of the {len(short)} best estimated layouts on {devices} "
-                       f"simulated devices: {c.label()}")
+        progress.stage(f"compiling layout {k} by the estimate on {devices} simulated devices: "
+                       f"{c.label()}")
         specs, _ = facts.tp_specs(c.model)
         rules = [(_rx(p), s) for p, s in specs.items()] if c.model > 1 else None
         loss = with_remat(facts.loss_fn, facts.params, c.remat)
@@ -204,9 +208,8 @@ def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, n
         predict_time(a, facts, hw=hw, links=links, gpus_per_node=node, devices=devices,
                      formula_rows=formulas[(c.data, c.model, c.zero)])
         if a.per_device["total_bytes"] > memory_bytes:
-            a.reason = (f"does not fit as compiled: {a.per_device['total_bytes'] / 1e9:.1f} GB > "
-                        f"{memory_bytes / 1e9:.3g} GB (XLA: arguments + outputs − aliased + "
-                        "temp)")
+            a.reason = (f"does not fit as compiled: {size(a.per_device['total_bytes'])} > "
+                        f"{size(memory_bytes)} (XLA: arguments + outputs − aliased + temp)")
 
 
 def _rx(path: str) -> str:

@@ -53,11 +53,6 @@ def _memory(text: str) -> int:
     return int(budget.value)
 
 
-def gb(n: float) -> str:
-    """Decimal gigabytes, as GPU memory is sold (80 GB = 80e9 bytes)."""
-    return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
-
-
 def main(args) -> int:
     import jax
 
@@ -127,7 +122,7 @@ def _validate(args, layout: dict, factory: tuple, progress):
 def render(target: str, result, checked=None) -> str:
     """The plan as text: the chosen layout and why, the compiled ones, the refused ones."""
     from mlsys_jax.planning.assess import OVERLAP
-    from mlsys_jax.planning.links import LINKS
+    from mlsys_jax.planning.links import LINKS, size as gb
     from mlsys_jax.tables import format_table, wrap
 
     f, links = result.facts, LINKS[result.hw]

@@ -1,0 +1,119 @@
+"""``mlsys-jax plan`` end to end on a small GPT-2 over 8 devices: pure data parallelism refused by
+its bytes, a layout chosen among compiled ones that fits and is on the front, validated here
+(exact, the placed bytes equal the plan's), its file usable by a user's own ``jax.jit``; and the
+bad requests, one line each."""
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+
+import jax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from mlsys_jax import cli
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "examples")
+GPT2 = f"{EXAMPLES}/flax_gpt2.py"
+sys.path.insert(0, EXAMPLES)
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _param_bytes():
+    import flax_gpt2
+
+    _, params, _, _ = flax_gpt2.train_tiny()
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """One plan of the tiny GPT-2 with a memory that float32 Adam's state alone (16 bytes a
+    parameter) overflows, its layout emitted and validated: (exit status, report, layout file,
+    memory)."""
+    path = str(tmp_path_factory.mktemp("plan") / "layout.json")
+    memory = 3 * _param_bytes()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["plan", f"{GPT2}:train_tiny", "--devices", "8", "--memory",
+                         str(memory), "--shortlist", "2", "--emit", path, "--validate", "--json",
+                         "--quiet"])
+    return code, json.loads(out.getvalue()), path, memory
+
+
+def test_pure_dp_is_refused_and_the_choice_fits_on_the_front(planned):
+    code, report, _, memory = planned
+    assert code == 0 and report["devices"] == 8 and report["memory_bytes"] == memory
+    dp = next(c for c in report["candidates"] if c["mesh"] == {"data": 8, "fsdp": 1, "model": 1,
+                                                                "pipe": 1} and c["zero"] == 0)
+    assert dp["reason"].startswith("does not fit:")
+    best = report["candidates"][report["chosen"]]
+    assert best["compiled"] and best["fits"] and best["per_device"]["total_bytes"] <= memory
+    assert report["chosen"] in report["pareto"]
+    assert all(not (c["per_device"]["total_bytes"] < best["per_device"]["total_bytes"]
+                    and c["predicted_step_s"] < best["predicted_step_s"])
+               for c in report["candidates"] if c["compiled"] and c["fits"])
+    assert set(best["per_device"]) >= {"param_bytes", "grad_bytes", "optimizer_bytes",
+                                       "xla_argument_bytes", "xla_temp_bytes", "total_bytes"}
+
+
+def test_validation_is_exact_and_places_the_planned_bytes(planned):
+    _, report, _, _ = planned
+    v = report["validation"]
+    assert v["exact"] and v["bytes_equal"] and v["devices_equal"], v
+    assert v["mesh"] == report["layout"]["mesh"]
+
+
+def test_the_file_feeds_a_users_own_jit(planned):
+    _, _, path, _ = planned
+    with open(path) as f:
+        layout = json.load(f)
+    import flax_gpt2
+
+    loss_fn, params, batch, _ = flax_gpt2.train_tiny()
+    # the README's snippet: a user's own shardings from the file
+    mesh = jax.make_mesh(tuple(layout["mesh"].values()), tuple(layout["mesh"]))
+
+    def sharding(path, _):
+        key = jax.tree_util.keystr(path)
+        entries = next(e for rx, e in layout["rules"] if re.search(rx, key))
+        return NamedSharding(mesh, P(*[tuple(a) if isinstance(a, list) else a for a in entries]))
+    shardings = jax.tree_util.tree_map_with_path(sharding, params)
+    grads = jax.jit(jax.grad(loss_fn), in_shardings=(shardings, None))(params, batch)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    if layout["mesh"].get("model", 1) > 1:    # the tied embedding is split, not replicated
+        wte = params["params"]["wte"]["embedding"]
+        assert shardings["params"]["wte"]["embedding"].shard_shape(wte.shape) != wte.shape
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--gpus-per-node", "3"], "not a whole number of nodes"),
+    (["--memory", "1KB"], "less than the parameters alone"),
+    (["--memory", "lots"], "--memory: expected bytes"),
+])
+def test_bad_requests_get_one_line_and_exit_2(capsys, argv, match):
+    code, out, err = run(capsys, "plan", f"{GPT2}:train_tiny", "--devices", "8", "--quiet",
+                         *argv)
+    assert code == 2 and match in err and len(err.strip().splitlines()) <= 2
+
+
+def test_a_batch_without_a_batch_axis_is_named(capsys, tmp_path):
+    f = tmp_path / "nobatch.py"
+    f.write_text(textwrap.dedent("""
+        import jax.numpy as jnp, optax
+        def make():
+            return (lambda p, b: jnp.sum(p["w"] * b["x"]), {"w": jnp.ones(4)},
+                    {"x": jnp.float32(2.0)}, optax.sgd(0.1))
+    """))
+    code, _, err = run(capsys, "plan", f"{f}:make", "--devices", "8", "--quiet")
+    assert code == 2 and "leading batch axis" in err
