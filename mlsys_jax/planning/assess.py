@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from mlsys_jax.parallel.axes import DATA, MODEL, PIPE
 from mlsys_jax.parallel.shard.layout import shard_bytes
-from mlsys_jax.planning.candidates import Candidate
+from mlsys_jax.planning.candidates import STAGE_REMAT, Candidate
 from mlsys_jax.planning.links import collective_seconds, crosses_nodes
 
 OVERLAP = "none: compute and communication add (an upper bound of the model)"
@@ -40,6 +40,7 @@ class Assessed:
     bubble: float = 0.0
     predicted_step_s: float | None = None
     mfu_bound: float | None = None
+    split: list | None = None      # pipelined: the units that start stages 2..p
     notes: list = field(default_factory=list)
 
     @property
@@ -69,7 +70,9 @@ def estimate_memory(a: Assessed, facts, layout) -> None:
     if c.pipe > 1:     # a stage holds 1/p of the layers, and the microbatches in flight
         state /= c.pipe
         in_flight = c.pipe if c.schedule == "1f1b" else c.microbatches
-        act = act * in_flight / c.pipe
+        # recomputing, a stage holds one microbatch's activations at a time (and the inputs
+        # of those in flight, not counted); otherwise every microbatch in flight
+        act = act / c.pipe if c.remat == STAGE_REMAT else act * in_flight / c.pipe
     a.estimate = {"param_bytes": held["params"] / c.pipe, "grad_bytes": held["grads"] / c.pipe,
                   "optimizer_bytes": held["optimizer"] / c.pipe, "batch_bytes": held["batch"],
                   "activation_bytes": act,

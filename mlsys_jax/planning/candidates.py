@@ -3,7 +3,8 @@
 Every factorization of N into data × model × pipe, each ZeRO stage over the data axis
 (``parallel/stages.py``; stage 0 is plain data parallelism), each recomputation the loss allows
 (as the user wrote it, or a scanned model's body checkpointed under a policy:
-``remat.planner.scan_bodies``), and for ``pipe`` > 1 the microbatch counts and schedules. A layout
+``remat.planner.scan_bodies``), and for ``pipe`` > 1 (``parallel/pipe``: data × pipe, no ZeRO)
+the microbatch counts, the schedules and recomputing each stage's forward. A layout
 that breaks a rule of the hardware or of the batch is kept with its reason (it is printed among
 the refusals), never silently dropped.
 """
@@ -18,7 +19,8 @@ AS_WRITTEN = "as written"
 SCHEDULES = ("1f1b", "gpipe")
 MICROBATCH_FACTORS = (1, 2, 4)     # pipe > 1: microbatches = factor × stages
 PIPE_STAGES = (1, 2, 4, 8)         # stage counts considered
-PIPE_ZERO = (0, 1)                 # ZeRO stages combined with a pipeline (as DeepSpeed allows)
+PIPE_ZERO = (0,)                   # the pipeline path keeps whole state per stage (no ZeRO)
+STAGE_REMAT = "stage"              # a pipeline's recomputation: each stage's forward again
 
 
 @dataclass(frozen=True)
@@ -78,13 +80,15 @@ def enumerate_candidates(devices: int, *, gpus_per_node: int, global_batch: int,
             for mb, schedule in _pipelines(pipe, global_batch // data if not why else 1,
                                            microbatches):
                 for zero in (STAGE_NUMBERS if pipe == 1 else PIPE_ZERO):
-                    for remat in remats:
+                    for remat in (remats if pipe == 1 else (AS_WRITTEN, STAGE_REMAT)):
                         c = Candidate(data, model, pipe, zero, remat, mb, schedule)
                         out.append((c, why or _microbatch_reason(c, global_batch)))
     return out
 
 
 def _shape_reason(data, model, pipe, gpus_per_node, global_batch) -> str:
+    if pipe > 1 and model > 1:
+        return "the pipeline path runs data × pipe meshes (no model axis inside a stage yet)"
     if model > gpus_per_node:
         return f"TP {model} crosses a node ({gpus_per_node} GPUs per node)"
     if gpus_per_node % model:

@@ -23,7 +23,7 @@ from mlsys_jax.parallel.axes import MODEL
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.shard import inputs, model_split, sync
 from mlsys_jax.parallel.shard.partition_rules import array_paths
-from mlsys_jax.planning.candidates import AS_WRITTEN
+from mlsys_jax.planning.candidates import AS_WRITTEN, STAGE_REMAT
 from mlsys_jax.progress import SILENT, Progress
 
 EXTRA_SPLIT_SHARE = 0.01     # a leaf the Megatron split leaves whole is split over model when it
@@ -89,8 +89,9 @@ class Facts:
 
     # ---- activations, FLOPs and compute time --------------------------------------------------
     def loss_for(self, remat: str):
-        """The loss as the layout runs it: the user's, or its scan bodies checkpointed."""
-        if remat == AS_WRITTEN:
+        """The loss as the layout runs it: the user's, or its scan bodies checkpointed (a
+        pipeline's stage recomputation is the pipeline's own: the user's loss here)."""
+        if remat in (AS_WRITTEN, STAGE_REMAT):
             return self.loss
         from mlsys_jax.remat.planner.scan_bodies import with_bodies_checkpointed
 
@@ -102,6 +103,7 @@ class Facts:
 
     def _one_device(self, remat: str, rows: int) -> tuple[int, float]:
         """(XLA temp bytes, XLA FLOPs with scans per trip) of one device's gradient at ``rows``."""
+        remat = AS_WRITTEN if remat == STAGE_REMAT else remat
         key = (remat, rows)
         if key not in self._act:
             from mlsys_jax.cost.xla import xla_flops_per_trip
@@ -125,9 +127,12 @@ class Facts:
         return float(one + max(two - one, 0) * (rows - 1))
 
     def flops_ratio(self, remat: str) -> float:
-        """The step's FLOPs under ``remat`` over as written (recomputation's cost)."""
+        """The step's FLOPs under ``remat`` over as written (recomputation's cost); a pipeline
+        stage's forward run again: 4/3 (a forward is a third of forward + backward)."""
         if remat == AS_WRITTEN:
             return 1.0
+        if remat == STAGE_REMAT:
+            return 4.0 / 3.0
         return self._one_device(remat, 1)[1] / max(self._one_device(AS_WRITTEN, 1)[1], 1.0)
 
     def step_compute(self, hw) -> dict:

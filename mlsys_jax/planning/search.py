@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import jax
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.parallel.axes import DATA, MODEL
+from mlsys_jax.parallel.axes import DATA, MODEL, PIPE
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.planning.assess import OVERLAP, Assessed, estimate_memory, formula_rows, predict_time
 from mlsys_jax.planning.candidates import enumerate_candidates
@@ -22,6 +22,7 @@ from mlsys_jax.progress import SILENT, Progress
 
 SHORTLIST = 8
 EXTRA_ROUNDS = 3
+TIE = 0.01           # predicted step times within 1% are one time: the model is not finer
 
 
 @dataclass
@@ -68,8 +69,8 @@ class PlanResult:
         mesh = make_mesh({DATA: c.data, MODEL: c.model} if c.model > 1 else {DATA: c.data})
         lay = make_layout(self.facts.trainable, self.facts.optimizer, self.facts.batch, mesh,
                           c.zero, specs)
-        pipeline = ({"stages": c.pipe, "microbatches": c.microbatches, "schedule": c.schedule}
-                    if c.pipe > 1 else None)
+        pipeline = ({"stages": c.pipe, "microbatches": c.microbatches, "schedule": c.schedule,
+                     "split": self.assessed[index].split} if c.pipe > 1 else None)
         return layout_file.to_data(mesh=c.shard_mesh, zero=c.zero, remat=c.remat,
                                    param_specs=lay.zero if lay.splits.params else lay.tp,
                                    pipeline=pipeline)
@@ -82,7 +83,7 @@ def _candidate_json(a: Assessed) -> dict:
             "compile_s": a.compile_s, "estimate": a.estimate, "per_device": a.per_device,
             "predicted_step_s": a.predicted_step_s, "compute_s": a.compute_s,
             "comm_s": a.comm_s, "bubble": a.bubble, "mfu_bound": a.mfu_bound,
-            "collectives": a.collectives, "notes": a.notes}
+            "collectives": a.collectives, "split": a.split, "notes": a.notes}
 
 
 def _abstract(tree):
@@ -173,9 +174,7 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
                        links=links, node=node, devices=devices, formulas=formulas,
                        progress=progress)
     chosen, pareto, why = _choose(assessed)
-    notes = [f"pipelined layouts (pipe > 1) are estimated, not compiled: a pipelined step is not "
-             "yet compiled on shapes, so none is chosen"] if any(
-        a.candidate.pipe > 1 for a in assessed) else []
+    notes = []
     return PlanResult(devices, node, hw, memory_bytes, facts.global_batch, assessed, chosen,
                       pareto, why, facts, notes, time.perf_counter() - t0)
 
@@ -184,8 +183,12 @@ def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, n
                        formulas, progress) -> None:
     from mlsys_jax.parallel.shard.shapes import compile_on_shapes
 
-    ranked = sorted((a for a in assessed if a.fits and a.candidate.pipe == 1),
+    ranked = sorted((a for a in assessed if a.fits),
                     key=lambda a: (a.predicted_step_s, a.estimate["total_bytes"]))
+    # a pipeline's estimate is the crudest (stages padded to the largest, sends not counted):
+    # at most a quarter of the compiles go to pipelined layouts
+    piped = [a for a in ranked if a.candidate.pipe > 1][:max(1, shortlist // 4)]
+    ranked = [a for a in ranked if a.candidate.pipe == 1 or a in piped]
     # the best ``shortlist`` by the estimate; while none of them fits as compiled (the estimate
     # is optimistic), the next ones too, up to EXTRA_ROUNDS × shortlist in all
     for k, a in enumerate(ranked, 1):
@@ -195,21 +198,62 @@ def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, n
         c = a.candidate
         progress.stage(f"compiling layout {k} by the estimate on {devices} simulated devices: "
                        f"{c.label()}")
-        specs, _ = facts.tp_specs(c.model)
-        rules = [(_rx(p), s) for p, s in specs.items()] if c.model > 1 else None
-        loss = with_remat(facts.loss_fn, facts.params, c.remat)
         t0 = time.perf_counter()
-        report = compile_on_shapes(loss, facts.params, facts.batch, facts.optimizer,
-                                   c.shard_mesh, zero=c.zero, rules=rules)
-        a.compile_s = time.perf_counter() - t0
-        a.compiled, a.per_device = True, report.per_device
-        a.collectives = [{"kind": r["kind"], "axis": r["axis"], "count": r["count"],
-                          "bytes": r["bytes"]} for r in report.collectives]
+        if c.pipe > 1:
+            try:
+                a.per_device, a.collectives = _compile_pipeline(facts, a, hw.name)
+            except MlsysError as e:          # the model cannot be cut so (too few units)
+                a.reason = f"the pipeline cannot be built: {e}"
+                continue
+        else:
+            specs, _ = facts.tp_specs(c.model)
+            rules = [(_rx(p), s) for p, s in specs.items()] if c.model > 1 else None
+            loss = with_remat(facts.loss_fn, facts.params, c.remat)
+            report = compile_on_shapes(loss, facts.params, facts.batch, facts.optimizer,
+                                       c.shard_mesh, zero=c.zero, rules=rules)
+            a.per_device = report.per_device
+            a.collectives = [{"kind": r["kind"], "axis": r["axis"], "count": r["count"],
+                              "bytes": r["bytes"]} for r in report.collectives]
+        a.compile_s, a.compiled = time.perf_counter() - t0, True
         predict_time(a, facts, hw=hw, links=links, gpus_per_node=node, devices=devices,
                      formula_rows=formulas[(c.data, c.model, c.zero)])
         if a.per_device["total_bytes"] > memory_bytes:
             a.reason = (f"does not fit as compiled: {size(a.per_device['total_bytes'])} > "
                         f"{size(memory_bytes)} (XLA: arguments + outputs − aliased + temp)")
+
+
+def _compile_pipeline(facts: Facts, a: Assessed, hw: str) -> tuple[dict, list]:
+    """The pipelined step (``parallel/pipe``) compiled on shapes: per-device bytes (XLA's, and
+    the largest stage's parameters) and its collectives per step."""
+    from mlsys_jax.parallel.pipe import plan_pipeline
+    from mlsys_jax.parallel.shard.collectives import by_axis
+    from mlsys_jax.planning.candidates import STAGE_REMAT
+
+    c = a.candidate
+    shape = {DATA: c.data, PIPE: c.pipe} if c.data > 1 else {PIPE: c.pipe}
+    plan = plan_pipeline(facts.loss_fn, facts.params, facts.batch, facts.optimizer, shape,
+                         c.microbatches, schedule=c.schedule, remat=c.remat == STAGE_REMAT,
+                         hw=hw)
+    compiled = plan.compile()
+    ma = compiled.memory_analysis()
+    stage_params = max(plan.leaves.bytes_per_stage())
+    xla = {"xla_argument_bytes": int(ma.argument_size_in_bytes),
+           "xla_output_bytes": int(ma.output_size_in_bytes),
+           "xla_temp_bytes": int(ma.temp_size_in_bytes),
+           "xla_alias_bytes": int(ma.alias_size_in_bytes)}
+    per_device = {"param_bytes": int(stage_params), "grad_bytes": int(stage_params),
+                  "optimizer_bytes": int(a.estimate["optimizer_bytes"]), **xla,
+                  "total_bytes": xla["xla_argument_bytes"] + xla["xla_output_bytes"]
+                  - xla["xla_alias_bytes"] + xla["xla_temp_bytes"]}
+    names = [u.name for u in plan.units.units]
+    a.split = [names[k] for k in range(1, len(names))
+               if plan.stage_of_unit[k] != plan.stage_of_unit[k - 1]]
+    a.notes.append(f"stages start at {', '.join([names[0]] + a.split)} (units: "
+                   f"{', '.join(names)}); optimizer bytes estimated; point-to-point sends "
+                   "counted at every schedule step (each runs only when its boundary sends)")
+    rows = by_axis(compiled.as_text(), plan.program.mesh)
+    return per_device, [{"kind": k[0], "axis": k[1], "count": v["count"],
+                         "bytes": v["ring_bytes"]} for k, v in rows.items()]
 
 
 def _rx(path: str) -> str:
@@ -219,6 +263,8 @@ def _rx(path: str) -> str:
 
 
 def _choose(assessed) -> tuple[int | None, list, str]:
+    """The fastest compiled layout that fits (of those within ``TIE`` of the fastest, the
+    smallest), the Pareto front of the compiled ones that fit, and why."""
     ok = [(i, a) for i, a in enumerate(assessed) if a.compiled and a.fits]
     if not ok:
         return None, [], "no compiled layout fits"
@@ -226,13 +272,19 @@ def _choose(assessed) -> tuple[int | None, list, str]:
     for i, a in sorted(ok, key=lambda t: (t[1].bytes, t[1].predicted_step_s)):
         if not front or a.predicted_step_s < assessed[front[-1]].predicted_step_s:
             front.append(i)
-    by_time = sorted(ok, key=lambda t: (t[1].predicted_step_s, t[1].bytes))
-    best_i, best = by_time[0]
-    if len(by_time) > 1:
-        nxt = by_time[1][1]
-        why = (f"the least predicted step time of the {len(ok)} compiled layouts that fit: "
-               f"{best.predicted_step_s * 1e3:.4g} ms against {nxt.predicted_step_s * 1e3:.4g} ms "
-               f"for the next ({nxt.candidate.label()})")
+    fastest = min(a.predicted_step_s for _, a in ok)
+    tied = [(i, a) for i, a in ok if a.predicted_step_s <= fastest * (1 + TIE)]
+    best_i, best = min(tied, key=lambda t: (t[1].bytes, t[1].predicted_step_s))
+    others = sorted((t for t in ok if t[0] != best_i), key=lambda t: t[1].predicted_step_s)
+    if not others:
+        return best_i, front, "the only compiled layout that fits"
+    nxt = others[0][1]
+    if len(tied) > 1:
+        why = (f"of the {len(ok)} compiled layouts that fit, {len(tied)} are within "
+               f"{TIE:.0%} of the least predicted step time ({fastest * 1e3:.4g} ms): the "
+               f"smallest of them ({size(best.bytes)} per device)")
     else:
-        why = "the only compiled layout that fits"
+        why = (f"the least predicted step time of the {len(ok)} compiled layouts that fit: "
+               f"{best.predicted_step_s * 1e3:.4g} ms against {nxt.predicted_step_s * 1e3:.4g} "
+               f"ms for the next ({nxt.candidate.label()})")
     return best_i, front, why

@@ -26,13 +26,14 @@ class Validation:
     mesh: dict
     exact: bool
     reason: str
-    placed: dict            # "params", "optimizer": bytes on the fullest device, placed
-    planned: dict           # the same by the plan's layout arithmetic
-    devices_equal: bool     # every device holds the same bytes as the fullest
+    placed: dict | None     # "params", "optimizer": bytes on the fullest device, placed
+    planned: dict | None    # the same by the plan's layout arithmetic
+    devices_equal: bool | None  # every device holds the same bytes as the fullest
 
     @property
-    def bytes_equal(self) -> bool:
-        return self.placed == self.planned
+    def bytes_equal(self) -> bool | None:
+        """Placed == planned (None: not measured, a pipeline's padded flat buffers)."""
+        return None if self.placed is None else self.placed == self.planned
 
     def to_json(self) -> dict:
         return {"target": self.target, "mesh": self.mesh, "exact": self.exact,
@@ -84,6 +85,9 @@ def validate(layout_data: dict, loss_fn, params, batch, optimizer, *, target: st
     if rows % mesh.get("data", 1):
         raise MlsysError(f"--validate {target}: its batch of {rows} rows does not split over "
                          f"data={mesh['data']}; give it a batch of a multiple of {mesh['data']}")
+    if "pipeline" in layout_data:
+        return _validate_pipeline(layout_data, loss_fn, params, batch, optimizer, target=target,
+                                  steps=steps)
     loss_fn = with_remat(loss_fn, params, layout_data.get("remat"))
     rules = layout_file.tp_rules(layout_data)
     zero = layout_data["zero"]
@@ -97,3 +101,20 @@ def validate(layout_data: dict, loss_fn, params, batch, optimizer, *, target: st
                       ShardOptions(zero=zero, steps=steps, progress=bool(progress),
                                    time_repeats=0), rules=rules)
     return Validation(target, mesh, bool(report.exact), report.reason, placed, planned, equal)
+
+
+def _validate_pipeline(layout_data: dict, loss_fn, params, batch, optimizer, *, target: str,
+                       steps: int) -> Validation:
+    """A pipelined layout run by the pipeline path (``parallel/pipe``) at the layout's stages,
+    microbatches, schedule and split: exactness only (its state lives in flat buffers padded to
+    the largest stage, so placed bytes are not compared)."""
+    from mlsys_jax.parallel.comm import QUICK_COMPILE
+    from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
+    from mlsys_jax.planning.candidates import STAGE_REMAT
+
+    pipe, mesh = layout_data["pipeline"], dict(layout_data["mesh"])
+    plan = plan_pipeline(loss_fn, params, batch, optimizer, mesh, pipe["microbatches"],
+                         schedule=pipe["schedule"], split=pipe.get("split"),
+                         remat=layout_data.get("remat") == STAGE_REMAT)
+    report = run_pipeline(plan, steps, options=QUICK_COMPILE, stage_memory=False)
+    return Validation(target, mesh, bool(report.exact), report.reason, None, None, None)

@@ -1,6 +1,7 @@
 """The layouts a plan considers: every factorization with its ZeRO stages, refusals that name the
 rule they break, and the link each axis's collectives cross."""
-from mlsys_jax.planning.candidates import AS_WRITTEN, PIPE_ZERO, enumerate_candidates
+from mlsys_jax.planning.candidates import (AS_WRITTEN, PIPE_ZERO, STAGE_REMAT,
+                                           enumerate_candidates)
 from mlsys_jax.planning.links import LINKS, collective_seconds, crosses_nodes
 
 
@@ -12,7 +13,9 @@ def test_every_factorization_and_stage_is_there_once():
     assert len(found) == len(set(c for c, _ in found))
     assert all(c.data * c.model * c.pipe == 16 for c, _ in found)
     assert all(c.zero in PIPE_ZERO for c, _ in found if c.pipe > 1)
-    assert {c.remat for c, _ in found} == {AS_WRITTEN}
+    assert {c.remat for c, _ in found if c.pipe == 1} == {AS_WRITTEN}
+    assert {c.remat for c, _ in found if c.pipe > 1} == {AS_WRITTEN, STAGE_REMAT}
+    assert all("no model axis" in why for c, why in found if c.pipe > 1 and c.model > 1)
 
 
 def test_refusals_name_the_rule():

@@ -116,12 +116,20 @@ def _mesh_and_layout(args) -> dict:
     if args.mesh is not None or args.zero is not None:
         raise MlsysError("--layout sets the mesh and the ZeRO stage: give --layout alone, or "
                          "--mesh/--zero without it")
-    args.layout_data = layout_file.read(args.layout)
-    if "pipeline" in args.layout_data:
-        raise MlsysError(f"--layout {args.layout}: a pipelined layout is not run by --layout "
-                         "yet; give --mesh data=D,pipe=P --microbatches M")
-    args.zero = args.layout_data["zero"]
-    return dict(args.layout_data["mesh"])
+    args.layout_data = data = layout_file.read(args.layout)
+    args.zero = data["zero"]
+    if "pipeline" in data:               # the pipeline path: stages, microbatches, schedule
+        from mlsys_jax.planning.candidates import STAGE_REMAT
+
+        given = [f"--{k}" for k in shard_pipe.PIPE_ONLY if getattr(args, k) not in (None, False)]
+        if given:
+            raise MlsysError(f"{given[0]}: --layout {args.layout} sets the pipeline")
+        pipe = data["pipeline"]
+        args.microbatches, args.schedule = pipe["microbatches"], pipe["schedule"]
+        args.split = ",".join(pipe["split"]) if pipe.get("split") else None
+        args.remat = data.get("remat") == STAGE_REMAT
+        args.layout_data = None          # the pipeline keeps each stage's state whole
+    return dict(data["mesh"])
 
 
 def _apply_layout(args, loss_fn, params, batch, optimizer, mesh: dict):

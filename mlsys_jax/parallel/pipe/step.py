@@ -181,6 +181,13 @@ def trace_microbatch(loss, trainable, batch, rows: int):
     return closed
 
 
+def _aval(x):
+    """A leaf's abstract value (a ShapeDtypeStruct's too: plans are made on shapes)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.core.ShapedArray(x.shape, x.dtype)
+    return jax.typeof(jnp.asarray(x))
+
+
 def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
                   microbatches: int, *, schedule: str = "1f1b", split=None, remat: bool = False,
                   hw: str = "cpu") -> PipelinePlan:
@@ -205,8 +212,7 @@ def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     costs = [] if given else unit_costs(closed, n, units, hw)
     stage_of_unit = at_split_points(units, split, stages) if given else balanced(costs, stages)
     cut = build_split(closed, n, units, stage_of_unit)
-    leaves = StageLeaves([jax.typeof(jnp.asarray(x)) for _, x in path_leaves], cut.placements,
-                         stages)
+    leaves = StageLeaves([_aval(x) for _, x in path_leaves], cut.placements, stages)
     popt = PartitionedOptimizer(optimizer, treedef, leaves)
     sched = make_schedule(schedule, stages, microbatches)
     mesh = make_mesh(shape)
