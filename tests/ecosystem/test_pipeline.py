@@ -141,3 +141,15 @@ def test_training_batchnorm_is_not_separable_and_says_so():
     assert "the pipeline computes exactly that" in r.reason
     sep = r.teacher_forced["separability"]
     assert sep["diff"] > 1e3 * sep["bound"]  # whole batch vs microbatches: far beyond noise
+
+
+def test_an_equinox_list_of_blocks_is_a_unit_per_block():
+    """equinox's GPT holds its blocks in a Python list whose leaves sit two levels deeper than
+    the embeddings': each block is a unit at the coarsest level, never the list as one."""
+    import equinox_gpt
+
+    with jax.enable_x64(False):
+        loss_fn, params, batch, optimizer = equinox_gpt.train_tiny()
+        plan = plan_pipeline(loss_fn, params, batch, optimizer, {"pipe": 2}, 2, hw="h100")
+    names = [u.name for u in plan.units.units]
+    assert [n for n in names if n.startswith("blocks")] == ["blocks[0]", "blocks[1]"]

@@ -7,7 +7,8 @@ contiguous runs of units. Two sources name them:
   (``Transformer/Block_3/Dense_0``, ``mlp/linear_3``), and so does a ``jax.named_scope`` a user
   places as a split marker. They name *instances* only if each name's equations are contiguous;
 * **parameter paths** — equinox names classes, not instances (every layer is ``eqx.nn.Linear``),
-  so its units are its parameter groups (``layers[3]``), and an equation belongs to the latest
+  so its units are its parameter groups (``layers[3]``: each block of a list is a unit at every
+  level), and an equation belongs to the latest
   unit whose parameters reach it through the dataflow (a residual ``x + f(x)`` belongs to
   ``f``'s block). Also used when name stacks repeat (a tied embedding reused by the head).
 
@@ -72,6 +73,24 @@ def path_components(path) -> list[str]:
         else:
             out.append(str(k).strip(".[]'\""))
     return out
+
+
+def prefix(components, depth: int) -> tuple:
+    """The first ``depth`` names of a path, each with the list indices that follow it: a list of
+    blocks is a unit per block at every level (``blocks[3]``, never ``blocks``)."""
+    out, levels = [], 0
+    for k, c in enumerate(components):
+        if _is_level(components, k):
+            if levels == depth:
+                break
+            levels += 1
+        out.append(c)
+    return tuple(out)
+
+
+def _is_level(components, k: int) -> bool:
+    """A name is a level; an index is one unless it follows a name (``blocks[3]``: one level)."""
+    return not components[k].startswith("[") or k == 0 or components[k - 1].startswith("[")
 
 
 def unit_name(components) -> str:
@@ -201,7 +220,7 @@ def _by_name_stack(jaxpr, live, stacks, stages):
 def _by_parameters(jaxpr, n_params, names, live, stacks, stages):
     params = {v: i for i, v in enumerate(jaxpr.invars[:n_params])}
     in_stack = {params[jaxpr.eqns[i].invars[j]] for i, s in stacks.items() for j in s.stacked}
-    depth_max = max((len(c) for c in names), default=1)
+    depth_max = max((sum(_is_level(c, k) for k in range(len(c))) for c in names), default=1)
     for depth in range(1, depth_max + 1):
         order, group_slot, slot_of_var, unit_of = [], {}, {}, [None] * len(jaxpr.eqns)
         count = 0
@@ -218,7 +237,7 @@ def _by_parameters(jaxpr, n_params, names, live, stacks, stages):
                 continue
             for v in reads(e):
                 if v in params and params[v] not in in_stack:
-                    g = tuple(names[params[v]][:depth])
+                    g = prefix(names[params[v]], depth)
                     if g not in group_slot:
                         group_slot[g] = count
                         order.append((unit_name(g), []))
