@@ -153,3 +153,39 @@ def test_an_equinox_list_of_blocks_is_a_unit_per_block():
         plan = plan_pipeline(loss_fn, params, batch, optimizer, {"pipe": 2}, 2, hw="h100")
     names = [u.name for u in plan.units.units]
     assert [n for n in names if n.startswith("blocks")] == ["blocks[0]", "blocks[1]"]
+
+
+def test_an_nnx_list_of_blocks_is_a_unit_per_block():
+    """nnx keeps a list's items under integer keys of its state: each block is a unit."""
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.lin = nnx.Linear(d, d, rngs=rngs)
+
+        def __call__(self, x):
+            return x + jnp.tanh(self.lin(x))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.inp = nnx.Linear(4, 16, rngs=rngs)
+            self.blocks = nnx.List([Block(16, rngs) for _ in range(3)])
+            self.out = nnx.Linear(16, 1, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.inp(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.out(x)
+
+    with jax.enable_x64(False):
+        graphdef, state = nnx.split(Net(nnx.Rngs(0)))
+
+        def loss(state, batch):
+            return jnp.mean((nnx.merge(graphdef, state)(batch["x"]) - batch["y"]) ** 2)
+        batch = {"x": jnp.ones((8, 4)), "y": jnp.ones((8, 1))}
+        plan = plan_pipeline(loss, state, batch, optax.adam(1e-3), {"pipe": 2}, 2, hw="h100")
+    assert [u.name for u in plan.units.units] == ["inp", "blocks[0]", "blocks[1]", "blocks[2]",
+                                                   "out"]

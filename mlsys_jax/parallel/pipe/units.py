@@ -66,6 +66,8 @@ def path_components(path) -> list[str]:
     for k in path:
         if isinstance(k, jax.tree_util.SequenceKey):
             out.append(f"[{k.idx}]")
+        elif isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, int):
+            out.append(f"[{k.key}]")        # nnx keeps a list's items under int keys
         elif isinstance(k, jax.tree_util.DictKey):
             out += [c for c in str(k.key).split("/~/") if c]
         elif isinstance(k, jax.tree_util.GetAttrKey):
