@@ -25,6 +25,7 @@ class UsageError(MlsysError):
 
 
 BUG_EXIT = 70  # sysexits' EX_SOFTWARE: an internal error, not the user's input
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 BUG_NOTE = "this is a bug in mlsys-jax, not in your input"
 # The truth values JAX reads from its own environment variables (jax/_src/config.py, bool_env).
 TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
@@ -49,7 +50,7 @@ def run_command(command, prog: str = "mlsys-jax") -> int:
     Wrong input (MlsysError, a missing file) prints ``{prog}: error: <first line of the
     message>`` (and a usage error its one ``usage:`` line) and gives 2. Anything else (a KeyError
     or IndexError included) is our bug: one line that says so and how to see the traceback, exit
-    70. MLSYS_JAX_DEBUG=1 re-raises either. Ctrl-C gives 130; output piped into ``head`` that
+    70. MLSYS_JAX_DEBUG=1 re-raises either. Ctrl-C gives one line, "interrupted", and 130; output piped into ``head`` that
     closes early is not an error.
     """
     try:
@@ -67,7 +68,8 @@ def run_command(command, prog: str = "mlsys-jax") -> int:
             print(e.usage, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:
         sys.stderr.close()
         return 0

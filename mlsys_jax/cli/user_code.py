@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Callable
 
-from mlsys_jax.errors import MlsysError
+from mlsys_jax.errors import INTERRUPTED, MlsysError
 
 DEFAULT_IMPORT_TIMEOUT_S = 120.0
 _BOUND = contextvars.ContextVar("import_timeout_s", default=None)
@@ -138,11 +138,13 @@ def exit_status(status: int) -> int:
     """The process's exit status, after making sure it can exit: if threads other than this one
     are still running that Python would wait for — the user's code started them, a bounded call
     never returned, a library left a timer — end the process now (``os._exit``), with one note
-    naming the threads the user's code started."""
+    naming the threads the user's code started. Interrupted, the process always ends so: an
+    interpreter shutting down while XLA's threads are inside a compile aborts (SIGABRT, "exception
+    not rethrown") instead of exiting 130."""
     me = threading.current_thread()
     left = [t for t in threading.enumerate() if t is not me and t.is_alive() and (
         not t.daemon or t in _STARTED_BY_USER or t.name.startswith(_WORKER_PREFIX))]
-    if not left:
+    if not left and status != INTERRUPTED:
         return status
     users = [t.name for t in left if t in _STARTED_BY_USER]
     if users:
