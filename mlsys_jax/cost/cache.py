@@ -59,16 +59,37 @@ def identity_key(ident: dict) -> str:
 
 
 def load(path: Path, ident: dict) -> dict:
-    """The entries of a cache file written under ``ident``; empty when the file is missing,
-    unreadable or written by another identity."""
+    """The entries of a cache file written under ``ident``; empty when the file is missing or
+    written by another identity, and when it is unreadable (said in one line)."""
+    if not path.exists():
+        return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("identity") != ident:
-        return {}
-    entries = data.get("entries")
-    return entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError) as e:
+        return _unusable(path, f"{type(e).__name__}: {str(e)[:80]}")
+    if not isinstance(data, dict) or not isinstance(data.get("entries", {}), dict):
+        return _unusable(path, "not a cache file's structure")
+    if data.get("identity") != ident:
+        return {}                         # another machine's or JAX's figures: not ours
+    return data.get("entries", {})
+
+
+def _unusable(path: Path, why: str) -> dict:
+    """One line on stderr for a cache file that cannot be read; its figures are measured again
+    (and the file rewritten when they are stored)."""
+    import sys
+
+    print(f"mlsys-jax: note: the cache file {path} is unusable ({why}); measuring again",
+          file=sys.stderr)
+    return {}
+
+
+def finite(x, *, positive: bool = True) -> bool:
+    """A cached figure is a real number: finite, and positive (or >= 0 when not ``positive``)."""
+    import math
+
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return ok and (x > 0 if positive else x >= 0)
 
 
 def store(path: Path, ident: dict, entries: dict) -> bool:

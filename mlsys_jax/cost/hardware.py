@@ -11,9 +11,8 @@ the same kernel (``epilogue``), and which estimate is its headline (``fused_defa
 """
 from __future__ import annotations
 
-import json
+import math
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,27 +90,48 @@ def _cache_path() -> Path:
 
 
 def cpu_hardware(recalibrate: bool = False) -> Hardware:
-    """This machine's CPU as a Hardware, measured once and cached (keyed by CPU and JAX version)."""
-    import jax
+    """This machine's CPU as a Hardware, measured once and cached under ``cost.cache.identity``
+    (the CPU's model name, core count, JAX and jaxlib, the backend, XLA_FLAGS) and the
+    calibration's version. A cached figure that is not a positive, finite number (a corrupt or
+    hand-edited file) is said in one line and measured again."""
+    import sys
 
-    key = (f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{jax.__version__}|"
-           f"v{CALIBRATION_VERSION}")
+    from mlsys_jax.cost.cache import identity, load, store
+
+    ident = {**identity(), "calibration": CALIBRATION_VERSION}
     path = _cache_path()
-    if not recalibrate and path.exists():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("key") == key:
-                return Hardware(**data["hw"])
-        except (OSError, ValueError, TypeError):
-            pass
+    if not recalibrate:
+        cached = load(path, ident).get("hw")
+        if cached is not None:
+            hw, why = _checked(cached)
+            if hw is not None:
+                return hw
+            print(f"mlsys-jax: note: the cached CPU calibration ({path}) is unusable ({why}); "
+                  "measuring it again", file=sys.stderr)
     hw = calibrate_device()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "hw": {k: v for k, v in asdict(hw).items()
-                                                       if k != "timer"}}))
-    except OSError:
-        pass
+    store(path, ident, {"hw": {k: v for k, v in asdict(hw).items() if k != "timer"}})
     return hw
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _checked(cached) -> tuple[Hardware | None, str]:
+    """``(Hardware, "")`` from a cache entry whose figures are all positive and finite, else
+    ``(None, what is wrong)``."""
+    if not isinstance(cached, dict) or not isinstance(cached.get("peak_flops"), dict):
+        return None, "not a calibration's fields"
+    try:
+        hw = Hardware(**cached)
+    except TypeError as e:
+        return None, f"its fields do not match: {e}"
+    bad = [f"peak {k} = {v!r}" for k, v in hw.peak_flops.items() if not _positive(v)]
+    bad += [f"{name} = {v!r}" for name, v in (("bandwidth", hw.bandwidth),
+                                              ("launch", hw.launch_s)) if not _positive(v)]
+    if not hw.peak_flops or "f32" not in hw.peak_flops:
+        bad.append("no f32 peak")
+    return (None, ", ".join(bad)) if bad else (hw, "")
 
 
 def _best_time(fn, repeats: int = 7) -> float:

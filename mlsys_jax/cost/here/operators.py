@@ -29,6 +29,27 @@ from mlsys_jax.cost.here.programs import constants, kernel_program
 CHUNK = 8  # kernels compiled, then timed side by side, at a time: the budget is checked between
 
 
+def _usable(key: str, value) -> bool:
+    """A cached entry whose figures are real numbers (a corrupt or hand-edited file's are not)."""
+    if key.startswith("kernel:"):
+        return isinstance(value, dict) and cache.finite(value.get("us"))
+    if key == "dispatch":
+        fields = ("call_us", "per_input_us", "per_output_us", "per_kernel_us")
+        return isinstance(value, dict) and set(value) == set(fields) and \
+            cache.finite(value["call_us"]) and \
+            all(cache.finite(value[f], positive=False) for f in fields[1:])
+    return key.startswith("failed:") and isinstance(value, str)
+
+
+def _checked(entries: dict, path) -> dict:
+    """The usable entries; the rest are measured again, said in one line."""
+    bad = [k for k, v in entries.items() if not _usable(k, v)]
+    if bad:
+        print(f"mlsys-jax: note: {len(bad)} entries of {path} are not usable figures (e.g. "
+              f"{bad[0]!r}: {str(entries[bad[0]])[:60]}); measuring them again", file=sys.stderr)
+    return {k: v for k, v in entries.items() if k not in bad}
+
+
 class OperatorModel:
     """Measured kernel times of this machine, cached on disk, and the budget to measure more."""
 
@@ -40,7 +61,7 @@ class OperatorModel:
         self.budget_s, self.spent_s = budget_s, 0.0
         self.repeats, self.min_time_s, self.dispatch_repeats = repeats, min_time_s, dispatch_repeats
         self.progress = progress
-        self.entries = cache.load(self.path, self.identity)
+        self.entries = _checked(cache.load(self.path, self.identity), self.path)
         self.measured_now = 0  # kernels this process measured (the rest came from the cache)
 
     # -- the figures ------------------------------------------------------------------------
