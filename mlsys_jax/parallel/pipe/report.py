@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import jax
 
 from mlsys_jax.parallel.pipe import figures
+from mlsys_jax.parallel.shard.inputs import check_finite_loss
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
@@ -70,6 +71,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     references alike); ``stage_memory``: also compile each stage alone for its temp bytes.
     """
     opt, t0 = plan.optimizer, plan.trainable
+    check_finite_loss(plan.loss, t0, plan.batch)
     s0 = jax.jit(opt.init)(t0)
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
     _progress(f"compiling the {plan.stages}-stage program and the one-device references")

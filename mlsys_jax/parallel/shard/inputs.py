@@ -120,3 +120,28 @@ def shard_shapes(batch, n: int):
 def display_path(path: str) -> str:
     """A parameter path as reports show it: a box's ``.value`` left out."""
     return path[: -len(".value")] if path.endswith(".value") else path
+
+
+def check_finite_loss(loss: Callable, trainable, batch) -> None:
+    """A loss that is NaN or infinite on one device at the initial parameters cannot be compared
+    with anything: refused in one line naming where the first non-finite value appears."""
+    import jax.numpy as jnp
+
+    from mlsys_jax.ir.nonfinite import first_nonfinite
+
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((trainable, batch))):
+        return                              # on shapes nothing runs
+    try:
+        value = jax.jit(loss)(trainable, batch)
+    except Exception:  # noqa: BLE001 (a loss that needs the mesh's axis names: the run says)
+        return
+    if bool(jnp.isfinite(value)):
+        return
+    try:
+        where = first_nonfinite(jax.make_jaxpr(loss)(trainable, batch), trainable, batch)
+    except Exception:  # noqa: BLE001 (named equations need every primitive to run eagerly)
+        where = None
+    raise MlsysError(f"the loss is {float(value)} on one device at the initial parameters"
+                     + (f"; it first appears at {where}" if where else "")
+                     + ": exactness needs finite numbers (fix the model, its inputs or its "
+                     "initialisation)")

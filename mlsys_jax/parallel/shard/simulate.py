@@ -18,6 +18,7 @@ from mlsys_jax import timing
 from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.parallel.shard import collectives, report, run, semantics, separability, step
 from mlsys_jax.parallel.shard.batch.explain import Statistics
+from mlsys_jax.parallel.shard import inputs
 from mlsys_jax.parallel.shard.inputs import display_path, shard_shapes, trace_loss
 from mlsys_jax.parallel.shard.layout import memory_report, per_device
 from mlsys_jax.parallel.shard.options import ShardOptions
@@ -119,6 +120,7 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
                     axis_rules=o.axis_rules, axis_names=o.axis_names)
     progress.stage("traced the loss and laid out the state")
+    inputs.check_finite_loss(setup.loss, setup.trainable, setup.batch)
     cache = {} if cache is None else cache
     key = ("one device", setup.data_size, str(xla_options), separable)
     if key not in cache:
