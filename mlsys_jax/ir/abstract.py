@@ -63,14 +63,9 @@ def _needs_values(e: Exception) -> MlsysError:
 
 
 def _user_line(e: BaseException) -> str:
-    """``file.py:LINE`` of the innermost frame of ``e``'s traceback that is the user's (outside
-    installed libraries and mlsys_jax: ``provenance``'s rule for an equation's line), or ''."""
-    import traceback
+    from mlsys_jax.ir.provenance import raised_at
 
-    from mlsys_jax.ir.provenance import lines_of
-
-    frames = reversed(traceback.extract_tb(e.__traceback__))  # innermost first
-    return lines_of((f.filename, f.lineno) for f in frames)[0] or ""
+    return raised_at(e)
 
 
 def is_abstract(tree) -> bool:

@@ -210,3 +210,32 @@ def _from_trace_order(found: list) -> None:
         if inside:
             for i in range(a + 1, b):
                 found[i] = Origin(inside, "order")
+
+
+def raised_at(e: BaseException) -> str:
+    """``file.py:LINE`` of the innermost frame of ``e``'s traceback that is the user's (outside
+    installed libraries and mlsys_jax: the rule of :func:`lines_of`), or ''."""
+    import traceback
+
+    frames = reversed(traceback.extract_tb(e.__traceback__))  # innermost first
+    return lines_of((f.filename, f.lineno) for f in frames)[0] or ""
+
+
+# what JAX's messages call the primitives a gradient cannot go through
+_NAMED_IN_MESSAGES = {"while": ("while_loop", "fori_loop"),
+                      "pure_callback": ("callback",), "io_callback": ("callback",)}
+
+
+def blamed_line(closed, message: str) -> str:
+    """The user's line of the first equation (nested bodies too) whose primitive ``message``
+    names (a gradient's failure names ``lax.while_loop``, a callback), or ''."""
+    from mlsys_jax.ir.walk import walk
+
+    text = message.lower()
+    for _, eqn in walk(closed):
+        words = _NAMED_IN_MESSAGES.get(eqn.primitive.name, ())
+        if any(w in text for w in words):
+            line = user_line(eqn)
+            return "" if line == UNNAMED else line
+    return ""
+

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.differentiable import check_grad_traces
 from mlsys_jax.parallel.axes import MODEL
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.shard import inputs, model_split, sync
@@ -171,6 +172,7 @@ def gather_facts(loss_fn, params, batch, optimizer, rules=None, *,
 
     progress.stage("tracing the loss")
     closed, _ = sync.trace_binding(loss, trainable, batch, None)
+    check_grad_traces(loss, (trainable, batch), what="loss_fn")
     remats = (AS_WRITTEN,) + (POLICIES if scans_to_checkpoint(closed.jaxpr) else ())
     widest = max((x.dtype for x in leaves), key=lambda d: jnp.finfo(d).bits)
     return Facts(loss_fn, params, batch, optimizer, rules, trainable, loss, closed, rows,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.differentiable import check_grad_traces
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.shard import inputs, model_split, sync
 from mlsys_jax.parallel.shard.layout import Layout, make_layout
@@ -67,6 +68,8 @@ def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero:
         return loss_fn(inputs.combine(t, rest), b)
 
     closed, name = sync.trace_binding(loss, trainable, batch, axis_names)
+    if name is None:          # (a loss that names a mesh axis is differentiated on the mesh)
+        check_grad_traces(loss, (trainable, batch), what="loss_fn")
     split = model_split.decide(params, trainable, closed, rules, axis_rules, mesh)
     layout = make_layout(trainable, optimizer, batch, mesh, zero, split.specs)
     dtype = max((x.dtype for x in jax.tree.leaves(trainable)), key=lambda d: jnp.finfo(d).eps)

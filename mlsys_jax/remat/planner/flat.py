@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.differentiable import check_grad_traces
 
 
 def _is_array(x) -> bool:
@@ -73,6 +74,7 @@ def flatten_loss(loss_fn, params, batch, api: str = "remat") -> FlatLoss:
 
     flat = FlatLoss(fn, [values[i] for i in diff_at], [blist[i] for i in b_at], unflatten, split)
     _check_scalar_loss(flat, api)
+    check_grad_traces(flat.fn, (flat.diff, flat.batch), what="loss_fn")
     return flat
 
 
