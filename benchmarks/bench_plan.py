@@ -25,21 +25,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._processes import cli, timed
+
 NAME = "plan"
 GPT2, LLAMA = "examples/flax_gpt2.py", "examples/flax_llama.py"
-
-_LAUNCHER = ("import os, subprocess, sys\n"
-             "child = subprocess.Popen(sys.argv[1:])\n"
-             "_, status, usage = os.wait4(child.pid, 0)\n"
-             "print(usage.ru_maxrss * 1024)\n"
-             "sys.exit(os.waitstatus_to_exitcode(status))\n")
 
 # GPT-2 small's layouts and Megatron's collectives, in a process with 8 simulated devices
 _FORMULAS = """
@@ -82,22 +74,6 @@ print(json.dumps(out))
 """
 
 
-def _timed(argv: list[str]) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], cwd=ROOT, capture_output=True,
-                         text=True, timeout=3600)
-    wall = time.perf_counter() - t0
-    if out.returncode not in (0, 1):
-        raise RuntimeError(f"{' '.join(argv[:8])} failed: {out.stderr[-1500:]}")
-    *lines, rss = out.stdout.rstrip().splitlines()
-    return {"stdout": "\n".join(lines), "wall_s": wall, "rss_bytes": int(rss),
-            "code": out.returncode}
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mlsys_jax.cli", *args]
-
-
 def _pure_dp(report: dict) -> dict:
     """The pure data-parallel layout without ZeRO: its reason and estimated bytes."""
     c = next(c for c in report["candidates"] if c["mesh"]["model"] == 1
@@ -115,13 +91,13 @@ def _front_holds(report: dict) -> int:
 
 
 def _plan(target: str, devices: int, memory: str, *extra: str) -> tuple[dict, dict]:
-    run = _timed(_cli("plan", target, "--devices", str(devices), "--memory", memory, "--json",
-                      "--quiet", *extra))
+    run = timed(cli("plan", target, "--devices", str(devices), "--memory", memory, "--json",
+                    "--quiet", *extra), ok=(0, 1))
     return json.loads(run["stdout"]), run
 
 
 def run(quick: bool = False) -> dict:
-    formulas = json.loads(_timed([sys.executable, "-c", _FORMULAS])["stdout"])
+    formulas = json.loads(timed([sys.executable, "-c", _FORMULAS])["stdout"])
     figures = {"zero_over_rajbhandari_ratio": {
         f"zero{k}": v["layout_bytes"] / v["paper_bytes"] for k, v in formulas["zero"].items()},
         "zero_minus_rajbhandari_bytes": {
@@ -160,7 +136,7 @@ def run(quick: bool = False) -> dict:
             v = small["validation"]
             figures["gpt2_small_8x2gb"].update(
                 validate_exact=int(v["exact"]), validate_bytes_equal=int(v["bytes_equal"]))
-            shard = _timed(_cli("shard", f"{GPT2}:train", "--layout", emitted, "--steps", "1",
+            shard = timed(cli("shard", f"{GPT2}:train", "--layout", emitted, "--steps", "1",
                                 "--json"))
             figures["gpt2_small_8x2gb"]["shard_layout_exact"] = int(
                 json.loads(shard["stdout"])["exact"])

@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from benchmarks._processes import cli, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "shapes"
 LLAMA, EQX = "examples/flax_llama.py", "examples/equinox_gpt.py"
 
 # argv[1:] as a child; prints its peak RSS in bytes last (os.wait4 charges the child alone)
-_LAUNCHER = ("import os, subprocess, sys\n"
-             "child = subprocess.Popen(sys.argv[1:])\n"
-             "_, status, usage = os.wait4(child.pid, 0)\n"
-             "print(usage.ru_maxrss * 1024)\n"
-             "sys.exit(os.waitstatus_to_exitcode(status))\n")
-
 # the plain gradient, what `inspect --grad` compiles: import the example, build its abstract
 # (f, args), compile the gradient of f's summed output w.r.t. args[0] (argv: file, factory)
 _PLAIN_GRAD = ("import sys, importlib.util, jax\n"
@@ -83,25 +77,9 @@ _PLAIN_FSDP = ("import os, sys, importlib.util\n"
                "print(c.memory_analysis().argument_size_in_bytes)\n")
 
 
-def _timed(argv: list[str]) -> dict:
-    """Run ``argv`` under the launcher: its stdout (less the RSS line), wall s and peak RSS."""
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], cwd=ROOT, capture_output=True,
-                         text=True, timeout=1800)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:6])} failed: {out.stderr[-1500:]}")
-    *lines, rss = out.stdout.rstrip().splitlines()
-    return {"stdout": "\n".join(lines), "wall_s": wall, "rss_bytes": int(rss)}
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mlsys_jax.cli", *args]
-
-
 def _inspect_figures(file: str, factory: str, count: int) -> dict:
-    plain = _timed([sys.executable, "-c", _PLAIN_GRAD, file, factory])
-    ours = _timed(_cli("inspect", f"{file}:{factory}", "--grad", "--json"))
+    plain = timed([sys.executable, "-c", _PLAIN_GRAD, file, factory])
+    ours = timed(cli("inspect", f"{file}:{factory}", "--grad", "--json"))
     total = json.loads(ours["stdout"])
     figures = {"params_exact": int(total["params"] == count),
                "flops_over_xla_ratio": total["total"]["flops"] / total["total"]["xla_flops"],
@@ -112,7 +90,7 @@ def _inspect_figures(file: str, factory: str, count: int) -> dict:
 
 
 def _shard(factory: str, mesh: str, devices: int) -> tuple[dict, dict]:
-    run = _timed(_cli("--devices", str(devices), "shard", f"{LLAMA}:{factory}", "--mesh", mesh,
+    run = timed(cli("--devices", str(devices), "shard", f"{LLAMA}:{factory}", "--mesh", mesh,
                       "--zero", "3", "--json"))
     return json.loads(run["stdout"]), run
 
@@ -120,8 +98,8 @@ def _shard(factory: str, mesh: str, devices: int) -> tuple[dict, dict]:
 def _remat(factory: str) -> dict:
     """``remat --budget 50%`` on the 8B loss whose blocks are not checkpointed, beside the plain
     build+compile of its gradient."""
-    plain = _timed([sys.executable, "-c", _PLAIN_LOSS_GRAD, LLAMA, factory])
-    ours = _timed(_cli("remat", f"{LLAMA}:{factory}", "--budget", "50%", "--json"))
+    plain = timed([sys.executable, "-c", _PLAIN_LOSS_GRAD, LLAMA, factory])
+    ours = timed(cli("remat", f"{LLAMA}:{factory}", "--budget", "50%", "--json"))
     plan = json.loads(ours["stdout"])
     return {"plan_temp_over_plain_temp_ratio": plan["compiled_temp_bytes"] / int(plain["stdout"]),
             "plan_under_budget": int(plan["compiled_temp_bytes"] <= plan["budget_bytes"]),
@@ -135,12 +113,12 @@ def _gpt2_equal() -> dict:
     """GPT-2 small on arrays and under --abstract: 1 where every figure is equal."""
     gpt2 = "examples/flax_gpt2.py"
     same = {}
-    on = [json.loads(_timed(_cli("inspect", f"{gpt2}:inspect", "--grad", *flag, "--json"))[
+    on = [json.loads(timed(cli("inspect", f"{gpt2}:inspect", "--grad", *flag, "--json"))[
         "stdout"]) for flag in (["--xla"], ["--abstract"])]
     same["inspect_params_flops_xla_bytes"] = int(on[0]["params"] == on[1]["params"]
                                                   and on[0]["total"] == on[1]["total"])
     args = ["--mesh", "data=4,model=2", "--zero", "3", "--json"]
-    on = [json.loads(_timed(_cli("shard", f"{gpt2}:train", *flag, *args))["stdout"])
+    on = [json.loads(timed(cli("shard", f"{gpt2}:train", *flag, *args))["stdout"])
           for flag in (["--steps", "1"], ["--abstract"])]
     rows = lambda report: [(r["kind"], r["axis"], r["count"], r["bytes"])  # noqa: E731
                            for r in report["collectives"]]
@@ -159,7 +137,7 @@ def run(quick: bool = False) -> dict:
                "equinox1b_inspect": _inspect_figures(
                    EQX, "inspect_1b", equinox_gpt.parameter_count(equinox_gpt.GPT_1B))}
     fsdp, run64 = _shard("train_8b", "data=64", 64)
-    plain = _timed([sys.executable, "-c", _PLAIN_FSDP, LLAMA, "train_8b", "64"])
+    plain = timed([sys.executable, "-c", _PLAIN_FSDP, LLAMA, "train_8b", "64"])
     d = fsdp["per_device"]
     figures["llama8b_fsdp64"] = {
         "params_and_adam_over_12psi_per_64_ratio":
