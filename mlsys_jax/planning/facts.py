@@ -172,7 +172,7 @@ def gather_facts(loss_fn, params, batch, optimizer, rules=None, *,
 
     progress.stage("tracing the loss")
     closed, _ = sync.trace_binding(loss, trainable, batch, None)
-    check_grad_traces(loss, (trainable, batch), what="loss_fn")
+    check_grad_traces(loss, (trainable, batch), what="loss_fn", closed=closed)
     remats = (AS_WRITTEN,) + (POLICIES if scans_to_checkpoint(closed.jaxpr) else ())
     widest = max((x.dtype for x in leaves), key=lambda d: jnp.finfo(d).bits)
     return Facts(loss_fn, params, batch, optimizer, rules, trainable, loss, closed, rows,

@@ -62,7 +62,7 @@ def placed_state(layout, trainable, optimizer) -> tuple[dict, bool]:
 
 
 def validate(layout_data: dict, loss_fn, params, batch, optimizer, *, target: str,
-             steps: int = 2, progress=None) -> Validation:
+             steps: int = 1, progress=None) -> Validation:
     """Run ``layout_data`` (a layout file's object) on the factory's model through ``shard``."""
     from mlsys_jax.ir.abstract import is_abstract
     from mlsys_jax.parallel.shard import ShardOptions, simulate

@@ -9,6 +9,12 @@ import time
 from mlsys_jax.errors import INTERRUPTED, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# `mlsys-jax ARGS` with Python's own Ctrl-C handler: a test worker may run with SIGINT ignored,
+# and a child inherits that (a terminal's process never does)
+AS_A_TERMINAL_RUNS_IT = ("import runpy, signal, sys; "
+                         "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                         "sys.argv = ['mlsys-jax', *sys.argv[1:]]; "
+                         "runpy.run_module('mlsys_jax.cli', run_name='__main__')")
 
 
 def _interrupted():
@@ -24,8 +30,9 @@ def test_sigint_while_remat_compiles_exits_130_without_a_core_dump(tmp_path):
     err_path = tmp_path / "err.txt"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlsys_jax.cli", "remat", "examples/flax_gpt2.py:loss_tiny",
-             "--budget", "60%"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+            [sys.executable, "-c", AS_A_TERMINAL_RUNS_IT, "remat",
+             "examples/flax_gpt2.py:loss_tiny", "--budget", "60%"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 120
         while "compiling" not in err_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -69,7 +69,7 @@ def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero:
 
     closed, name = sync.trace_binding(loss, trainable, batch, axis_names)
     if name is None:          # (a loss that names a mesh axis is differentiated on the mesh)
-        check_grad_traces(loss, (trainable, batch), what="loss_fn")
+        check_grad_traces(loss, (trainable, batch), what="loss_fn", closed=closed)
     split = model_split.decide(params, trainable, closed, rules, axis_rules, mesh)
     layout = make_layout(trainable, optimizer, batch, mesh, zero, split.specs)
     dtype = max((x.dtype for x in jax.tree.leaves(trainable)), key=lambda d: jnp.finfo(d).eps)

@@ -73,14 +73,15 @@ def flatten_loss(loss_fn, params, batch, api: str = "remat") -> FlatLoss:
         return [pl[i] for i in diff_at], [bl[i] for i in b_at]
 
     flat = FlatLoss(fn, [values[i] for i in diff_at], [blist[i] for i in b_at], unflatten, split)
-    _check_scalar_loss(flat, api)
-    check_grad_traces(flat.fn, (flat.diff, flat.batch), what="loss_fn")
+    closed = _check_scalar_loss(flat, api)
+    check_grad_traces(flat.fn, (flat.diff, flat.batch), what="loss_fn", closed=closed)
     return flat
 
 
-def _check_scalar_loss(flat: FlatLoss, api: str) -> None:
+def _check_scalar_loss(flat: FlatLoss, api: str):
+    """The loss traced (its ClosedJaxpr), checked to return one float scalar."""
     try:
-        out = jax.eval_shape(flat.fn, flat.diff, flat.batch)
+        closed, out = jax.make_jaxpr(flat.fn, return_shape=True)(flat.diff, flat.batch)
     except MlsysError:
         raise
     except Exception as e:  # the user's loss may raise anything: one line names it
@@ -91,3 +92,4 @@ def _check_scalar_loss(flat: FlatLoss, api: str) -> None:
         got = jax.tree_util.tree_map(lambda a: f"{a.dtype}{list(a.shape)}", out)
         raise MlsysError(f"{api}: loss_fn(params, batch) must return one float scalar (the loss) "
                          f"to be differentiated; it returns {got}")
+    return closed
