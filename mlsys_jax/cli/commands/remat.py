@@ -128,6 +128,10 @@ def print_text(target: str, out) -> None:
     print(f"  {n} program(s) compiled for the plan (no remat and "
           f"{n - 1} plan(s)) in {out.compile_seconds:.1f} s; of those that fit, the fastest "
           "measured")
+    if out.choice:
+        from mlsys_jax.tables import wrap
+
+        print(wrap(f"chosen: {out.choice}"))
     if p.recomputed and not p.scan_policy:
         print(f"  saved:      {_names(out.shapes, p.saved)}")
         print(f"  recomputed: {_names(out.shapes, p.recomputed)}")

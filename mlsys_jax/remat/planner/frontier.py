@@ -58,6 +58,7 @@ class Frontier:
         self.programs = Programs(self.flat, progress, flops_per_trip=flops_per_trip)
         self.compiled, self.labels, self.timings = {}, {}, {}   # by plan_key
         self.last_times = {}              # label -> Timing of the last timing session
+        self.choice = ""                  # how the last choice between timed plans was made
         self.measured: list[Plan] = []
         progress.stage(f"compiling no remat, jax.grad of the loss ({self.graph.n_eqns} "
                        "equations)")
@@ -242,8 +243,30 @@ class Frontier:
         if not timed:
             raise self.refusal(budget_bytes)
         best = min(timed, key=lambda p: (self.step_time_ratio(p), -p.compiled_temp_bytes))
+        best = self._within_noise(best, timed)
         least = min(p.compiled_temp_bytes for p in self.measured)
         return replace(best, budget_bytes=budget_bytes, min_budget_bytes=least)
+
+    def _within_noise(self, best: Plan, timed: list) -> Plan:
+        """Of the timed plans whose paired-round intervals overlap the fastest's (their times are
+        indistinguishable), the one with the fewest compiled FLOPs; ``choice`` says which and
+        why."""
+        r = self.timings.get(plan_key(best))
+        close = [p for p in timed if r is not None and self.timings.get(plan_key(p)) is not None
+                 and self.timings[plan_key(p)].low <= r.high
+                 and self.timings[plan_key(p)].high >= r.low]
+        if len(close) < 2:
+            self.choice = (f"the fastest that fits: step time ×{r.median:.3g} [{r.low:.3g}–"
+                           f"{r.high:.3g}] of no remat's" if r is not None else "")
+            return best
+        pick = min(close, key=lambda p: (p.compiled_flops, -p.compiled_temp_bytes))
+        shown = "; ".join(f"{self.labels[plan_key(p)]} ×{self.timings[plan_key(p)].median:.3g} "
+                          f"[{self.timings[plan_key(p)].low:.3g}–"
+                          f"{self.timings[plan_key(p)].high:.3g}]" for p in close)
+        self.choice = (f"{len(close)} plans that fit are indistinguishable in time (their paired "
+                       f"rounds overlap: {shown}): the one with the fewest compiled FLOPs, "
+                       f"{self.labels[plan_key(pick)]}")
+        return pick
 
     def plan(self, budget) -> Plan:
         """The fastest measured plan whose compiled temp bytes fit ``budget`` (an int, ``'60%'``

@@ -53,6 +53,7 @@ class PlanReport:
     shapes: dict                    # value name -> its shape, as the graph prints it
     versus: dict                    # policies.compare_policies (empty lists: --no-policies)
     timelines: dict                 # "no remat" (and "the plan") -> the planner's memory model
+    choice: str = ""                # how the plan was chosen among the timed ones (the noise)
 
     def ratio(self, p: Plan):
         """``(is the reference, timing.Ratio | None)`` of a compiled plan's step time."""
@@ -105,4 +106,5 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
         timings=dict(fr.timings), compile_seconds=sum(fr.program(q).compile_s
                                                       for q in fr.measured),
         zero_grad_leaves=fr.programs.zero_grad_leaves, n_grad_leaves=len(fr.flat.diff),
-        shapes=dict(zip(fr.graph.names, fr.graph.shapes)), versus=versus, timelines=timelines)
+        shapes=dict(zip(fr.graph.names, fr.graph.shapes)), versus=versus, timelines=timelines,
+        choice=fr.choice)
