@@ -34,8 +34,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ECOSYSTEM in Path(item.path).parents:
             item.add_marker(pytest.mark.ecosystem)
-    # The long files first (campaign tiers, then users' models): the two workers take files in
-    # this order, so the suite ends on short files rather than one worker finishing a long one
-    # alone. A stable sort: within a tier, files and tests keep their order.
+    # The long files first (campaign tiers, users' models, then files of slow tests): the two
+    # workers take files in this order, so the suite ends on short files rather than one worker
+    # finishing a long one alone. A stable sort: within a tier, files and tests keep their order.
     items.sort(key=lambda item: 0 if item.get_closest_marker("campaign") else
-               1 if item.get_closest_marker("ecosystem") else 2)
+               1 if item.get_closest_marker("ecosystem") else
+               2 if item.get_closest_marker("slow") else 3)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mlsys_jax.errors import INTERRUPTED, run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,6 +28,7 @@ def test_run_command_says_interrupted_in_one_line(capsys):
     assert capsys.readouterr().err == "mlsys-jax: interrupted\n"
 
 
+@pytest.mark.slow
 def test_sigint_while_remat_compiles_exits_130_without_a_core_dump(tmp_path):
     err_path = tmp_path / "err.txt"
     with open(err_path, "w") as err:

@@ -7,6 +7,8 @@ import pytest
 
 from mlsys_jax import cli
 
+pytestmark = pytest.mark.slow   # three commands each load a factory and trace its gradient
+
 FACTORIES = textwrap.dedent("""
     import jax, jax.numpy as jnp, optax
 

@@ -29,6 +29,7 @@ def test_the_mesh_names_the_equation_that_makes_the_nan():
                  ShardOptions(steps=1, time_repeats=0))
 
 
+@pytest.mark.slow
 def test_the_pipeline_refuses_it_too():
     params, batch = _inputs()
     with jax.enable_x64(False):

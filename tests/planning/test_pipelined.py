@@ -4,6 +4,7 @@ import os
 import sys
 
 import jax
+import pytest
 
 from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.shard.layout import make_layout
@@ -13,6 +14,8 @@ from mlsys_jax.planning.candidates import Candidate
 from mlsys_jax.planning.facts import gather_facts
 from mlsys_jax.planning.search import _abstract, _compile_pipeline
 from mlsys_jax.planning.validate import validate
+
+pytestmark = pytest.mark.slow   # a pipeline compiled and run: tens of seconds
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples"))

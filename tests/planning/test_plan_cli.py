@@ -17,6 +17,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mlsys_jax import cli
 
+pytestmark = pytest.mark.slow   # the plan and the runs behind it: tens of seconds
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "examples")
 GPT2 = f"{EXAMPLES}/flax_gpt2.py"

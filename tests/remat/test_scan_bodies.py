@@ -60,6 +60,7 @@ def test_a_body_the_user_checkpointed_is_left_alone():
     assert scans_to_checkpoint(jax.make_jaxpr(scanned_loss)(params, batch).jaxpr) == 1
 
 
+@pytest.mark.slow
 def test_the_planner_meets_a_budget_no_milp_plan_reaches_with_jax_grads():
     params, batch = _inputs()
     fr = Frontier(scanned_loss, params, batch, repeats=2, timing_budget_s=0.5)
@@ -69,6 +70,7 @@ def test_the_planner_meets_a_budget_no_milp_plan_reaches_with_jax_grads():
     assert fr.program(plan).grads_max_rel_diff < 1e-6
 
 
+@pytest.mark.slow
 def test_on_shapes_the_same_plan_is_chosen_by_compiled_bytes():
     params, batch = _inputs()
     spec = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)  # noqa
