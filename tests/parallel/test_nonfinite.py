@@ -20,6 +20,7 @@ def _inputs():
             {"x": jnp.ones((8, 4), jnp.float32)})
 
 
+@pytest.mark.slow
 def test_the_mesh_names_the_equation_that_makes_the_nan():
     params, batch = _inputs()
     with jax.enable_x64(False), pytest.raises(MlsysError, match=r"the loss is nan .* first "

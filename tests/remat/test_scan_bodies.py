@@ -38,6 +38,7 @@ def _inputs():
     return params, {"x": x, "y": jnp.roll(x, 1, axis=1)}
 
 
+@pytest.mark.slow
 def test_every_policy_gives_jax_grads_and_fewer_temp_bytes():
     params, batch = _inputs()
     ref = jax.grad(scanned_loss)(params, batch)
