@@ -14,6 +14,7 @@ get ``--import-timeout`` and run the user's code under JAX's defaults (float32 u
 from __future__ import annotations
 
 import argparse
+import sys
 import importlib
 import math
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "real JAX code.")
     p.add_argument("--devices", type=int, default=None,
                    help="simulated CPU device count, set before JAX starts (default 8)")
+    p.add_argument("--version", action="store_true",
+                   help="print mlsys-jax's version and exit (alone: JAX is not started)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p.commands = {}
     for name in COMMANDS:
@@ -105,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     and ends threads the user's code left running (:mod:`mlsys_jax.cli.user_code`)."""
     from mlsys_jax.cli import user_code
 
+    if (sys.argv[1:] if argv is None else list(argv)) == ["--version"]:
+        from mlsys_jax import __version__
+
+        print(f"mlsys-jax {__version__}")       # without starting JAX
+        return 0
     if argv is None:
         user_code.report_thread_failures_in_one_line()
 
@@ -114,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         runtime.check_environment()
         runtime.import_jax()  # before the parser: the command modules import JAX
         args = build_parser().parse_args(argv)
+        if args.version:
+            from mlsys_jax import __version__
+
+            print(f"mlsys-jax {__version__}")
+            return 0
         if args.devices_sub is not None:
             args.devices = args.devices_sub
         devices = runtime.DEFAULT_DEVICES if args.devices is None else args.devices
