@@ -131,6 +131,9 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
                          f"start with --devices {devices} (set before JAX starts)")
     node = min(gpus_per_node, devices)
     params, batch = _abstract(params), _abstract(batch)
+    for flag, value in (("--shortlist", shortlist), ("--microbatches", microbatches)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise MlsysError(f"{flag} must be a positive number, got {value!r}")
     if global_batch is not None:
         if global_batch < 1:
             raise MlsysError(f"--global-batch must be positive, got {global_batch}")

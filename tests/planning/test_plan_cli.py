@@ -102,6 +102,8 @@ def test_the_file_feeds_a_users_own_jit(planned):
     (["--gpus-per-node", "3"], "not a whole number of nodes"),
     (["--memory", "1KB"], "less than the parameters alone"),
     (["--memory", "lots"], "--memory: expected bytes"),
+    (["--shortlist", "0"], "--shortlist must be a positive number"),
+    (["--microbatches", "0"], "--microbatches must be a positive number"),
 ])
 def test_bad_requests_get_one_line_and_exit_2(capsys, argv, match):
     code, out, err = run(capsys, "plan", f"{GPT2}:train_tiny", "--devices", "8", "--quiet",
