@@ -43,9 +43,9 @@ from mlsys_jax.parallel.mesh import make_mesh
 from mlsys_jax.parallel.shard.layout import make_layout
 from mlsys_jax.parallel.shard.shapes import compile_on_shapes
 from mlsys_jax.planning.facts import gather_facts
-from mlsys_jax.planning.search import _abstract
+from mlsys_jax.ir.abstract import shapes_of
 loss_fn, params, batch, opt = g.train()
-params, batch = _abstract(params), _abstract(batch)
+params, batch = shapes_of(params), shapes_of(batch)
 facts = gather_facts(loss_fn, params, batch, opt)
 psi, n = facts.n_params, 8
 paper = {1: 4 * psi + 4 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}
@@ -64,7 +64,7 @@ out["megatron"] = {"layers": c.layers, "forward_measured": rep.forward_all_reduc
 # per layer: the plan's estimate (one row's gradient, XLA's temp) at 12 layers less at 6
 half = dataclasses.replace(c, layers=c.layers // 2)
 f6, p6, b6, o6 = g.train(half)
-facts6 = gather_facts(f6, _abstract(p6), _abstract(b6), o6)
+facts6 = gather_facts(f6, shapes_of(p6), shapes_of(b6), o6)
 per_layer = (facts.activation_bytes("as written", 1)
              - facts6.activation_bytes("as written", 1)) / (c.layers - half.layers)
 out["activations"] = {"estimate_per_layer_bytes": per_layer,

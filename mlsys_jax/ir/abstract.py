@@ -55,17 +55,19 @@ def run_abstract(factory: Callable[[], Any]) -> Any:
 
 
 def _needs_values(e: Exception) -> MlsysError:
-    where = _user_line(e)
+    from mlsys_jax.ir.provenance import raised_at
+
+    where = raised_at(e)
     return MlsysError(f"--abstract: the factory needs the value of an array it created"
                       f"{' at ' + where if where else ''} ({type(e).__name__}); on shapes no "
                       f"array has a value: compute that from shapes (x.shape, x.dtype) or with "
                       f"jnp instead of NumPy, or run without --abstract at a size that fits")
 
 
-def _user_line(e: BaseException) -> str:
-    from mlsys_jax.ir.provenance import raised_at
-
-    return raised_at(e)
+def shapes_of(tree):
+    """``tree`` with every array leaf (or struct) as a ``ShapeDtypeStruct``: its shapes only."""
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+                                  if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
 
 
 def is_abstract(tree) -> bool:

@@ -98,10 +98,6 @@ class Facts:
 
         return with_bodies_checkpointed(self.loss, remat)
 
-    def _rows(self, rows: int):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype),
-                            self.batch)
-
     def _one_device(self, remat: str, rows: int) -> tuple[int, float]:
         """(XLA temp bytes, XLA FLOPs with scans per trip) of one device's gradient at ``rows``."""
         remat = AS_WRITTEN if remat == STAGE_REMAT else remat
@@ -112,7 +108,7 @@ class Facts:
             self.progress.stage(f"compiling one device's gradient at {rows} row(s), remat "
                                 f"{remat}: activation bytes")
             loss = self.loss_for(remat)
-            args = (self.trainable, self._rows(rows))
+            args = (self.trainable, inputs.with_rows(self.batch, rows))
             compiled = jax.jit(jax.grad(loss)).lower(*args).compile()
             flops = float((compiled.cost_analysis() or {}).get("flops", 0.0))
             flops = xla_flops_per_trip(jax.make_jaxpr(jax.grad(loss))(*args), flops)

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 import jax
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.abstract import shapes_of
 from mlsys_jax.parallel.axes import DATA, MODEL, PIPE
 from mlsys_jax.parallel.mesh import make_mesh
+from mlsys_jax.parallel.shard.inputs import with_rows
 from mlsys_jax.planning.assess import OVERLAP, Assessed, estimate_memory, formula_rows, predict_time
 from mlsys_jax.planning.candidates import enumerate_candidates
 from mlsys_jax.planning.facts import Facts, gather_facts
@@ -86,16 +88,6 @@ def _candidate_json(a: Assessed) -> dict:
             "collectives": a.collectives, "split": a.split, "notes": a.notes}
 
 
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-                        if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
-
-
-def _with_rows(batch, rows: int):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype),
-                        batch)
-
-
 def check_request(*, devices: int, gpus_per_node: int, hw: str, memory_bytes: int) -> None:
     """The request's own sense, before any model is built (one line each)."""
     if not isinstance(devices, int) or devices < 1:
@@ -130,14 +122,14 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
         raise MlsysError(f"plan: {devices} devices asked for but JAX has {len(jax.devices())}; "
                          f"start with --devices {devices} (set before JAX starts)")
     node = min(gpus_per_node, devices)
-    params, batch = _abstract(params), _abstract(batch)
+    params, batch = shapes_of(params), shapes_of(batch)
     for flag, value in (("--shortlist", shortlist), ("--microbatches", microbatches)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise MlsysError(f"{flag} must be a positive number, got {value!r}")
     if global_batch is not None:
         if global_batch < 1:
             raise MlsysError(f"--global-batch must be positive, got {global_batch}")
-        batch = _with_rows(batch, global_batch)
+        batch = with_rows(batch, global_batch)
     facts = gather_facts(loss_fn, params, batch, optimizer, rules, progress=progress)
     if memory_bytes * devices < facts.param_bytes:
         raise MlsysError(

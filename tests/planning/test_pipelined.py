@@ -12,7 +12,8 @@ from mlsys_jax.planning import layout_file
 from mlsys_jax.planning.assess import Assessed, estimate_memory
 from mlsys_jax.planning.candidates import Candidate
 from mlsys_jax.planning.facts import gather_facts
-from mlsys_jax.planning.search import _abstract, _compile_pipeline
+from mlsys_jax.ir.abstract import shapes_of
+from mlsys_jax.planning.search import _compile_pipeline
 from mlsys_jax.planning.validate import validate
 
 pytestmark = pytest.mark.slow   # a pipeline compiled and run: tens of seconds
@@ -30,7 +31,7 @@ def _pipeline_case():
     import flax_llama as m
 
     loss_fn, params, batch, opt = m.train(m.replace(m.TINY, batch=8))
-    facts = gather_facts(loss_fn, _abstract(params), _abstract(batch), opt)
+    facts = gather_facts(loss_fn, shapes_of(params), shapes_of(batch), opt)
     a = Assessed(Candidate(data=4, model=1, pipe=2, zero=0, microbatches=2, schedule="1f1b"))
     estimate_memory(a, facts, make_layout(facts.trainable, opt, facts.batch,
                                           make_mesh({"data": 4}), 0))

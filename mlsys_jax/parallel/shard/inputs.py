@@ -113,8 +113,13 @@ def trace_loss(loss: Callable, trainable, batch, axis_env=()):
 
 def shard_shapes(batch, n: int):
     """ShapeDtypeStructs of one shard of the batch."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // n,) + tuple(x.shape[1:]),
-                                                       x.dtype), batch)
+    return with_rows(batch, jax.tree.leaves(batch)[0].shape[0] // n)
+
+
+def with_rows(batch, rows: int):
+    """ShapeDtypeStructs of the batch with ``rows`` on its leading (batch) axis."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype),
+                        batch)
 
 
 def display_path(path: str) -> str:

@@ -53,8 +53,10 @@ def shard_by_shard(shard_loss: Callable, trainable, batch, n: int, options: dict
     time (``shard_loss(index, t, shard)`` compiled once, at one shard's shapes), accumulated."""
     import jax.numpy as jnp
 
+    from mlsys_jax.parallel.shard.inputs import with_rows
+
     rows = jax.tree.leaves(batch)[0].shape[0] // n
-    shard = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype), batch)
+    shard = with_rows(batch, rows)
     one = jax.jit(jax.value_and_grad(lambda t, s, i: shard_loss(i, t, s))).lower(
         trainable, shard, jnp.int32(0)).compile(options)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
