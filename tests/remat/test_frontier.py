@@ -57,7 +57,14 @@ def test_a_tighter_budget_compiles_plans_that_bracket_it_and_the_fastest_wins(fr
         assert p.compiled_temp_bytes <= budget and p.recomputed and p.budget_bytes == budget
         assert len(frontier.measured) <= 3 + MAX_PROBES     # no remat, the least two, probes
         fits = [q for q in frontier.fitting(budget) if frontier.step_time_ratio(q) is not None]
-        assert frontier.step_time_ratio(p) == min(frontier.step_time_ratio(q) for q in fits)
+        fastest = min(fits, key=frontier.step_time_ratio)
+        if "indistinguishable" in frontier.choice:   # overlapping rounds: the fewest FLOPs
+            r = frontier.timings[plan_key(fastest)]
+            close = [q for q in fits if frontier.timings[plan_key(q)].low <= r.high
+                     and frontier.timings[plan_key(q)].high >= r.low]
+            assert p.compiled_flops == min(q.compiled_flops for q in close)
+        else:
+            assert frontier.step_time_ratio(p) == frontier.step_time_ratio(fastest)
         assert frontier.program(p).grads_max_rel_diff < 1e-6      # float32, against jax.grad
         least = frontier.plan("min")
         assert least.compiled_temp_bytes == min(q.compiled_temp_bytes for q in frontier.measured)
