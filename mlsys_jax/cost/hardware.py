@@ -11,7 +11,6 @@ the same kernel (``epilogue``), and which estimate is its headline (``fused_defa
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -113,10 +112,6 @@ def cpu_hardware(recalibrate: bool = False) -> Hardware:
     return hw
 
 
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-
 def _checked(cached) -> tuple[Hardware | None, str]:
     """``(Hardware, "")`` from a cache entry whose figures are all positive and finite, else
     ``(None, what is wrong)``."""
@@ -126,9 +121,11 @@ def _checked(cached) -> tuple[Hardware | None, str]:
         hw = Hardware(**cached)
     except TypeError as e:
         return None, f"its fields do not match: {e}"
-    bad = [f"peak {k} = {v!r}" for k, v in hw.peak_flops.items() if not _positive(v)]
+    from mlsys_jax.cost.cache import finite
+
+    bad = [f"peak {k} = {v!r}" for k, v in hw.peak_flops.items() if not finite(v)]
     bad += [f"{name} = {v!r}" for name, v in (("bandwidth", hw.bandwidth),
-                                              ("launch", hw.launch_s)) if not _positive(v)]
+                                              ("launch", hw.launch_s)) if not finite(v)]
     if not hw.peak_flops or "f32" not in hw.peak_flops:
         bad.append("no f32 peak")
     return (None, ", ".join(bad)) if bad else (hw, "")

@@ -50,6 +50,7 @@ class Facts:
     remats: tuple                 # AS_WRITTEN, and the scan-body policies where the loss has scans
     progress: Progress = SILENT
     _splits: dict = field(default_factory=dict)
+    _layouts: dict = field(default_factory=dict)
     _act: dict = field(default_factory=dict)
     _flops: dict = field(default_factory=dict)
     _compute: dict = field(default_factory=dict)
@@ -88,6 +89,20 @@ class Facts:
         self._splits[model] = (specs, notes)
         return self._splits[model]
 
+    def layout(self, data: int, model: int, zero: int):
+        """``shard``'s layout (``parallel/shard/layout.make_layout``) of the step on a data ×
+        model mesh at ZeRO stage ``zero``: what each device holds, exactly."""
+        from mlsys_jax.parallel.axes import DATA
+        from mlsys_jax.parallel.shard.layout import make_layout
+
+        key = (data, model, zero)
+        if key not in self._layouts:
+            specs, _ = self.tp_specs(model)
+            mesh = make_mesh({DATA: data, MODEL: model} if model > 1 else {DATA: data})
+            self._layouts[key] = make_layout(self.trainable, self.optimizer, self.batch, mesh,
+                                             zero, specs)
+        return self._layouts[key]
+
     # ---- activations, FLOPs and compute time --------------------------------------------------
     def loss_for(self, remat: str):
         """The loss as the layout runs it: the user's, or its scan bodies checkpointed (a
@@ -109,9 +124,10 @@ class Facts:
                                 f"{remat}: activation bytes")
             loss = self.loss_for(remat)
             args = (self.trainable, inputs.with_rows(self.batch, rows))
-            compiled = jax.jit(jax.grad(loss)).lower(*args).compile()
+            traced = jax.jit(jax.grad(loss)).trace(*args)
+            compiled = traced.lower().compile()
             flops = float((compiled.cost_analysis() or {}).get("flops", 0.0))
-            flops = xla_flops_per_trip(jax.make_jaxpr(jax.grad(loss))(*args), flops)
+            flops = xla_flops_per_trip(traced.jaxpr, flops)
             self._act[key] = (int(compiled.memory_analysis().temp_size_in_bytes), flops)
         return self._act[key]
 

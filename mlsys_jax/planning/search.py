@@ -12,8 +12,7 @@ import jax
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.abstract import shapes_of
-from mlsys_jax.parallel.axes import DATA, MODEL, PIPE
-from mlsys_jax.parallel.mesh import make_mesh
+from mlsys_jax.parallel.axes import DATA, PIPE
 from mlsys_jax.parallel.shard.inputs import with_rows
 from mlsys_jax.planning.assess import OVERLAP, Assessed, estimate_memory, formula_rows, predict_time
 from mlsys_jax.planning.candidates import enumerate_candidates
@@ -41,7 +40,6 @@ class PlanResult:
     pareto: list
     why: str
     facts: Facts = field(repr=False)
-    notes: list = field(default_factory=list)
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -51,7 +49,7 @@ class PlanResult:
                 "links": LINKS[self.hw].as_dict(), "overlap": OVERLAP,
                 "candidates": [_candidate_json(a) for a in self.assessed],
                 "chosen": self.chosen, "pareto": self.pareto, "why": self.why,
-                "notes": self.notes, "seconds": self.seconds}
+                "seconds": self.seconds}
 
     @property
     def best(self) -> Assessed | None:
@@ -60,21 +58,17 @@ class PlanResult:
     def layout_data(self, index: int | None = None) -> dict:
         """The layout file's object (``planning.layout_file``) of candidate ``index`` (default:
         the chosen one)."""
-        from mlsys_jax.parallel.shard.layout import make_layout
         from mlsys_jax.planning import layout_file
 
         index = self.chosen if index is None else index
         if index is None:
             raise MlsysError("plan: no layout was chosen, so there is none to emit")
         c = self.assessed[index].candidate
-        specs, _ = self.facts.tp_specs(c.model)
-        mesh = make_mesh({DATA: c.data, MODEL: c.model} if c.model > 1 else {DATA: c.data})
-        lay = make_layout(self.facts.trainable, self.facts.optimizer, self.facts.batch, mesh,
-                          c.zero, specs)
+        lay = self.facts.layout(c.data, c.model, c.zero)
         pipeline = ({"stages": c.pipe, "microbatches": c.microbatches, "schedule": c.schedule,
                      "split": self.assessed[index].split} if c.pipe > 1 else None)
         return layout_file.to_data(mesh=c.shard_mesh, zero=c.zero, remat=c.remat,
-                                   param_specs=lay.zero if lay.splits.params else lay.tp,
+                                   param_specs=lay.kept_specs,
                                    pipeline=pipeline)
 
 
@@ -114,7 +108,6 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
     least ``devices`` devices (simulated CPU devices: ``--devices``)."""
     from mlsys_jax.cost.hardware import get_hardware
     from mlsys_jax.parallel.shard import collectives
-    from mlsys_jax.parallel.shard.layout import make_layout
 
     t0 = time.perf_counter()
     check_request(devices=devices, gpus_per_node=gpus_per_node, hw=hw, memory_bytes=memory_bytes)
@@ -140,24 +133,20 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
     assessed = [Assessed(c, why) for c, why in enumerate_candidates(
         devices, gpus_per_node=node, global_batch=facts.global_batch, remats=facts.remats,
         microbatches=microbatches)]
-    layouts, formulas = {}, {}
+    formulas = {}
     progress.stage(f"estimating {len(assessed)} layouts (state exact, activations estimated)")
     for k, a in enumerate(assessed):
         if a.reason:
             continue
         c = a.candidate
         key = (c.data, c.model, c.zero)
-        if key not in layouts:
+        if key not in formulas:
             progress.item(k + 1, len(assessed), f"laying out data={c.data} model={c.model} "
                           f"ZeRO-{c.zero}")
-            specs, _ = facts.tp_specs(c.model)
-            mesh = make_mesh({DATA: c.data, MODEL: c.model} if c.model > 1 else {DATA: c.data})
-            layouts[key] = make_layout(facts.trainable, optimizer, facts.batch, mesh, c.zero,
-                                       specs)
             formulas[key] = formula_rows(collectives.formulas(
-                facts.loss, facts.trainable, facts.batch, layouts[key]),
+                facts.loss, facts.trainable, facts.batch, facts.layout(*key)),
                 len(jax.tree.leaves(facts.trainable)))
-        estimate_memory(a, facts, layouts[key])
+        estimate_memory(a, facts, facts.layout(*key))
         predict_time(a, facts, hw=hardware, links=links, gpus_per_node=node, devices=devices,
                      formula_rows=formulas[key])
         if a.estimate["total_bytes"] > memory_bytes:
@@ -169,9 +158,8 @@ def plan(loss_fn, params, batch, optimizer, rules=None, *, devices: int,
                        links=links, node=node, devices=devices, formulas=formulas,
                        progress=progress)
     chosen, pareto, why = _choose(assessed)
-    notes = []
     return PlanResult(devices, node, hw, memory_bytes, facts.global_batch, assessed, chosen,
-                      pareto, why, facts, notes, time.perf_counter() - t0)
+                      pareto, why, facts, time.perf_counter() - t0)
 
 
 def _compile_shortlist(assessed, facts, shortlist, *, memory_bytes, hw, links, node, devices,
@@ -222,6 +210,7 @@ def _compile_pipeline(facts: Facts, a: Assessed, hw: str) -> tuple[dict, list]:
     the largest stage's parameters) and its collectives per step."""
     from mlsys_jax.parallel.pipe import plan_pipeline
     from mlsys_jax.parallel.shard.collectives import by_axis
+    from mlsys_jax.parallel.shard.layout import state_and_xla_bytes
     from mlsys_jax.planning.candidates import STAGE_REMAT
 
     c = a.candidate
@@ -230,16 +219,9 @@ def _compile_pipeline(facts: Facts, a: Assessed, hw: str) -> tuple[dict, list]:
                          c.microbatches, schedule=c.schedule, remat=c.remat == STAGE_REMAT,
                          hw=hw)
     compiled = plan.compile()
-    ma = compiled.memory_analysis()
     stage_params = max(plan.leaves.bytes_per_stage())
-    xla = {"xla_argument_bytes": int(ma.argument_size_in_bytes),
-           "xla_output_bytes": int(ma.output_size_in_bytes),
-           "xla_temp_bytes": int(ma.temp_size_in_bytes),
-           "xla_alias_bytes": int(ma.alias_size_in_bytes)}
-    per_device = {"param_bytes": int(stage_params), "grad_bytes": int(stage_params),
-                  "optimizer_bytes": int(a.estimate["optimizer_bytes"]), **xla,
-                  "total_bytes": xla["xla_argument_bytes"] + xla["xla_output_bytes"]
-                  - xla["xla_alias_bytes"] + xla["xla_temp_bytes"]}
+    per_device = state_and_xla_bytes(stage_params, stage_params, a.estimate["optimizer_bytes"],
+                                     compiled)
     names = [u.name for u in plan.units.units]
     a.split = [names[k] for k in range(1, len(names))
                if plan.stage_of_unit[k] != plan.stage_of_unit[k - 1]]

@@ -93,7 +93,7 @@ def validate(layout_data: dict, loss_fn, params, batch, optimizer, *, target: st
     zero = layout_data["zero"]
     setup = prepare(loss_fn, params, batch, optimizer, mesh, zero, rules=rules)
     lay = setup.layout
-    layout_file.check_held(layout_data, lay.zero if lay.splits.params else lay.tp,
+    layout_file.check_held(layout_data, lay.kept_specs,
                            f"(the plan's layout, on {target})")
     placed, equal = placed_state(lay, setup.trainable, optimizer)
     planned = {"params": int(lay.held["params"]), "optimizer": int(lay.held["optimizer"])}

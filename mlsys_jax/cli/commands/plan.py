@@ -162,8 +162,6 @@ def render(target: str, result, checked=None) -> str:
                       f"{links.source}); latency {links.intra_latency_s * 1e6:g}/"
                       f"{links.inter_latency_s * 1e6:g} us per ring step (assumed); overlap: "
                       f"{OVERLAP}", first=""))
-    for note in result.notes:
-        lines.append(wrap(f"note: {note}", first=""))
     if checked is not None:
         lines.append(wrap(
             f"validated on {checked.target} ({', '.join(f'{k}={v}' for k, v in checked.mesh.items())}"

@@ -143,7 +143,7 @@ def _apply_layout(args, loss_fn, params, batch, optimizer, mesh: dict):
     loss_fn = with_remat(loss_fn, params, data.get("remat"))
     rules = layout_file.tp_rules(data)
     lay = prepare(loss_fn, params, batch, optimizer, mesh, args.zero, rules=rules).layout
-    layout_file.check_held(data, lay.zero if lay.splits.params else lay.tp, args.layout)
+    layout_file.check_held(data, lay.kept_specs, args.layout)
     return loss_fn, rules
 
 

@@ -55,6 +55,11 @@ class Layout:
         return stages.zero_stage(self.stage)
 
     @property
+    def kept_specs(self) -> dict:
+        """keystr path -> the spec each parameter is kept in between steps (``params``'s)."""
+        return self.zero if self.splits.params else self.tp
+
+    @property
     def data_size(self) -> int:
         return int(self.mesh.shape[self.data_axis]) if self.data_axis in self.mesh.axis_names else 1
 
@@ -188,6 +193,12 @@ def per_device(layout: Layout, compiled) -> dict:
     XLA's ``memory_analysis`` of the compiled step (per device for an SPMD program) with their
     sum, ``total_bytes`` = arguments + outputs - aliased (outputs written into donated inputs)
     + temp."""
+    return state_and_xla_bytes(layout.held["params"], layout.held["grads"],
+                               layout.held["optimizer"], compiled)
+
+
+def state_and_xla_bytes(params, grads, optimizer, compiled) -> dict:
+    """``per_device``'s keys from the state's bytes one device holds and a compiled step."""
     ma = compiled.memory_analysis()
     xla = {"xla_argument_bytes": int(ma.argument_size_in_bytes),
            "xla_output_bytes": int(ma.output_size_in_bytes),
@@ -195,5 +206,5 @@ def per_device(layout: Layout, compiled) -> dict:
            "xla_alias_bytes": int(ma.alias_size_in_bytes)}
     total = (xla["xla_argument_bytes"] + xla["xla_output_bytes"] - xla["xla_alias_bytes"]
              + xla["xla_temp_bytes"])
-    return {"param_bytes": int(layout.held["params"]), "grad_bytes": int(layout.held["grads"]),
-            "optimizer_bytes": int(layout.held["optimizer"]), **xla, "total_bytes": total}
+    return {"param_bytes": int(params), "grad_bytes": int(grads),
+            "optimizer_bytes": int(optimizer), **xla, "total_bytes": total}

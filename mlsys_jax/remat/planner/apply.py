@@ -131,20 +131,12 @@ def check_plan(graph: LossGraph, the_plan) -> None:
 
 def _scan_bodies_applied(graph: LossGraph, policy: str):
     """The loss with every eligible scan body checkpointed under ``policy``."""
-    from mlsys_jax.remat.planner.scan_bodies import bind_checkpointed, eligible
+    from mlsys_jax.remat.planner.scan_bodies import evaluate
 
-    jaxpr = graph.closed.jaxpr
+    closed = graph.closed
 
     def run(diff, batch):
-        env = graph.start_env(diff, batch)
-        for eqn in jaxpr.eqns:
-            if eligible(eqn):
-                outs = bind_checkpointed(eqn, [graph.read(env, v) for v in eqn.invars], policy)
-                env.update((v, o) for v, o in zip(eqn.outvars, outs)
-                           if not isinstance(v, DropVar))
-            else:
-                graph.run([eqn], env)
-        return graph.read(env, jaxpr.outvars[0])
+        return evaluate(closed.jaxpr, closed.consts, [*diff, *batch], policy)[0]
     return run
 
 

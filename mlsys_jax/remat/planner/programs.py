@@ -90,7 +90,8 @@ class Programs:
         if label in self.by_label:
             return self.by_label[label]
         t0 = time.perf_counter()
-        lowered = jax.jit(jax.grad(fn, argnums=0)).lower(*self.args)
+        traced = jax.jit(jax.grad(fn, argnums=0)).trace(*self.args)
+        lowered = traced.lower()
         key = _fingerprint(lowered)
         same = self._by_print.get(key)
         if same is not None:
@@ -102,7 +103,7 @@ class Programs:
             if self.flops_per_trip:
                 from mlsys_jax.cost.xla import xla_flops_per_trip
 
-                flops = xla_flops_per_trip(jax.make_jaxpr(jax.grad(fn))(*self.args), flops)
+                flops = xla_flops_per_trip(traced.jaxpr, flops)
             prog = Program(label, key, int(exe.memory_analysis().temp_size_in_bytes),
                            float(flops), exe, compile_s=time.perf_counter() - t0)
             self._by_print[key] = prog

@@ -52,23 +52,24 @@ def _body_checkpointed(body, policy: str):
     return jax.make_jaxpr(fn)(*[v.aval for v in body.jaxpr.invars])
 
 
-def bind_checkpointed(eqn, invals, policy: str) -> list:
+def _bind_checkpointed(eqn, invals, policy: str) -> list:
     """Bind a scan equation again with its body under ``jax.checkpoint(policy=policy)``."""
     params = {**eqn.params, "jaxpr": _body_checkpointed(eqn.params["jaxpr"], policy)}
     return list(eqn.primitive.bind(*invals, **params))
 
 
-def _evaluate(jaxpr, consts, args, policy: str) -> list:
+def evaluate(jaxpr, consts, args, policy: str) -> list:
+    """``jaxpr``'s outputs on ``args``, every eligible scan bound with its body checkpointed."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
     read = lambda v: v.val if isinstance(v, Literal) else env[v]  # noqa: E731
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         if eligible(eqn):
-            outs = bind_checkpointed(eqn, invals, policy)
+            outs = _bind_checkpointed(eqn, invals, policy)
         elif eqn.primitive.name in CALLS and scans_to_checkpoint(eqn.params["jaxpr"].jaxpr):
             inner = eqn.params["jaxpr"]
-            outs = _evaluate(inner.jaxpr, inner.consts, invals, policy)
+            outs = evaluate(inner.jaxpr, inner.consts, invals, policy)
         else:
             outs = bind_equation(eqn, invals)
         env.update((v, o) for v, o in zip(eqn.outvars, outs) if not isinstance(v, DropVar))
@@ -100,6 +101,6 @@ def with_bodies_checkpointed(fn, policy: str):
                 *jax.tree_util.tree_unflatten(tree, specs))
             traced[key] = closed, jax.tree_util.tree_structure(out_shape)
         closed, out_tree = traced[key]
-        return jax.tree_util.tree_unflatten(out_tree, _evaluate(closed.jaxpr, closed.consts,
+        return jax.tree_util.tree_unflatten(out_tree, evaluate(closed.jaxpr, closed.consts,
                                                                 leaves, policy))
     return checkpointed
