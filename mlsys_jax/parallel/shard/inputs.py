@@ -127,19 +127,21 @@ def display_path(path: str) -> str:
     return path[: -len(".value")] if path.endswith(".value") else path
 
 
-def check_finite_loss(loss: Callable, trainable, batch) -> None:
+def check_finite_loss(loss: Callable, trainable, batch, value=None) -> None:
     """A loss that is NaN or infinite on one device at the initial parameters cannot be compared
-    with anything: refused in one line naming where the first non-finite value appears."""
+    with anything: refused in one line naming where the first non-finite value appears.
+    ``value``: the loss there, when a program the caller runs anyway computed it."""
     import jax.numpy as jnp
 
     from mlsys_jax.ir.nonfinite import first_nonfinite
 
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((trainable, batch))):
         return                              # on shapes nothing runs
-    try:
-        value = jax.jit(loss)(trainable, batch)
-    except Exception:  # noqa: BLE001 (a loss that needs the mesh's axis names: the run says)
-        return
+    if value is None:
+        try:
+            value = jax.jit(loss)(trainable, batch)
+        except Exception:  # noqa: BLE001 (a loss that needs the mesh's axis names: the run says)
+            return
     if bool(jnp.isfinite(value)):
         return
     try:

@@ -56,6 +56,8 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
     programs = OneDevicePrograms(losses, t, b, n, options)
     programs["advance"] = step.update(setup.optimizer, t, setup.layout.opt_shapes, options)
     programs["init"] = jax.jit(setup.optimizer.init)
+    # the whole batch's loss, from the program the run compiles anyway, before anything compares it
+    inputs.check_finite_loss(setup.loss, t, b, value=programs["whole"](t, b)[0])
     rows = jax.tree.leaves(b)[0].shape[0]
     synced = (setup.axis_name,) if setup.axis_name else ()
     positional = any(m.kind == "position" for m in follow_batch(
@@ -120,7 +122,6 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
                     axis_rules=o.axis_rules, axis_names=o.axis_names)
     progress.stage("traced the loss and laid out the state")
-    inputs.check_finite_loss(setup.loss, setup.trainable, setup.batch)
     cache = {} if cache is None else cache
     key = ("one device", setup.data_size, str(xla_options), separable)
     if key not in cache:
