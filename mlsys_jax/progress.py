@@ -2,8 +2,10 @@
 
 On a terminal the current stage and its item (``compiling plan 2 of 3``) are redrawn in place
 with the elapsed time, also while one item runs long (a compile, a timed step): a daemon thread
-redraws the line every ``tick_s``. Elsewhere (a log, CI, a pipe) each stage prints one line when
-it starts and items print nothing, so logs stay short. ``Progress(enabled=False)`` (``--quiet``)
+redraws the line every ``tick_s``, cut to the terminal's width so that a redraw never wraps.
+Elsewhere (a log, CI, a pipe) each stage prints one line when it starts, and a stage that runs
+on prints one more line (with its current item) every ``every_s`` seconds, so logs stay short
+and a long stage is visibly alive; no carriage returns. ``Progress(enabled=False)`` (``--quiet``)
 prints nothing. Library code takes a ``progress`` argument and calls it only through
 ``stage``/``item``, so the same code runs silent in tests.
 
@@ -11,7 +13,7 @@ prints nothing. Library code takes a ``progress`` argument and calls it only thr
     progress.stage("compiling 3 plans")
     for k, plan in enumerate(plans, 1):
         progress.item(k, 3, f"plan at {plan.budget_bytes} bytes")
-    progress.done()
+    progress.done()                  # or: with Progress("remat") as progress: ...
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ class Progress:
     """Stage and item lines for one command (``name`` prefixes each line)."""
 
     def __init__(self, name: str = "mlsys-jax", stream=None, enabled: bool = True,
-                 terminal: bool | None = None, tick_s: float = 0.5):
+                 terminal: bool | None = None, tick_s: float = 0.5, every_s: float = 30.0):
         self.name, self.stream, self.enabled = name, stream or sys.stderr, enabled
         isatty = getattr(self.stream, "isatty", None)
         self.terminal = bool(isatty and isatty()) if terminal is None else terminal
@@ -32,9 +34,11 @@ class Progress:
         self._stage, self._item, self._width = "", "", 0
         self._lock = threading.Lock()
         self._ticker = None
-        if self.enabled and self.terminal and tick_s > 0:
+        self._every_s, self._printed_at = every_s, self.t0
+        tick = tick_s if self.terminal else min(every_s, 1.0)
+        if self.enabled and tick > 0:
             self._stop = threading.Event()
-            self._ticker = threading.Thread(target=self._tick, args=(tick_s,), daemon=True)
+            self._ticker = threading.Thread(target=self._tick, args=(tick,), daemon=True)
             self._ticker.start()
 
     @property
@@ -50,31 +54,46 @@ class Progress:
             if self.terminal:
                 self._draw()
             else:
-                print(f"{self.name}: [{self.elapsed_s:5.1f} s] {text}", file=self.stream,
-                      flush=True)
+                self._print_line()
 
     def item(self, k: int, n: int, text: str) -> None:
-        """Item ``k`` of ``n`` in the current stage (a terminal shows it; a log does not)."""
-        if not (self.enabled and self.terminal):
+        """Item ``k`` of ``n`` in the current stage (a terminal shows it; a log shows it in the
+        stage's next periodic line)."""
+        if not self.enabled:
             return
         with self._lock:
             self._item = f"{k} of {n}: {text}"
-            self._draw()
+            if self.terminal:
+                self._draw()
 
     def done(self) -> None:
         """End the live line (a terminal keeps the last stage with the total time)."""
         if self._ticker is not None:
             self._stop.set()
-        if self.enabled and self.terminal:
+        if self.enabled and self.terminal and self._item != "done":
             with self._lock:
                 self._item = "done"
                 self._draw()
                 print(file=self.stream, flush=True)
 
-    def _draw(self) -> None:
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done()
+
+    def _line(self) -> str:
         line = f"{self.name}: [{self.elapsed_s:5.1f} s] {self._stage}"
-        if self._item:
-            line += f" — {self._item}"
+        return line + f" — {self._item}" if self._item else line
+
+    def _print_line(self) -> None:
+        print(self._line(), file=self.stream, flush=True)
+        self._printed_at = time.perf_counter()
+
+    def _draw(self) -> None:
+        from mlsys_jax.tables import terminal_width
+
+        line = self._line()[:terminal_width() - 1]  # a line that wrapped could not be redrawn
         pad = max(0, self._width - len(line))
         self._width = len(line)
         print("\r" + line + " " * pad, end="", file=self.stream, flush=True)
@@ -82,8 +101,12 @@ class Progress:
     def _tick(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             with self._lock:
-                if self._stage:
+                if not self._stage:
+                    continue
+                if self.terminal:
                     self._draw()
+                elif time.perf_counter() - self._printed_at >= self._every_s:
+                    self._print_line()
 
 
 SILENT = Progress(enabled=False)

@@ -4,7 +4,8 @@ Every command and experiment prints its tables through :func:`format_table` (tex
 :func:`markdown_table` (the ``--report`` file). Both take the same rows, the same column order
 (first seen) and the same cell rendering (:func:`fmt`).
 
-Text output fits a terminal (``WIDTH`` columns) without losing a cell: a table that is too wide
+Text output fits the terminal (:func:`terminal_width`: ``COLUMNS`` when set, else the
+terminal's own width, else ``WIDTH``) without losing a cell: a table that is too wide
 first wraps its headers and its long text cells (at spaces, after ``+``, and in headers after
 underscores; a dotted rule sets apart rows of several lines), then, if the columns still do not
 fit side by side, prints them in stacked blocks that each repeat the first column (the row's
@@ -14,17 +15,25 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import textwrap
 from typing import Any, Iterable
 
 import numpy as np
 
-WIDTH = 120        # a terminal's columns: text output never exceeds this
+WIDTH = 120        # the columns text output uses where no terminal tells (a log, a pipe)
+NARROWEST = 40     # a terminal narrower than this is treated as this wide
 INDENT = "  "      # every table line starts with it
 SEP = " | "
 MIN_TEXT = 16      # a column of prose is not wrapped narrower than this
 MAX_WORD = 40      # a single word wider than this may be cut to fit
 ROOMY = 20         # before columns are split into blocks, prose may wrap down to this width
+
+
+def terminal_width() -> int:
+    """The columns text output may use: ``COLUMNS`` when set, else the terminal's width, else
+    :data:`WIDTH` (off a terminal). Read at each call, so a resized terminal is followed."""
+    return max(NARROWEST, shutil.get_terminal_size((WIDTH, 24)).columns)
 
 
 def fmt(x: Any) -> str:
@@ -69,7 +78,7 @@ def _markdown_cell(x: Any) -> str:
     return fmt(x).replace("|", "\\|").replace("\n", " ")
 
 
-def format_table(rows: list[dict], title: str | None = None, width: int = WIDTH) -> str:
+def format_table(rows: list[dict], title: str | None = None, width: int | None = None) -> str:
     """Plain-text table of row dicts, at most ``width`` characters a line (see the module doc).
 
     >>> print(format_table([{"kernel": "matmul", "us": 4.12}, {"kernel": "relu", "us": 4.0}]))
@@ -80,6 +89,7 @@ def format_table(rows: list[dict], title: str | None = None, width: int = WIDTH)
     """
     if not rows:
         return f"{title}\n{INDENT}(empty)" if title else "(empty)"
+    width = terminal_width() if width is None else width
     cols = columns(rows)
     cells = [[fmt(r.get(c)).replace("\n", " ") for c in cols] for r in rows]
     table = [cols] + cells
@@ -98,8 +108,10 @@ def format_table(rows: list[dict], title: str | None = None, width: int = WIDTH)
     return "\n".join(out)
 
 
-def wrap(text: str, first: str = INDENT, rest: str | None = None, width: int = WIDTH) -> str:
-    """A paragraph (a note, a summary line) wrapped to ``width`` with hanging indent ``rest``."""
+def wrap(text: str, first: str = INDENT, rest: str | None = None, width: int | None = None) -> str:
+    """A paragraph (a note, a summary line) wrapped to ``width`` (default: the terminal's) with
+    hanging indent ``rest``."""
+    width = terminal_width() if width is None else width
     rest = " " * len(first) if rest is None else rest
     return "\n".join(textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest,
                                    break_long_words=True, break_on_hyphens=False)) or first.rstrip()

@@ -1,6 +1,7 @@
 """Progress on stderr: one line per stage in a log, a live line on a terminal, nothing when quiet."""
 import io
 import re
+import time
 
 from mlsys_jax.progress import Progress
 
@@ -40,3 +41,26 @@ def test_quiet_prints_nothing():
         p.item(1, 1, "y")
         p.done()
         assert stream.getvalue() == ""
+
+
+def test_a_long_stage_in_a_log_prints_a_line_now_and_then_with_its_item():
+    out = io.StringIO()
+    with Progress("fuzz", stream=out, every_s=0.2) as p:
+        p.stage("checking programs")
+        p.item(3, 9, "program 3")
+        time.sleep(0.7)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and "\r" not in out.getvalue()
+    assert lines[-1].endswith("checking programs — 3 of 9: program 3")
+    n = len(lines)
+    time.sleep(0.5)                                   # done: the heartbeat has stopped
+    assert len(out.getvalue().splitlines()) == n
+
+
+def test_a_redrawn_line_never_wraps_a_narrow_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")
+    out = Terminal()
+    p = Progress("remat", stream=out, tick_s=0)
+    p.stage("compiling " + "a very long plan name " * 8)
+    p.done()
+    assert max(len(part) for part in re.split(r"[\r\n]", out.getvalue())) < 50

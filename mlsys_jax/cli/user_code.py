@@ -6,8 +6,11 @@ at import is not a success, its ``SystemExit(3)`` is not our exit status, a
 ``KeyboardInterrupt`` it raises is not the user pressing Ctrl-C, an ``os._exit`` is refused, a
 thread it starts that raises is one note line, not a traceback, and an import that never
 returns (waiting for input, a lock, the network) must not hang the command. So :func:`run` calls
-user code in a daemon thread and waits at most the bound (``--import-timeout``); whatever it
-raises, ``BaseException`` included, becomes one :class:`~mlsys_jax.errors.MlsysError` naming the
+user code in a daemon thread and waits for it. The bound (``--import-timeout``) counts the
+seconds the process spends *waiting* — using almost no CPU, as code blocked on input or a lock
+does — while a factory that computes (building and initializing a large model on a busy machine)
+keeps its time up to :data:`BUSY_FACTOR` × the bound, with a progress line on stderr; whatever
+it raises, ``BaseException`` included, becomes one :class:`~mlsys_jax.errors.MlsysError` naming the
 file and what it did. A real Ctrl-C reaches the waiting main thread and stays exit 130. The
 thread runs under the caller's float64 setting (JAX keeps it per thread).
 
@@ -21,12 +24,16 @@ import contextvars
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Callable
 
 from mlsys_jax.errors import INTERRUPTED, MlsysError
 
 DEFAULT_IMPORT_TIMEOUT_S = 120.0
+BUSY_FACTOR = 10        # a factory still computing may run this many times the bound
+IDLE_CPU_SHARE = 0.05   # below this share of one core, the process counts as waiting
+_POLL_S = 0.5
 _BOUND = contextvars.ContextVar("import_timeout_s", default=None)
 _WORKER_PREFIX = "mlsys-jax user code: "
 _STARTED_BY_USER: weakref.WeakSet = weakref.WeakSet()  # threads user code started (in run)
@@ -69,18 +76,48 @@ def run(fn: Callable, doing: str, failed: str):
     real_exit, os._exit = os._exit, _exit_called  # os._exit skips SystemExit: caught here
     try:
         worker.start()
-        worker.join(bound)  # a real Ctrl-C interrupts this wait: KeyboardInterrupt, exit 130
+        waited_s, elapsed_s = _wait(worker, bound, doing)  # Ctrl-C here: KeyboardInterrupt, 130
     finally:
         os._exit = real_exit
     # threads started from the worker inherit its daemon flag: remembered, so they still count
     _STARTED_BY_USER.update(t for t in threading.enumerate() if t not in before and t is not worker)
     if worker.is_alive():
-        raise MlsysError(f"{doing} did not finish within {bound:g} s (--import-timeout): it may "
-                         "wait for input, a lock or the network, or loop forever; fix that, or "
-                         "give a longer --import-timeout")
+        if waited_s >= bound:
+            raise MlsysError(f"{doing} did not finish: it waited {waited_s:.0f} s using no CPU "
+                             f"(--import-timeout {bound:g}), as code blocked on input, a lock or "
+                             "the network does; if it needs that long, give a longer "
+                             "--import-timeout")
+        raise MlsysError(f"{doing} was still computing after {elapsed_s:.0f} s ({BUSY_FACTOR} × "
+                         f"--import-timeout {bound:g}); if building the model takes that long "
+                         "here, give a longer --import-timeout")
     if "error" not in box:
         return box["value"]
     raise _as_user_failure(box["error"], doing, failed) from None
+
+
+def _wait(worker: threading.Thread, bound: float, doing: str) -> tuple[float, float]:
+    """Wait for ``worker`` until it ends, the process has waited ``bound`` seconds without
+    computing, or ``BUSY_FACTOR × bound`` seconds have passed. Returns (seconds waited idle,
+    seconds elapsed). After 5 s, stderr says what runs and for how long (every 15 s off a
+    terminal), so a long import is visibly alive."""
+    from mlsys_jax.progress import Progress
+
+    start = time.monotonic()
+    cpu, idle_s, progress = time.process_time(), 0.0, None
+    while worker.is_alive():
+        worker.join(_POLL_S)
+        now, cpu_now = time.monotonic(), time.process_time()
+        if cpu_now - cpu < IDLE_CPU_SHARE * _POLL_S:
+            idle_s += _POLL_S
+        cpu, elapsed = cpu_now, now - start
+        if idle_s >= bound or elapsed >= BUSY_FACTOR * bound:
+            break
+        if progress is None and elapsed >= 5:
+            progress = Progress("mlsys-jax", every_s=15)
+            progress.stage(doing)
+    if progress is not None:
+        progress.done()
+    return idle_s, time.monotonic() - start
 
 
 class _ExitCalled(BaseException):
@@ -122,7 +159,34 @@ def _as_user_failure(e: BaseException, doing: str, failed: str) -> MlsysError:
         return MlsysError(f"KeyboardInterrupt raised while {doing} (by the code itself, not by "
                           "Ctrl-C)")
     text = str(e).strip()
-    return MlsysError(f"{failed}: {type(e).__name__}: {text.splitlines()[0] if text else ''}")
+    hint = missing_extra(e)
+    return MlsysError(f"{failed}: {type(e).__name__}: {text.splitlines()[0] if text else ''}"
+                      + (f" ({hint})" if hint else ""))
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """For a missing module that one of mlsys-jax's extras installs (flax: ``ecosystem``,
+    matplotlib: ``plot``), the install line that provides it; read from the installed package's
+    metadata, so the hint follows pyproject.toml."""
+    import importlib.metadata
+    import re
+
+    name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    if not name:
+        return None
+    top = name.split(".")[0]
+    try:
+        requires = importlib.metadata.requires("mlsys-jax") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        found = re.match(r"([A-Za-z0-9_.-]+).*extra == ['\"](\w+)['\"]", req)
+        if not found:
+            continue
+        dist, extra = found.groups()
+        if top in {dist.replace("-", "_"), dist.removeprefix("dm-").replace("-", "_")}:
+            return f"{dist} comes with mlsys-jax's `{extra}` extra: pip install -e '.[{extra}]'"
+    return None
 
 
 def _x64_here() -> bool | None:

@@ -90,7 +90,7 @@ CATALOGUE = [
     ("SystemExit-while-traced", "inspect {d}/factories.py:exits_while_traced --arg f32[3]", {},
      "SystemExit(4) raised while tracing"),
     ("import-sleeps-forever", f"inspect {{d}}/sleeps.py:f --import-timeout {IMPORT_BOUND_S}", {},
-     f"did not finish within {IMPORT_BOUND_S} s (--import-timeout)"),
+     f"waited {IMPORT_BOUND_S} s using no CPU (--import-timeout {IMPORT_BOUND_S})"),
     ("factory-leaves-a-thread", "inspect {d}/factories.py:leaves_a_thread", {}, None),
     ("f64-without-x64", "inspect {d}/prog.py:f --arg f64[3]", {}, "need --x64"),
     ("time-budget-nan", "fuzz --time-budget nan", {}, "--time-budget must be a positive, finite"),

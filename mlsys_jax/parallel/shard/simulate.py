@@ -116,9 +116,13 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     separability verdict per data size.
     """
     o = options or ShardOptions()
+    with Progress("mlsys-jax shard", enabled=o.progress) as progress:
+        return _simulate(loss_fn, params, batch, optimizer, mesh_shape, o, rules, cache, progress)
+
+
+def _simulate(loss_fn, params, batch, optimizer, mesh_shape, o, rules, cache, progress):
     zero, steps, separable, judge = o.zero, o.steps, o.separable, o.judge
     xla_options, record = o.xla_options, o.record
-    progress = Progress("mlsys-jax shard", enabled=o.progress)
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
                     axis_rules=o.axis_rules, axis_names=o.axis_names)
     progress.stage("traced the loss and laid out the state")
