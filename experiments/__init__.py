@@ -67,6 +67,10 @@ def run_and_print(eid: str = "all", overrides: dict | None = None, *, as_json: b
 
             print(format_result(result, checks), flush=True)
             print(f"({result.id} took {seconds[result.id]:.1f} s)\n", flush=True)
+    if eid == "all" and not as_json:
+        from mlsys_jax.results import format_summary
+
+        print(format_summary(outputs, seconds), flush=True)
     if report:
         from mlsys_jax.viz.report import write_report
 

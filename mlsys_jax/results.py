@@ -54,6 +54,46 @@ class Result:
                 "notes": list(self.notes)}
 
 
+SAME_REL = 0.01  # a figure within 1 % of the lecture's is the same figure
+ROUNDING = 1e-9  # figures below this are float rounding noise, whatever their exact value
+
+
+def mark(check: Check) -> tuple[str, str]:
+    """``("✓", "")`` matched, ``("✗", "")`` failed, or ``("≈", why)``: the claim holds but ours
+    differs from the lecture's figure, with the check's note or "float rounding noise" as why.
+
+    A lecture entry that is a phrase ("> 1", "one fused kernel") is the criterion itself: a
+    check that holds matches it. A lecture *figure* within :data:`SAME_REL` of ours matches.
+    """
+    if not check.ok:
+        return "✗", ""
+    lecture = check.lecture
+    if lecture is None or isinstance(lecture, str) or _same(check.ours, lecture):
+        return "✓", ""
+    if check.note:
+        return "≈", check.note
+    ours, lec = _float(check.ours), _float(lecture)
+    if ours is not None and lec is not None and abs(ours) < ROUNDING and abs(lec) < ROUNDING:
+        return "≈", "both are float rounding noise"
+    return "≈", "no reason recorded"
+
+
+def _same(ours: Any, lecture: Any) -> bool:
+    if isinstance(ours, bool) or isinstance(lecture, bool):
+        return ours == lecture
+    if isinstance(ours, (int, float)) and isinstance(lecture, (int, float)):
+        if lecture == 0 or not math.isfinite(lecture):
+            return ours == lecture or abs(ours) < 1e-12
+        return abs(ours - lecture) <= SAME_REL * abs(lecture)
+    if isinstance(ours, (list, tuple)) and isinstance(lecture, (list, tuple)):
+        return len(ours) == len(lecture) and all(_same(a, b) for a, b in zip(ours, lecture))
+    return str(ours) == str(lecture)
+
+
+def _float(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
 class OverrideError(MlsysError):
     """A ``--set KEY=VALUE`` that the experiment does not accept."""
 
@@ -173,7 +213,34 @@ def format_result(result: Result, checks: Iterable[Check] = ()) -> str:
         parts.append("\nNotes:\n" + "\n".join(wrap(n, first="  - ") for n in result.notes))
     checks = list(checks)
     if checks:
-        rows = [{"claim": c.claim, "ours": c.ours, "lecture": c.lecture, "ok": "✓" if c.ok else "✗"}
-                for c in checks]
+        marks = [mark(c) for c in checks]
+        rows = [{"claim": c.claim, "ours": c.ours, "lecture": c.lecture, "ok": symbol}
+                | ({"why ours differs": why} if any(w for _, w in marks) else {})
+                for c, (symbol, why) in zip(checks, marks)]
         parts.append(format_table(rows, title="\n[checks]"))
     return "\n".join(parts)
+
+
+def format_summary(outputs: list[tuple], seconds: dict[str, float]) -> str:
+    """The end of ``run all``: experiments run, claims held (✓ equal to the lecture's figure,
+    ≈ held with ours differing in value), claims failed, and each ≈ with its reason."""
+    checks = [(r.id, c, mark(c)) for _, r, cs in outputs for c in cs]
+    count = {s: sum(m[0] == s for _, _, m in checks) for s in "✓≈✗"}
+    lines = [wrap(f"== summary: {len(outputs)} experiments in {sum(seconds.values()):.0f} s; "
+                  f"{len(checks)} lecture claims: {count['✓'] + count['≈']} hold "
+                  f"({count['✓']} ✓ on the lecture's figure, {count['≈']} ≈ with ours "
+                  f"differing in value), {count['✗']} ✗ failed ==", first="")]
+    lines += [wrap(f"≈ {eid}: {c.claim}: ours {_brief(c.ours)}, lecture {_brief(c.lecture)} — "
+                   f"{why}", first="  ", rest="    ")
+              for eid, c, (symbol, why) in checks if symbol == "≈"]
+    lines += [wrap(f"✗ {eid}: {c.claim}: ours {_brief(c.ours)}, lecture {_brief(c.lecture)}",
+                   first="  ", rest="    ") for eid, c, (symbol, _) in checks if symbol == "✗"]
+    return "\n".join(lines)
+
+
+def _brief(x: Any) -> str:
+    from mlsys_jax.tables import fmt
+
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(fmt(v) for v in x) + "]"
+    return fmt(x)

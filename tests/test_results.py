@@ -11,10 +11,10 @@ from mlsys_jax.viz import plots, report
     (Check("holds, same figure", True, 73.87, 73.9), "✓"),
     (Check("fails", False, 1, 2), "✗"),
     (Check("criterion", True, 1.4, "> 1"), "✓"),
-    (Check("rounding", True, 1.1e-16, 5.6e-17), "✓ differs in value, not in kind: both are float rounding noise"),
+    (Check("rounding", True, 1.1e-16, 5.6e-17), "≈ differs in value, not in kind: both are float rounding noise"),
     (Check("explained", True, 13.5, 22.7, note="other random weights"),
-     "✓ differs in value, not in kind: other random weights"),
-    (Check("unexplained", True, 13.5, 22.7), "✓ differs in value, not in kind (no reason recorded)"),
+     "≈ differs in value, not in kind: other random weights"),
+    (Check("unexplained", True, 13.5, 22.7), "≈ differs in value, not in kind: no reason recorded"),
     (Check("lists", True, [6, 4, 2], (6, 4, 2)), "✓"),
 ])
 def test_verdicts(check, want):
@@ -50,3 +50,23 @@ def test_overrides_are_coerced_and_unknown_keys_refused():
         resolve_overrides("03", defaults, {"k": "1"})
     with pytest.raises(OverrideError, match="not a valid int"):
         resolve_overrides("03", defaults, {"n": "many"})
+
+
+def test_the_terminal_marks_a_differing_figure_with_its_reason_and_run_all_ends_with_a_summary():
+    from mlsys_jax.results import format_result, format_summary
+
+    result = Result("04", "Parallelism", {})
+    checks = [Check("bubble 20%", True, 0.2, 0.2),
+              Check("speedup", True, 13.5, 22.7, note="other random weights"),
+              Check("broken", False, 3, 2)]
+    text = format_result(result, checks)
+    rows = {line.split("|")[0].strip(): line for line in text.splitlines() if "|" in line}
+    assert "✓" in rows["bubble 20%"] and "≈" in rows["speedup"] and "✗" in rows["broken"]
+    assert "other random weights" in rows["speedup"] and "✓" not in rows["speedup"]
+    summary = format_summary([(None, result, checks)], {"04": 1.5}).splitlines()
+    head = " ".join(summary[:2])
+    assert "3 lecture claims: 2 hold (1 ✓ on the lecture's figure, 1 ≈" in head
+    assert "1 ✗ failed" in head
+    assert any(ln.strip().startswith("≈ 04: speedup: ours 13.5, lecture 22.7 — other random")
+               for ln in summary)
+    assert any(ln.strip().startswith("✗ 04: broken") for ln in summary)
