@@ -17,6 +17,7 @@ import numpy as np
 from mlsys_jax.compat import Var
 from mlsys_jax.cost.fusion import call_is_one_kernel, group, is_free
 from mlsys_jax.cost.hardware import Hardware, get_hardware
+from mlsys_jax.cost.loops import static_trips, uncounted_whiles
 from mlsys_jax.cost.flop_rules import FLOP_RULES, known
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.opview import Op, consumers, op_view, open_calls
@@ -52,13 +53,15 @@ def dtype_name(dtype) -> str:
 
 def eqn_flops(eqn) -> tuple[int, frozenset]:
     """FLOPs of one equation (recursively into bodies: scan × length, cond = costliest branch,
-    while = one trip, since its trip count is unknown statically) and the unknown primitives."""
+    while × its trip count where literals fix it, else one trip: :mod:`mlsys_jax.cost.loops`)
+    and the unknown primitives."""
     prim = eqn.primitive.name
     if prim in FLOP_RULES:
         return int(FLOP_RULES[prim](eqn)), frozenset()
     if not known(prim):
         return 0, frozenset({prim})
-    inner = [_jaxpr_flops(b.jaxpr) for b in bodies(eqn)]
+    found = bodies(eqn)
+    inner = [_jaxpr_flops(b.jaxpr) for b in found]
     unknown = frozenset().union(*(u for _, u in inner)) if inner else frozenset()
     flops = [f for f, _ in inner]
     if prim == "cond":
@@ -66,6 +69,9 @@ def eqn_flops(eqn) -> tuple[int, frozenset]:
     total = sum(flops)
     if prim == "scan":
         total *= int(eqn.params["length"])
+    if prim == "while" and (trips := static_trips(eqn)) is not None:
+        per = {b.param: f for b, f in zip(found, flops)}
+        total = per["cond_jaxpr"] * (trips + 1) + per["body_jaxpr"] * trips
     return total, unknown
 
 
@@ -182,6 +188,7 @@ class CostReport:
     peak_bytes: int = 0
     primitives: dict = field(default_factory=dict)
     overhead_us: float = 0.0  # a measured model's dispatch of the whole program (one jit call)
+    uncounted_loops: int = 0  # while loops of unknown trip count (body counted once): FLOPs ≥
 
     @property
     def total_flops(self) -> int:
@@ -268,4 +275,4 @@ def estimate(closed, hw="h100", dtype=None, fused: bool | None = None,
         ks = [roofline(k, hardware) for k in ks]
     peak = liveness(closed, dtype=dtype).peak_bytes
     return CostReport(hardware, dtype if dtype is None else str(dtype), fused, ks, unknown, peak,
-                      dict(primitive_counts(closed)), overhead)
+                      dict(primitive_counts(closed)), overhead, uncounted_whiles(closed))
