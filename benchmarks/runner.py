@@ -9,25 +9,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pkgutil
 import platform
 import re
 import sys
 import time
 
-import benchmarks
+from benchmarks import discover, record_run  # JAX-free: bench --help reads them too
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.results import to_jsonable
 from mlsys_jax.tables import fmt, markdown_table, wrap
-
-
-def discover() -> dict[str, str]:
-    """Benchmark name -> module, for every ``benchmarks/bench_*.py``."""
-    out = {}
-    for info in pkgutil.iter_modules(benchmarks.__path__):
-        if info.name.startswith("bench_"):
-            out[info.name[len("bench_"):]] = f"benchmarks.{info.name}"
-    return dict(sorted(out.items()))
 
 
 def machine() -> dict:
@@ -144,6 +134,7 @@ def main(args) -> int:
         out = importlib.import_module(available[name]).run(quick=quick)
         out = dict(out)
         out["seconds"] = round(time.perf_counter() - t0, 2)
+        record_run(name, quick=quick, seconds=out["seconds"])  # bench --help shows it
         results[name] = out
     report = {"machine": machine(), "benchmarks": to_jsonable(results),
               "seconds": round(time.perf_counter() - total, 2)}

@@ -4,8 +4,12 @@ one place where a user error becomes a one-line message (:func:`mlsys_jax.errors
     mlsys-jax [--devices N] COMMAND ...     (mlsys-jax COMMAND --help for each command)
 
 A command is a module ``mlsys_jax/cli/commands/<name>.py`` with ``HELP`` (one line), ``add_arguments(p)``
-and ``main(args) -> exit status``, listed in :data:`COMMANDS`. Command modules import JAX only
-inside ``main``: JAX must start after ``--devices`` has set the simulated CPU device count.
+and ``main(args) -> exit status``, listed in :data:`COMMANDS`, and optionally ``listing(width, *,
+here)``: text printed after its ``--help`` (``bench`` lists its benchmarks). Command modules import
+JAX only inside ``main``: JAX must start after ``--devices`` has set the simulated CPU device count,
+and so the parser is built, and ``--help`` printed, without starting JAX (tests/cli/test_help.py).
+:func:`build_parser` with a fixed ``width`` is also the source of docs/cli.md
+(:mod:`mlsys_jax.cli.reference`).
 Every usage error — argparse's own included — prints ``mlsys-jax: error: ...`` and one ``usage:``
 hint line, and exits 2; the environment is checked before JAX is imported (``runtime``). A failed
 experiment check exits 1. Commands on a user's ``FILE.py:FN`` (those with a ``target`` argument)
@@ -14,9 +18,10 @@ get ``--import-timeout`` and run the user's code under JAX's defaults (float32 u
 from __future__ import annotations
 
 import argparse
-import sys
+import functools
 import importlib
 import math
+import sys
 
 from mlsys_jax.errors import UsageError, run_command
 
@@ -37,6 +42,14 @@ class OneLineParser(argparse.ArgumentParser):
     then one ``usage:`` hint) instead of printing the usage block and exiting."""
 
     commands: dict = {}  # the top-level parser's: command name -> its parser
+    listing = None  # a command's listing(width) -> text printed after its help, read when printed
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.listing is None:
+            return text
+        width = self._get_formatter()._width  # the help's own width: COLUMNS, or the fixed one
+        return f"{text}\n{self.listing(width)}\n"
 
     def parse_args(self, args=None, namespace=None):
         # argparse reports leftover arguments from the top-level parser; name their command
@@ -73,24 +86,37 @@ def seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from mlsys_jax.cli.user_code import DEFAULT_IMPORT_TIMEOUT_S
+def build_parser(*, width: int | None = None, here: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; it imports no JAX (the command modules import it in ``main``).
 
-    p = OneLineParser(prog="mlsys-jax",
+    ``width`` fixes the help's columns (default: the terminal's, as argparse reads ``COLUMNS``), so
+    the reference (docs/cli.md) is the same everywhere; ``here=False`` leaves out of the listings
+    what only this machine knows (bench's last run times), for the same reason."""
+    from mlsys_jax.cli.user_code import DEFAULT_IMPORT_TIMEOUT_S
+    from mlsys_jax.runtime import DEFAULT_DEVICES
+
+    formatter = argparse.HelpFormatter
+    if width is not None:
+        formatter = functools.partial(argparse.HelpFormatter, width=width)
+    p = OneLineParser(prog="mlsys-jax", formatter_class=formatter,
                       description="See, measure and change how a deep-learning system works, in "
                                   "real JAX code.")
-    p.add_argument("--devices", type=int, default=None,
-                   help="simulated CPU device count, set before JAX starts (default 8)")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help=f"simulated CPU device count, set before JAX starts (default "
+                        f"{DEFAULT_DEVICES})")
     p.add_argument("--version", action="store_true",
                    help="print mlsys-jax's version and exit (alone: JAX is not started)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p.commands = {}
     for name in COMMANDS:
         module = command_module(name)
-        q = p.commands[name] = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        q = p.commands[name] = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                                              formatter_class=formatter)
         module.add_arguments(q)
-        q.add_argument("--devices", type=int, default=None, dest="devices_sub",
-                       help="simulated CPU device count (default 8)")
+        if hasattr(module, "listing"):
+            q.listing = functools.partial(module.listing, here=here)
+        q.add_argument("--devices", type=int, default=None, dest="devices_sub", metavar="N",
+                       help=f"simulated CPU device count (default {DEFAULT_DEVICES})")
         if any(a.dest == "target" for a in q._actions):
             q.add_argument("--import-timeout", type=seconds, default=DEFAULT_IMPORT_TIMEOUT_S,
                            metavar="SECONDS", dest="import_timeout",
@@ -120,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         from mlsys_jax import runtime
 
         runtime.check_environment()
-        runtime.import_jax()  # before the parser: the command modules import JAX
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)  # JAX is not imported yet: --help stays fast
         if args.version:
             from mlsys_jax import __version__
 

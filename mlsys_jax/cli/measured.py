@@ -9,7 +9,7 @@ WORST = 3  # kernels named by the efficiency line
 
 
 def add_budget_argument(p) -> None:
-    from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
+    from mlsys_jax.defaults import MEASURE_BUDGET_S  # not mlsys_jax.cost: --help starts no JAX
 
     p.add_argument("--measure-budget", type=float, default=None, metavar="S",
                    help=f"--hw here: seconds to spend measuring new kernels (default "

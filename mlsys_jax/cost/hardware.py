@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlsys_jax.defaults import MEASURE_BUDGET_S  # noqa: F401 - its home is JAX-free
 from mlsys_jax.errors import MlsysError
 
 TFLOPS = 1e12
@@ -55,7 +56,6 @@ A100 = Hardware("a100", {"bf16": 312 * TFLOPS, "f16": 312 * TFLOPS, "i8": 624 * 
                          "f32": 19.5 * TFLOPS, "f64": 19.5 * TFLOPS},
                 2.039e12, 4e-6, "A100 SXM 80GB")
 HARDWARE = {"h100": H100, "h200": H200, "a100": A100}
-MEASURE_BUDGET_S = 120.0  # ``here``: seconds a command spends measuring kernels it has not seen
 NAMES = (*HARDWARE, "cpu", "here")
 
 

@@ -5,22 +5,24 @@ import json
 import math
 
 from mlsys_jax.errors import MlsysError
-from mlsys_jax.progress import Progress
-from mlsys_jax.tables import format_table, wrap
 
 HELP = "differential testing of passes on random programs"
 DEFAULT_OUT = "fuzz-reproducers"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--programs", type=int, default=300, help="random programs to run (default 300)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--passes", default=None, help="comma-separated passes (default: all)")
+    p.add_argument("--programs", type=int, default=300, metavar="N",
+                   help="random programs to run (default 300)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the random programs (default 0)")
+    p.add_argument("--passes", default=None, metavar="PASS,...",
+                   help="comma-separated passes (default: all)")
     p.add_argument("--time-budget", type=float, default=None, dest="time_budget",
-                   help="stop after this many seconds")
+                   metavar="SECONDS", help="stop after this many seconds")
     p.add_argument("--mutants", action="store_true", help="run the mutation-score campaign")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", default=None, help="folder for reproducers of failures")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"folder for reproducers of failures (default {DEFAULT_OUT})")
 
 
 def _check_args(args) -> None:
@@ -40,6 +42,8 @@ def main(args) -> int:
     from mlsys_jax.fuzz.campaign import CampaignOptions, run_campaign
     from mlsys_jax.fuzz.mutants import mutation_score
     from mlsys_jax.passes import registry
+    from mlsys_jax.progress import Progress
+    from mlsys_jax.tables import format_table
 
     _check_args(args)
     runtime.enable_x64()  # the oracles judge float32 rewrites against the float64 program
@@ -69,6 +73,8 @@ def main(args) -> int:
 
 
 def _table(d: dict) -> str:
+    from mlsys_jax.tables import format_table, wrap
+
     rows = [{"pass": n, "fired on": v["fired"],
              "% of valid": round(100 * v["fired"] / max(d["valid"], 1), 1),
              "rewrites": v["rewrites"]} for n, v in d["per_pass"].items()]

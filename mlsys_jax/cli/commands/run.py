@@ -5,21 +5,20 @@ experiments``; this module adds the options.
 """
 from __future__ import annotations
 
-import experiments
 from mlsys_jax.errors import MlsysError
 
 HELP = "run a lecture experiment (01-06) or all of them"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("id", help="experiment id: 01..06 or 'all'")
+    p.add_argument("id", metavar="ID", help="experiment id: 01..06 or 'all'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting of the experiment's run()")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--report", metavar="DIR", help="write DIR/report.md (+ PNGs with matplotlib)")
-    p.add_argument("--processes", type=int, default=1,
+    p.add_argument("--processes", type=int, default=1, metavar="N",
                    help="run as N local processes via jax.distributed (experiment 04)")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=int, default=None, metavar="PORT",
                    help="coordinator port on 127.0.0.1 for --processes (default: a free one)")
 
 
@@ -34,6 +33,8 @@ def parse_sets(pairs: list[str]) -> dict[str, str]:
 
 
 def main(args) -> int:
+    import experiments  # the experiments import JAX: only once --devices has been applied
+
     overrides = parse_sets(args.set)
     if args.port is not None and args.processes == 1:
         raise MlsysError("--port is the coordinator's port of a multi-process run; use it with "
