@@ -117,10 +117,11 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     """
     o = options or ShardOptions()
     with Progress("mlsys-jax shard", enabled=o.progress) as progress:
-        return _simulate(loss_fn, params, batch, optimizer, mesh_shape, o, rules, cache, progress)
+        return _simulate(loss_fn, params, batch, optimizer, mesh_shape, o=o, rules=rules,
+                         cache=cache, progress=progress)
 
 
-def _simulate(loss_fn, params, batch, optimizer, mesh_shape, o, rules, cache, progress):
+def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache, progress):
     zero, steps, separable, judge = o.zero, o.steps, o.separable, o.judge
     xla_options, record = o.xla_options, o.record
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
