@@ -1,6 +1,7 @@
 """``optimize``'s report per module (rewrites and refusals where they happened, times before and
 after), the search's account of what it explored, and what --measure's speedup is."""
 import json
+import re
 import textwrap
 
 import pytest
@@ -66,8 +67,12 @@ def test_rewrites_and_times_per_module(user_file, capsys):
     assert sum(r["after_us"] for r in blocks) == pytest.approx(d["after"]["time_us"], rel=1e-12)
     assert sum(sum(r["rewrites"].values()) for r in d["modules"]) == len(d["rewrites"])
     rc, text, _ = _run(capsys, "optimize", f"{user_file}:make", "--hw", "h100")
+    table = text[text.index("[per module"):text.index("[rewrites applied")]
+    assert rc == 0 and "block1" in table and "fold_conv_bn" not in table  # counts by default
+    assert re.search(r"^  fold_conv_bn +\| 3 ", text, re.M)        # one row a rule, counted
+    rc, text, _ = _run(capsys, "optimize", f"{user_file}:make", "--hw", "h100", "--ops")
     table = text[text.index("[per module"):]
-    assert rc == 0 and "block1" in table and "1 fold_conv_bn" in table
+    assert rc == 0 and "6 fold_constants, 1 fold_conv_bn" in table    # each module's rules
 
 
 def test_the_search_says_when_there_is_nothing_to_explore(user_file, capsys):

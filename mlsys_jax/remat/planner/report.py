@@ -10,7 +10,7 @@ the library, once: ``plan_report`` returns a ``PlanReport`` and callers only for
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.progress import SILENT, Progress
@@ -54,6 +54,7 @@ class PlanReport:
     versus: dict                    # policies.compare_policies (empty lists: --no-policies)
     timelines: dict                 # "no remat" (and "the plan") -> the planner's memory model
     choice: str = ""                # how the plan was chosen among the timed ones (the noise)
+    labels: dict = field(default_factory=dict)  # value name -> module/primitive (value_names)
 
     def ratio(self, p: Plan):
         """``(is the reference, timing.Ratio | None)`` of a compiled plan's step time."""
@@ -74,6 +75,7 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
     shapes (``ir.abstract.is_abstract``) nothing runs: ``planner.shapes.plan_on_shapes``."""
     from mlsys_jax.ir.abstract import is_abstract
     from mlsys_jax.remat.planner.policies import compare_policies, policy_programs
+    from mlsys_jax.remat.planner.value_names import value_names
 
     if not isinstance(repeats, int) or repeats < 1:
         raise MlsysError(f"--repeats must be a positive int, got {repeats!r}")
@@ -107,4 +109,4 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
                                                       for q in fr.measured),
         zero_grad_leaves=fr.programs.zero_grad_leaves, n_grad_leaves=len(fr.flat.diff),
         shapes=dict(zip(fr.graph.names, fr.graph.shapes)), versus=versus, timelines=timelines,
-        choice=fr.choice)
+        choice=fr.choice, labels=value_names(fr.graph, params))
