@@ -1,4 +1,5 @@
-"""Rendering helpers: optional matplotlib plots (``plots``, ``roofline``, ``memory``) and the
-`run all --report` writer (``report``). Each is a module; matplotlib is imported inside them."""
+"""Rendering helpers: optional matplotlib plots (``plots``, ``roofline``, ``memory``), the
+`run all --report` writer (``report``), Chrome trace events (``trace``) and self-contained HTML
+pages (``html``). Each is a module; matplotlib is imported inside them."""
 
-__all__ = ["plots", "roofline", "memory", "report"]
+__all__ = ["plots", "roofline", "memory", "report", "trace", "html"]
