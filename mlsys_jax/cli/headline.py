@@ -1,8 +1,10 @@
 """The honest headline of ``inspect`` and ``optimize``: the unfused and the fused estimate side
 by side, and which one the hardware's compiler resembles (on ``cpu``, XLA:CPU fuses elementwise
-loops: the fused one, which is also that hardware's default table)."""
+loops: the fused one, which is also that hardware's default table); and how our FLOPs are
+counted, in one line read off the cost rules (:func:`flop_convention`)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -103,3 +105,42 @@ def predicted_beside_measured_line(measured: dict, hardware) -> str:
             f"{measured['original_predicted_us']:.4g} vs {measured['original_us']:.4g} µs, "
             f"optimized {measured['optimized_predicted_us']:.4g} vs "
             f"{measured['optimized_us']:.4g} µs")
+
+
+@functools.lru_cache(maxsize=1)  # the rules do not change within a process
+def flop_convention() -> str:
+    """How our FLOPs are counted, in one line, read off the cost rules themselves
+    (``cost.flop_rules``): each figure is what :func:`mlsys_jax.cost.model.eqn_flops` gives a
+    probe program divided by its size, so the line cannot drift from what the rules do."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def per(fn, size: int, *shapes) -> str:
+        return f"{flops_of(fn, *shapes) / size:g}"
+
+    matmul = per(jnp.matmul, 2 * 3 * 4, (2, 3), (3, 4))
+    conv = per(lambda x, w: lax.conv(x, w, (1, 1), "VALID"), (1 * 2 * 2 * 2) * (3 * 3 * 3),
+               (1, 3, 4, 4), (2, 3, 3, 3))
+    elementwise = per(jnp.exp, 6, (6,))
+    reduction = per(jnp.sum, 6, (6,))
+    movement = per(jnp.transpose, 6, (2, 3))
+    trips = flops_of(lambda x: lax.scan(lambda c, _: (jnp.exp(c), None), x, None, length=5)[0],
+                     (6,)) / flops_of(jnp.exp, (6,))
+    macs = (f"{matmul} per multiply-add (matmul, conv)" if matmul == conv else
+            f"{matmul} per multiply-add of a matmul, {conv} of a conv")
+    per_input = (f"{elementwise} per elementwise output and per reduction input"
+                 if elementwise == reduction else
+                 f"{elementwise} per elementwise output, {reduction} per reduction input")
+    scans = "scan bodies once per trip" if trips == 5 else f"scan bodies ×{trips:g} for 5 trips"
+    return f"FLOPs (ours): {macs}, {per_input}, {movement} for data movement, {scans}"
+
+
+def flops_of(fn, *shapes) -> int:
+    """Our FLOPs of ``fn`` traced on f32 arrays of ``shapes`` (its equations summed)."""
+    import jax
+    import jax.numpy as jnp
+
+    from mlsys_jax.cost.model import eqn_flops
+
+    closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes))
+    return sum(eqn_flops(e)[0] for e in closed.jaxpr.eqns)

@@ -16,6 +16,13 @@ NOTICE = ("on shapes only: the factory's arrays are ShapeDtypeStructs; nothing o
 DISAGREE = 0.10
 
 
+def notice() -> str:
+    """:data:`NOTICE`, wrapped to the terminal's width (the first line of a command's text)."""
+    from mlsys_jax.tables import wrap
+
+    return wrap(NOTICE, first="")
+
+
 def refuse_values(flag: str, why: str, fix: str = "run without it") -> None:
     """One line, exit 2: ``flag`` needs values, and on shapes there are none."""
     raise UsageError(f"{flag} needs the model's values and the factory returns shapes only "
@@ -29,6 +36,48 @@ def xla_line(xla) -> str:
             f"per device: arguments {xla.xla_argument_bytes / 1e6:.4g} MB, outputs "
             f"{xla.xla_output_bytes / 1e6:.4g} MB, temp {xla.xla_temp_bytes / 1e6:.4g} MB "
             f"(XLA:CPU's), aliased {xla.xla_alias_bytes / 1e6:.4g} MB")
+
+
+def beside_table(both, report, xla, width: int | None = None) -> str:
+    """The totals, ours (both estimates) beside XLA's own (``cost_analysis``'s FLOPs and bytes
+    accessed, ``memory_analysis``'s bytes of the compiled program), with what each column
+    means; ``xla`` None: ours alone."""
+    from mlsys_jax.tables import format_table, wrap
+
+    peak = report.peak_bytes
+    ours = [("ours, unfused", both.unfused), ("ours, fused", both.fused)]
+    values = [(label, r.total_flops, r.total_bytes, peak, None, None, None) for label, r in ours]
+    if xla:
+        total = (xla.xla_argument_bytes + xla.xla_output_bytes + xla.xla_temp_bytes
+                 - xla.xla_alias_bytes)
+        values.append(("XLA", xla.xla_flops, xla.xla_bytes_accessed, total,
+                       xla.xla_argument_bytes, xla.xla_output_bytes, xla.xla_temp_bytes))
+    flop_scale, flop_unit = _scale([v[1] for v in values], "FLOP")
+    byte_scale, byte_unit = _scale([x for v in values for x in v[2:] if x is not None], "B")
+    columns = [flop_unit] + [f"{byte_unit} {n}" for n in ("moved", "peak", "args", "out",
+                                                             "temp")]
+    scales = [flop_scale] + [byte_scale] * 5
+    rows = [{"totals": label, **{c: "" if x is None else _figure(x / scale)
+                                 for c, x, scale in zip(columns[:6 if xla else 3], figures,
+                                                        scales)}}
+            for label, *figures in values]
+    note = ("moved: ours, every kernel's inputs and outputs; XLA's bytes accessed. peak: ours, "
+            "the most bytes live at once"
+            + ("; XLA's args + out + temp - aliased, compiled here (temp: XLA:CPU's)"
+               if xla else ""))
+    return format_table(rows, width=width) + "\n" + wrap(note, width=width)
+
+
+def _scale(xs: list, name: str) -> tuple[float, str]:
+    top = max(xs, default=0)
+    for size, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if top >= size:
+            return size, prefix + name
+    return 1.0, name
+
+
+def _figure(x: float) -> str:
+    return "0" if x == 0 else f"{x:.4g}"
 
 
 def why_line(ours_flops: float, xla, summary, closed) -> str | None:
@@ -45,8 +94,8 @@ def why_line(ours_flops: float, xla, summary, closed) -> str | None:
                      "which count each body once")
     if counts.get("custom_call") or counts.get("pure_callback"):
         known.append("callbacks: XLA cannot see their work")
-    leaves = sorted(summary.leaves(), key=lambda row: -row.flops)[:3] if summary else []
-    where = ", ".join("/".join(row.path) or "(top)" for row in leaves)
+    leaves = sorted(summary.leaves(), key=lambda row: -row.cost.flops)[:3] if summary else []
+    where = ", ".join("/".join(row.cost.path) or "(top)" for row in leaves)
     gap = (ours_flops - xla.xla_flops) / xla.xla_flops
     return (f"why this number: our FLOPs are {gap:+.0%} of XLA's"
             + (f"; {'; '.join(known)}" if known else "")

@@ -6,9 +6,15 @@ Every kernel of both estimates (one kernel per op, fused) belongs to one module:
 module holding all of its equations (:mod:`mlsys_jax.ir.provenance`). A fused loop that spans a
 BatchNorm and the relu after it belongs to the block holding both; one that spans two blocks, to
 the model. Every parameter belongs to the innermost module holding the equations that read it (a
-tied embedding read by ``wte`` and ``wte.attend`` is ``wte``'s). So a module's figures are those
-of its own kernels and parameters plus its children's, a parent's own share is a ``(self)`` row
-beside its children, and the rows of any level sum to the totals exactly.
+tied embedding read by ``wte`` and ``wte.attend`` is ``wte``'s), and so does every array of state
+(BatchNorm's running statistics), counted apart from the parameters. So a module's figures are
+those of its own kernels and parameters plus its children's, a parent's own share is a ``(self)``
+row beside its children, and the rows of any level sum to the totals exactly.
+
+A module's input and output shapes come from the dataflow between kernels (one per op): its
+inputs are the values its kernels read that no kernel of it wrote (its parameters and state
+aside), its outputs the values its kernels wrote that a kernel outside it reads or that nothing
+reads (the program's results) — what flax's ``tabulate`` shows, found without running a module.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 
 from mlsys_jax.compat import Var, name_stack_text
 from mlsys_jax.ir.provenance import Module, common, origins, owner
-from mlsys_jax.ir.trace import aval_bytes
+from mlsys_jax.ir.trace import aval_bytes, shape_str
 
 UNUSED = "(unused parameters)"
 
@@ -30,6 +36,8 @@ class ModuleCost:
     path: Module
     params: int = 0
     param_bytes: int = 0
+    state: int = 0        # elements of state arrays (running statistics), not parameters
+    state_bytes: int = 0
     flops: int = 0
     unfused_bytes: int = 0
     fused_bytes: int = 0
@@ -43,12 +51,14 @@ class ModuleCost:
     children: dict = field(default_factory=dict)  # name -> ModuleCost
     own: "ModuleCost | None" = None  # what is its own, beside its children's
     group: bool = False  # a group of a flat namespace's names (``conv2_*``), not a module
+    inputs: tuple = ()   # shapes of the values entering it (``f32[1,224,224,3]``), in use order
+    outputs: tuple = ()  # shapes of the values leaving it, in program order
 
     def add(self, other: "ModuleCost") -> None:
         """Fold another row's costs and parameters into this one (a parent sums its children)."""
-        for name in ("params", "param_bytes", "flops", "unfused_bytes", "fused_bytes",
-                     "unfused_us", "fused_us", "kernels", "fused_kernels", "compute_us",
-                     "memory_us"):
+        for name in ("params", "param_bytes", "state", "state_bytes", "flops", "unfused_bytes",
+                     "fused_bytes", "unfused_us", "fused_us", "kernels", "fused_kernels",
+                     "compute_us", "memory_us"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.first = min(self.first, other.first)
 
@@ -68,11 +78,13 @@ def _key(eqn) -> tuple:
     return id(eqn.params), id(eqn.source_info.traceback), name_stack_text(eqn.source_info)
 
 
-def module_costs(unfused, fused, weights: dict, default_fused: bool) -> tuple[ModuleCost, dict]:
+def module_costs(unfused, fused, weights: dict, default_fused: bool,
+                 state: frozenset = frozenset()) -> tuple[ModuleCost, dict]:
     """The tree of :class:`ModuleCost` of one graph from its two cost reports (one kernel per
     op, fused; ``cost.estimate``) and its parameters (``weights``: jaxpr Var → module of the
     parameter's pytree path, see :func:`mlsys_jax.ir.provenance.leaf_module`), and the module
-    of each kernel (``{"unfused": [...], "fused": [...]}``, in the reports' order)."""
+    of each kernel (``{"unfused": [...], "fused": [...]}``, in the reports' order). ``state``:
+    the Vars that are state (in ``weights`` or not), counted apart from the parameters."""
     eqns = [e for k in unfused.kernels for op in k.ops for e in op.eqns]
     found = origins(eqns, weights)
     grouped = _grouping([o.module for o in found])
@@ -106,8 +118,9 @@ def module_costs(unfused, fused, weights: dict, default_fused: bool) -> tuple[Mo
                     node.compute_us += compute * 1e6
                 else:
                     node.memory_us += memory * 1e6
-    _parameters(root, eqns, modules, weights)
+    _parameters(root, eqns, modules, weights, state)
     _total(root)
+    _dataflow(root, unfused.kernels, placed["unfused"], set(weights) | set(state))
     return root, placed
 
 
@@ -118,16 +131,56 @@ def _node(root: ModuleCost, path: Module) -> ModuleCost:
     return node
 
 
-def _parameters(root: ModuleCost, eqns: list, modules: list, weights: dict) -> None:
+def _parameters(root: ModuleCost, eqns: list, modules: list, weights: dict,
+                state: frozenset) -> None:
+    model = {**dict.fromkeys(weights), **dict.fromkeys(state)}
     readers: dict = {}
     for e, m in zip(eqns, modules):
         for v in e.invars:
-            if isinstance(v, Var) and v in weights:
+            if isinstance(v, Var) and v in model:
                 readers.setdefault(v, []).append(owner(m))
-    for v in weights:
+    for v in model:
         node = _node(root, common(readers[v]) if v in readers else (UNUSED,))
-        node.params += math.prod(v.aval.shape)
-        node.param_bytes += aval_bytes(v.aval)
+        if v in state:
+            node.state += math.prod(v.aval.shape)
+            node.state_bytes += aval_bytes(v.aval)
+        else:
+            node.params += math.prod(v.aval.shape)
+            node.param_bytes += aval_bytes(v.aval)
+
+
+def _dataflow(root: ModuleCost, kernels: list, paths: list, model: set) -> None:
+    """Fill each module's ``inputs`` and ``outputs`` from the values between the kernels of one
+    kernel per op (``paths``: each kernel's module): a value written in module ``p`` and read in
+    ``c`` leaves every module on ``p``'s side below their common one and enters every module on
+    ``c``'s side; a value no kernel writes (an argument) enters every module reading it, and one
+    no kernel reads (a result) leaves every module holding its writer. ``model``: the parameters
+    and state, which are a module's own, not its inputs."""
+    writer, read, ins, outs = {}, set(), {}, {}
+    for k, path in zip(kernels, paths):
+        for v in k.inputs:
+            read.add(v)
+            if v in model:
+                continue
+            pp = writer.get(v)
+            shared = len(common([pp, path])) if pp is not None else -1
+            for depth in range(shared + 1, len(path) + 1):
+                ins.setdefault(path[:depth], {})[v] = None
+            if pp is not None:
+                for depth in range(shared + 1, len(pp) + 1):
+                    outs.setdefault(pp[:depth], {})[v] = None
+        for v in k.outputs:
+            writer[v] = path
+    order = {v: i for i, v in enumerate(writer)}
+    for v, pp in writer.items():
+        if v not in read:
+            for depth in range(len(pp) + 1):
+                outs.setdefault(pp[:depth], {})[v] = None
+    for path, values in ins.items():
+        _node(root, path).inputs = tuple(shape_str(v.aval) for v in values)
+    for path, values in outs.items():
+        ordered = sorted(values, key=order.__getitem__)
+        _node(root, path).outputs = tuple(shape_str(v.aval) for v in ordered)
 
 
 def _total(node: ModuleCost) -> None:
@@ -140,7 +193,7 @@ def _total(node: ModuleCost) -> None:
     for child in node.children.values():
         _total(child)
         node.add(child)
-    if own.kernels or own.fused_kernels or own.params:
+    if own.kernels or own.fused_kernels or own.params or own.state:
         node.own = own
 
 
