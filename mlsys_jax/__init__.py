@@ -3,7 +3,8 @@
 Subpackages: ``ir`` (the jaxpr as the graph), ``cost`` (roofline cost model, liveness), ``passes``
 (verified rewrites and search), ``execute`` (graph executor, tape AD, graph-break capture),
 ``remat`` (recomputation schedules), ``parallel`` (shard_map DP/TP/PP/ZeRO/3D), ``planning``
-(how to split a step over N devices: ``mlsys_jax.plan``), ``models``.
+(how to split a step over N devices: ``mlsys_jax.plan``), ``models``; ``api``: the commands as
+functions, ``mlsys_jax.inspect``, ``optimize``, ``remat``, ``shard`` (docs/api.md).
 """
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ _LAZY = {
     "capture": ("mlsys_jax.execute.capture", "capture"),
     "explain": ("mlsys_jax.execute.capture", "explain"),
     "plan": ("mlsys_jax.planning.search", "plan"),
+    # the Python API (docs/api.md); ``remat`` is also the package of the planners, which
+    # answers the call (mlsys_jax/remat/__init__.py)
+    "inspect": ("mlsys_jax.api", "inspect"),
+    "optimize": ("mlsys_jax.api", "optimize"),
+    "remat": ("mlsys_jax.remat", None),
+    "shard": ("mlsys_jax.api", "shard"),
 }
 
 
@@ -21,7 +28,8 @@ def __getattr__(name):  # PEP 562: import heavy parts (and JAX) only when used
         import importlib
 
         mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(mod), attr)
+        module = importlib.import_module(mod)
+        return module if attr is None else getattr(module, attr)
     raise AttributeError(f"module 'mlsys_jax' has no attribute {name!r}")
 
 __all__ = ["__version__", *_LAZY]

@@ -17,3 +17,13 @@ def test_the_package_declares_what_it_exports(name):
     for attr in declared:
         found = hasattr(package, attr) or importlib.util.find_spec(f"{name}.{attr}") is not None
         assert found, f"{name}.__all__ names {attr!r}, which it does not provide"
+
+
+def test_the_root_exports_the_commands_as_functions():
+    """``mlsys_jax.inspect/optimize/remat/shard/plan`` (docs/api.md), lazily: each is callable,
+    and ``mlsys_jax.remat`` stays the package of the planners too."""
+    import mlsys_jax
+
+    for name in ("inspect", "optimize", "remat", "shard", "plan"):
+        assert name in mlsys_jax.__all__ and callable(getattr(mlsys_jax, name))
+    assert importlib.import_module("mlsys_jax.remat") is mlsys_jax.remat

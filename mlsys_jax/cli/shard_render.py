@@ -9,9 +9,7 @@ QUANTITIES = ("loss", "grads", "params")
 def render(target: str, out: dict, devices: int) -> str:
     """Verdict, differences beside noise and bounds, bytes, collectives, the model split."""
     mesh = ",".join(f"{k}={v}" for k, v in out["mesh"].items())
-    verdict = ("yes" if out["exact"] else
-               "NO in general (equal on this batch)" if out["equal_on_this_batch"]
-               and out["semantics"] == "per-shard" else "NO")
+    verdict = exact_verdict(out)
     lines = [wrap(f"{target}: mesh {mesh}, ZeRO-{out['zero']}, {out['steps']} steps ({devices} "
                   "simulated CPU devices)", first=""), "",
              wrap(f"exact: {verdict} - {out['reason']}", first=""), ""]
@@ -44,6 +42,13 @@ def render(target: str, out: dict, devices: int) -> str:
                           f"{'equal to' if pr['equal'] else 'DIFFERENT from'} one process, step "
                           f"by step (max |Δ| {diffs})", first=""))
     return "\n".join(lines).rstrip()
+
+
+def exact_verdict(out: dict) -> str:
+    """``yes``, ``NO``, or ``NO in general (equal on this batch)``: the report's first word."""
+    return ("yes" if out["exact"] else
+            "NO in general (equal on this batch)" if out["equal_on_this_batch"]
+            and out["semantics"] == "per-shard" else "NO")
 
 
 def _bytes(b: dict) -> list:

@@ -124,12 +124,13 @@ def resolve(args) -> Target:
     if args.arg:
         fn = load_target(args.target)
         return Target(fn, tuple(arg_structs(args.arg, fn)), args.target)
-    fn, example = load_factory(args.target, expect=FN_AND_ARGS)
+    fn, example = load_factory(args.target, expect=FN_AND_ARGS)  # or the factory itself (API)
+    name = target_name(args.target)
     if not isinstance(example, (tuple, list)):
-        raise MlsysError(f"{args.target} must return {FN_AND_ARGS} with args a tuple of example "
+        raise MlsysError(f"{name} must return {FN_AND_ARGS} with args a tuple of example "
                          f"arguments, parameters first, e.g. (variables, x); got args of type "
                          f"{type(example).__name__}")
-    return Target(fn, tuple(example), args.target, examples=True)
+    return Target(fn, tuple(example), name, examples=True)
 
 
 def load_target(target: str):
@@ -166,9 +167,12 @@ def load_factory(target: str, expect: str) -> tuple:
     ``expect`` names the tuple, optional parts in brackets, and is quoted in the errors:
     ``load_factory(t, "(loss_fn, params, batch[, optimizer[, rules]])")``. Returns a tuple with
     one entry per name (None for optional ones not returned); the first must be callable.
+    ``target`` may also be the factory itself (the Python API's ``mlsys_jax.shard(make, ...)``),
+    named in the errors by :func:`target_name`.
     """
     required, optional = _expected_names(expect)
-    fn = load_target(target)
+    fn = target if callable(target) else load_target(target)
+    target = target_name(target)
     needs = _required_parameters(fn)
     if needs:
         raise MlsysError(f"{target} takes {len(needs)} argument(s) ({', '.join(needs)}): give one "
@@ -191,6 +195,13 @@ def load_factory(target: str, expect: str) -> tuple:
         raise MlsysError(f"factory {target} must return {expect} with {required[0]} a function; "
                          f"got a {type(out[0]).__name__}")
     return tuple(out) + (None,) * (len(required) + len(optional) - len(out))
+
+
+def target_name(target) -> str:
+    """``FILE.py:FN`` as given, or a function's qualified name (the Python API passes one)."""
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
 
 
 def _expected_names(expect: str) -> tuple[list[str], list[str]]:

@@ -15,6 +15,10 @@ Three sub-systems share one MILP and one ``Plan`` (``milp``):
   (``measure``), chosen on the compiled frontier (``frontier``) beside JAX's built-in policies
   (``policies``).
 """
+import importlib
+import sys
+import types
+
 from mlsys_jax.remat.chain import (Counts, ReferenceRun, Schedule, chain, chain_inputs, every_k,
                                    input_only, optimal_chain, plan_length, revolve_advances,
                                    run_jax, run_reference, solve_chain, sqrt_n, store_all)
@@ -25,3 +29,16 @@ __all__ = ["Counts", "Schedule", "every_k", "input_only", "plan_length", "sqrt_n
            "ReferenceRun", "chain_inputs", "run_reference", "run_jax",
            "optimal_chain", "revolve_advances", "solve_chain",
            "Frontier", "Plan", "apply", "chain", "measure", "plan"]
+
+
+class _CallablePackage(types.ModuleType):
+    """``mlsys_jax.remat`` is this package and also the Python API's function
+    ``mlsys_jax.remat(loss_fn, params, batch, budget=...)`` (docs/api.md): the package answers
+    the call. The API (``mlsys_jax.api``) sits above every layer, so it is imported by name when
+    called, never by an import statement here."""
+
+    def __call__(self, *args, **kwargs):
+        return importlib.import_module("mlsys_jax.api").remat(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
