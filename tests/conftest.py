@@ -23,6 +23,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
+# Text output follows the terminal's width (COLUMNS first), and pytest-xdist's workers inherit
+# a COLUMNS of their own: the tests read text at one width, the one used off a terminal; a test
+# of another width sets it itself.
+os.environ["COLUMNS"] = "120"
+
 from mlsys_jax import runtime  # noqa: E402
 
 runtime.configure(devices=runtime.DEFAULT_DEVICES, x64=True)

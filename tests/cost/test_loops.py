@@ -41,3 +41,25 @@ def test_flops_count_the_body_per_trip_and_a_report_names_loops_it_could_not_cou
     traced = estimate(jax.make_jaxpr(lambda x, n: jax.lax.fori_loop(
         0, n, lambda i, c: jnp.sin(c) @ c, x))(jnp.ones((8, 8)), 3))
     assert traced.uncounted_loops == 1
+
+
+def test_inspect_says_when_its_flops_are_a_lower_bound(tmp_path, capsys):
+    import json
+
+    from mlsys_jax import cli
+
+    path = tmp_path / "loops.py"
+    path.write_text("import jax, jax.numpy as jnp\n"
+                    "def solve(x, n):\n"
+                    "    return jax.lax.fori_loop(0, n, lambda i, c: jnp.sin(c) @ c, x)\n"
+                    "def fixed(x):\n"
+                    "    return jax.lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, "
+                    "jnp.sin(c[1]) @ c[1]), (0, x))[1]\n")
+    args = ["--devices", "8", "inspect", "--no-xla", "--json"]
+    assert cli.main([*args, f"{path}:solve", "--arg", "f32[8,8]", "--arg", "i32[]"]) == 0
+    assert json.loads(capsys.readouterr().out)["uncounted_loops"] == 1
+    assert cli.main(["--devices", "8", "inspect", "--no-xla", f"{path}:solve", "--arg",
+                     "f32[8,8]", "--arg", "i32[]"]) == 0
+    assert "FLOPs are a lower bound: 1 while loop(s)" in capsys.readouterr().out
+    assert cli.main([*args, f"{path}:fixed", "--arg", "f32[8,8]"]) == 0
+    assert json.loads(capsys.readouterr().out)["uncounted_loops"] == 0

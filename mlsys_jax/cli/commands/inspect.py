@@ -1,21 +1,28 @@
 """``mlsys-jax inspect FILE.py:FN [--arg SPEC ...]``: a user's function as a costed graph.
 
-By default a table per module of the user's model (parameters, FLOPs, bytes, both estimates,
-share, bound; :mod:`mlsys_jax.cli.summary`), the totals and the headline estimate; ``--ops`` the
-table per kernel, ``--jaxpr`` the jaxpr (printed anyway when it is short), ``--plot`` the
-roofline chart of the table's rows, ``--json`` all of it.
+By default a table per module of the user's model (parameters, state, FLOPs, bytes, both
+estimates, share, bound, input and output shapes; :mod:`mlsys_jax.cli.summary`, fitted to the
+terminal), the model's parameters beside its state (:mod:`mlsys_jax.cli.variables`), the totals
+beside XLA's own figures of the compiled function (``--no-xla`` skips the compile), the FLOP
+convention in one line and the headline estimate; stages over 2 s show progress on stderr
+(:class:`SlowStages`). ``--ops`` the
+table per kernel, ``--jaxpr`` the jaxpr (only when asked), ``--plot`` the
+roofline chart of the table's rows, ``--json`` all of it; ``--dot`` the graph, ``--trace`` the
+kernels as Chrome trace events, ``--html`` one page of it all (``cli/exports.py``).
 """
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlsys_jax import runtime
 from mlsys_jax.cli import target
 from mlsys_jax.errors import MlsysError
 
 HELP = "cost table of a function's jaxpr, per module of the model"
-JAXPR_SHOWN = 300  # equations: a jaxpr this short is printed without --jaxpr
 
 
 def add_arguments(p) -> None:
@@ -32,14 +39,23 @@ def add_arguments(p) -> None:
     p.add_argument("--depth", type=int, default=None, metavar="N",
                    help="levels of modules in the table (default: the most that fit ~40 rows)")
     p.add_argument("--ops", action="store_true", help="one row per kernel instead of per module")
-    p.add_argument("--jaxpr", action="store_true",
-                   help=f"print the jaxpr (printed anyway up to {JAXPR_SHOWN} equations)")
+    p.add_argument("--jaxpr", action="store_true", help="print the jaxpr before the tables")
     p.add_argument("--plot", metavar="OUT.png",
                    help="write the roofline chart of the table's rows (needs the plot extra)")
-    p.add_argument("--dot", metavar="OUT.dot", help="write a Graphviz DOT file")
-    p.add_argument("--xla", action="store_true",
-                   help="compile the function and print XLA's own FLOPs and bytes beside ours "
-                        "(always on shapes)")
+    p.add_argument("--dot", metavar="OUT.dot",
+                   help="write a Graphviz DOT file (one cluster per module; past 300 nodes one "
+                        "node per module)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the kernels as Chrome trace events, one after another with their "
+                        "estimated (or measured) times (open in ui.perfetto.dev)")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write one self-contained page: module tree, tables, roofline chart")
+    p.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile the function (on its shapes, nothing allocated) and print XLA's "
+                        "own FLOPs, bytes accessed and memory beside ours (default; --no-xla "
+                        "skips the compile, except on shapes)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress on stderr (shown for stages that run over 2 s)")
     add_measure_arguments(p)
 
 
@@ -48,7 +64,7 @@ def add_measure_arguments(p) -> None:
 
     p.add_argument("--measure", action="store_true",
                    help="compile the function with jax.jit and time it here, beside the estimate")
-    p.add_argument("--rounds", type=int, default=11,
+    p.add_argument("--rounds", type=int, default=11, metavar="N",
                    help="interleaved timing rounds for --measure (default 11)")
     add_budget_argument(p)
 
@@ -65,62 +81,140 @@ def report_json(report, both, summary=None) -> dict:
            for k in report.kernels]
     out = {"ops": ops, "fused": report.fused,
            "total": {**both.totals(), "peak_bytes": report.peak_bytes},
-           "unknown": list(report.unknown), "primitives": dict(report.primitives)}
+           "unknown": list(report.unknown), "primitives": dict(report.primitives),
+           "uncounted_loops": report.uncounted_loops}
     if summary:
         from mlsys_jax.cli.summary import json_rows
 
         for op, path in zip(ops, modules):
             op["module"] = "/".join(path)
+        node = summary.node
         out.update(modules=json_rows(summary), module_depth=summary.depth,
                    module_levels=summary.levels, model="/".join(summary.root),
-                   params=summary.node.params, param_bytes=summary.node.param_bytes)
+                   params=node.params, param_bytes=node.param_bytes, state=node.state,
+                   state_bytes=node.state_bytes, inputs=list(node.inputs),
+                   outputs=list(node.outputs))
     return out
 
 
-def main(args) -> int:
+@dataclass
+class InspectRun:
+    """What ``inspect`` computed (:func:`compute`): the graph, both estimates and the table's
+    report, the module tree, and with ``--measure``/``--xla`` the timing and XLA's figures."""
+
+    closed: Any
+    both: Any
+    report: Any
+    summary: Any
+    measured: Any
+    xla: Any
+    on_shapes: bool
+    equations: int
+    variables: dict = None  # jaxpr Var -> cli.variables.Variable: the model's arrays
+    xla_error: str = ""     # why XLA's figures are missing when the compile failed
+
+    def to_json(self) -> dict:
+        """The ``--json`` object."""
+        from mlsys_jax.cli.headline import flop_convention
+
+        out = report_json(self.report, self.both, self.summary)
+        out["abstract"] = self.on_shapes
+        out["flop_convention"] = flop_convention()
+        if self.xla:
+            out["total"].update(self.xla.as_dict())
+        if self.xla_error:
+            out["xla_error"] = self.xla_error
+        if self.variables:
+            out["variables"] = variables_json(self.variables)
+        return {**out, **({"measured": self.measured[0]} if self.measured else {})}
+
+
+def variables_json(variables: dict) -> list[dict]:
+    """Each array of the model: its name (a Keras variable's path, else its pytree path), kind
+    (``param`` or ``state``), shape and dtype, and bytes, in the order the graph takes them."""
+    from mlsys_jax.ir.trace import aval_bytes, shape_str
+
+    return [{"name": v.name, "kind": v.kind, "shape": shape_str(var.aval),
+             "bytes": aval_bytes(var.aval)}
+            for var, v in sorted(variables.items(), key=lambda kv: kv[1].index)]
+
+
+def compute(user, args, progress=None) -> InspectRun:
+    """The computing part of ``inspect``, shared by :func:`main` and the Python API
+    (``mlsys_jax.inspect``): trace ``user`` (a ``cli.target.Target``), cost it, and measure it
+    when ``args`` asks; ``progress`` (a ``progress.Progress``, or None: silent) names each
+    stage as it starts."""
     from mlsys_jax.cli.headline import estimates
-    from mlsys_jax.cli.summary import summarize, weights_of
+    from mlsys_jax.cli.summary import summarize
+    from mlsys_jax.cli.variables import STATE, graph_variables
+    from mlsys_jax.progress import SILENT
+
+    progress = progress or SILENT
+    on_shapes = _on_shapes(user, args)
+    progress.stage(f"tracing {user.name}")
+    closed = user.trace(grad=args.grad)
+    progress.stage("costing the graph: both estimates, per module")
+    both = estimates(closed, args.hw, args.dtype)
+    report = both.default if args.fused is None else both.fused if args.fused else both.unfused
+    weights, variables = graph_variables(user, closed)
+    state = frozenset(var for var, v in variables.items() if v.kind == STATE)
+    summary = summarize(both, weights, args.depth, state)
+    if args.measure:
+        progress.stage("timing the function under jax.jit")
+    measured = measure_whole(closed, user, args, report)
+    xla, xla_error = None, ""
+    if on_shapes or args.xla:
+        progress.stage("compiling with XLA for its cost and memory analysis (--no-xla skips)")
+        xla, xla_error = _xla(closed)
+    return InspectRun(closed, both, report, summary, measured, xla, on_shapes,
+                      _count_equations(closed), variables, xla_error)
+
+
+def main(args) -> int:
     from mlsys_jax.ir import to_dot
 
-    for path, flag in ((args.dot, "--dot"), (args.plot, "--plot")):
+    for path, flag in ((args.dot, "--dot"), (args.plot, "--plot"), (args.trace, "--trace"),
+                       (args.html, "--html")):
         if path:  # checked before the work, not after it
             runtime.check_output_file(path, flag)
     if args.plot:
         _require_plots()
     check_measure_options(args)
     user = target.resolve(args)
-    on_shapes = _on_shapes(user, args)
-    closed = user.trace(grad=args.grad)
-    both = estimates(closed, args.hw, args.dtype)
-    report = both.default if args.fused is None else both.fused if args.fused else both.unfused
-    summary = summarize(both, weights_of(user, closed), args.depth)
+    with SlowStages("mlsys-jax inspect", enabled=not args.quiet) as progress:
+        done = compute(user, args, progress)
+    closed, report, summary = done.closed, done.report, done.summary
     if args.dot:
-        Path(args.dot).write_text(to_dot(closed, name=user.name))
+        from mlsys_jax.cli.summary import weights_of
+
+        Path(args.dot).write_text(to_dot(closed, name=user.name,
+                                         weights=weights_of(user, closed)))
     if args.plot:
         _plot(args.plot, summary, report, args.ops, user.name)
-    measured = measure_whole(closed, user, args, report)
-    xla = _xla(closed) if on_shapes or args.xla else None
+    if args.trace or args.html:
+        from mlsys_jax.cli.exports import write_inspect
+
+        write_inspect(args, user.name, done, lambda: _print_tables(
+            args, closed, done.both, report, summary, done.equations, done.measured, done.xla))
     if args.json:
-        out = report_json(report, both, summary)
-        out["abstract"] = on_shapes
-        if xla:
-            out["total"].update(xla.as_dict())
-        print(json.dumps({**out, **({"measured": measured[0]} if measured else {})}, indent=1))
+        print(json.dumps(done.to_json(), indent=1))
         return 0
-    equations = _count_equations(closed)
-    if args.jaxpr or equations <= JAXPR_SHOWN:
+    if args.jaxpr:
         print(closed)
-    _print_tables(args, closed, both, report, summary, equations, measured, xla)
-    for path, what in ((args.dot, "DOT"), (args.plot, "roofline plot")):
+    _print_tables(args, closed, done.both, report, summary, done.equations, done.measured,
+                  done.xla, xla_error=done.xla_error)
+    for path, what in ((args.dot, "DOT"), (args.plot, "roofline plot"), (args.trace, "trace"),
+                       (args.html, "HTML page")):
         if path:
             print(f"{what} written to {path}")
     return 0
 
 
-def _print_tables(args, closed, both, report, summary, equations: int, measured, xla) -> None:
-    from mlsys_jax.cli.headline import compiler_note
+def _print_tables(args, closed, both, report, summary, equations: int, measured, xla, *,
+                  xla_error: str = "") -> None:
+    from mlsys_jax.cli.headline import compiler_note, flop_convention
     from mlsys_jax.cli.measured import table_columns
-    from mlsys_jax.cli.summary import text_rows
+    from mlsys_jax.cli.shapes import beside_table, why_line
     from mlsys_jax.cost.fusion import LABELS
     from mlsys_jax.tables import format_table, wrap
 
@@ -133,34 +227,115 @@ def _print_tables(args, closed, both, report, summary, equations: int, measured,
         model = LABELS[hw.fusion] if report.fused else LABELS["none"]
         print(format_table(rows, title=f"\n[kernels: {model}; {hw.name}, {dtypes}]"))
     else:
-        name = f" of {'/'.join(summary.root)}" if summary.root else ""
-        print(format_table(text_rows(summary),
-                           title=f"\n[modules{name}: share, bytes and bound of the "
-                                 f"{both.default_label} estimate; {hw.name}, {dtypes}]"))
-        levels = (f"{summary.depth} of {summary.levels} levels (--depth N); "
-                  if summary.levels > 1 else "")
-        print(wrap(f"{levels}the rows below a module sum to it, and a kernel spanning modules "
-                   "counts in the innermost one holding them all. --ops: one row per kernel"
-                   + ("" if args.jaxpr or equations <= JAXPR_SHOWN else
-                      f"; --jaxpr: the jaxpr ({equations:,} equations)"), first="  "))
-    t = report.totals()
-    params = (f"; {summary.node.params:,} parameters, {summary.node.param_bytes / 1e6:.4g} MB"
-              if summary.node.params else "")
-    print(f"\ntotal: {t['flops'] / 1e9:.4g} GFLOP, {t['bytes'] / 1e6:.4g} MB moved, "
-          f"peak live {t['peak_bytes'] / 1e6:.4g} MB{params}")
-    if xla:
-        from mlsys_jax.cli.shapes import why_line, xla_line
-
-        print(wrap(xla_line(xla), first=""))
-        why = why_line(both.unfused.total_flops, xla, summary, closed)
-        if why:
-            print(wrap(why, first=""))
+        _print_modules(args, both, summary, equations, f"{hw.name}, {dtypes}")
+    print("\n" + wrap(model_line(summary), first=""))
+    print(beside_table(both, report, xla))
+    if xla_error:
+        print(wrap(f"XLA's figures: the compile failed here ({xla_error})", first=""))
+    print(wrap(flop_convention(), first=""))
+    why = why_line(both.unfused.total_flops, xla, summary, closed) if xla else None
+    if why:
+        print(wrap(why, first=""))
     print(wrap(f"estimate: {both.line()}", first=""))
     print(wrap(compiler_note(hw), first=""))
     print_measured(report, measured)
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
+    if report.uncounted_loops:
+        print(wrap(f"FLOPs are a lower bound: {report.uncounted_loops} while loop(s) of unknown "
+                   "trip count (the program does not fix it), each body counted once", first=""))
+
+
+def _print_modules(args, both, summary, equations: int, where: str) -> None:
+    """The module table, fitted to the terminal (optional columns left out, and named), and
+    what its rows mean."""
+    from mlsys_jax.cli.summary import fit_table, text_rows
+    from mlsys_jax.tables import wrap
+
+    name = f" of {'/'.join(summary.root)}" if summary.root else ""
+    title = wrap(f"[modules{name}: share, bytes and bound of the {both.default_label} "
+                 f"estimate; {where}]", first="")
+    text, left_out = fit_table(text_rows(summary), "\n" + title, summary.default_fused)
+    print(text)
+    levels = (f"{summary.depth} of {summary.levels} levels (--depth N); "
+              if summary.levels > 1 else "")
+    hidden = (f"; left out to fit: {', '.join(left_out)} (--json has all)" if left_out else "")
+    jaxpr = "" if args.jaxpr else f"; --jaxpr: the jaxpr ({equations:,} equations)"
+    print(wrap(f"{levels}rows below a module sum to it, a kernel spanning modules counts in "
+               f"their innermost common one; in/out: first input/output shape (+N more)"
+               f"{hidden}. --ops: one row per kernel{jaxpr}", first="  "))
+
+
+def model_line(summary) -> str:
+    """The model's inputs and outputs, and its parameters beside its state (running
+    statistics, non-trainable variables), which are not parameters."""
+    node = summary.node
+    shapes = (f"{', '.join(node.inputs) or '()'} -> {', '.join(node.outputs) or '()'}"
+              if node.inputs or node.outputs else "")
+    name = "/".join(summary.root) or "the function"
+    parts = [f"{name}: {shapes}" if shapes else name]
+    if node.params:
+        parts.append(f"{node.params:,} parameters ({node.param_bytes / 1e6:.4g} MB)")
+    if node.state:
+        parts.append(f"state {node.state:,} ({node.state_bytes / 1e6:.4g} MB: batch "
+                     "statistics, non-trainable variables)")
+    return "; ".join(parts)
+
+
+class SlowStages:
+    """Progress for stages that run long: a stage's line appears on stderr only once it has
+    run :data:`SLOW_S` seconds (then every later stage's at once), so a small model's report
+    leaves stderr empty and a one-line error stays one line, while a large model's trace or
+    XLA's compile shows within seconds."""
+
+    def __init__(self, name: str, *, enabled: bool = True):
+        import threading
+
+        self.name, self.enabled = name, enabled
+        self.shown = None  # the Progress, once a stage was slow
+        self._lock, self._timer = threading.Lock(), None
+
+    def stage(self, text: str) -> None:
+        import threading
+
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self.shown is not None:
+                self.shown.stage(text)
+                return
+            self._timer = threading.Timer(SLOW_S, self._show, (text,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _show(self, text: str) -> None:
+        from mlsys_jax.progress import Progress
+
+        with self._lock:
+            if self.shown is None:
+                self.shown = Progress(self.name)
+                self.shown.t0 -= SLOW_S  # the stage began SLOW_S ago
+            self.shown.stage(text)
+
+    def done(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self.enabled = False
+        if self.shown is not None:
+            self.shown.done()
+
+    def __enter__(self) -> "SlowStages":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done()
+
+
+SLOW_S = 2.0  # a stage this long gets a progress line
 
 
 def _on_shapes(user, args) -> bool:
@@ -176,15 +351,21 @@ def _on_shapes(user, args) -> bool:
         shapes.refuse_values("--hw here", "it times every kernel on arrays of its size; use a "
                              "roofline model, --hw h100 or --hw cpu")
     if not args.json:
-        print(shapes.NOTICE)
+        print(shapes.notice())
     return True
 
 
-def _xla(closed):
-    """XLA's figures of the function, compiled on its avals (nothing allocated)."""
+def _xla(closed) -> tuple:
+    """XLA's figures of the function, compiled on its avals (nothing allocated), and '' — or
+    None and why, when XLA cannot compile it here (the figures are a cross-check: the rest of
+    the report stands without them)."""
     from mlsys_jax.cost.xla import xla_figures
 
-    return xla_figures(closed)
+    try:
+        return xla_figures(closed), ""
+    except Exception as e:  # noqa: BLE001 - XLA's error, reported in one line beside the tables
+        text = str(e).strip().splitlines()
+        return None, f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def _count_equations(closed) -> int:

@@ -10,9 +10,10 @@ rewrites applied (and refused, with reasons), the unfused and fused estimates, t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from mlsys_jax.cli import target
-from mlsys_jax.cli.limits import check_optimize_fits
 from mlsys_jax.errors import MlsysError
 
 HELP = "apply verified rewrite passes to a function"
@@ -24,7 +25,7 @@ OPS_SHOWN = 40  # kernels: longer per-kernel tables are left to --ops (the modul
 def add_arguments(p) -> None:
     target.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--passes", default=None,
+    p.add_argument("--passes", default=None, metavar="PASS,...",
                    help="comma-separated passes (default: the standard pipeline)")
     p.add_argument("--search", action="store_true", help="cost-based search over rewrites")
     p.add_argument("--alpha", type=float, default=None,
@@ -33,11 +34,15 @@ def add_arguments(p) -> None:
                    help=f"search: at most N graphs explored (default {SEARCH_BUDGET})")
     p.add_argument("--measure", action="store_true",
                    help="compile original and optimized with jax.jit and time them here")
-    p.add_argument("--rounds", type=int, default=11,
+    p.add_argument("--rounds", type=int, default=11, metavar="N",
                    help="interleaved timing rounds for --measure (default 11)")
     p.add_argument("--ops", action="store_true",
-                   help=f"print the per-kernel tables before and after even beyond "
-                        f"{OPS_SHOWN} rows")
+                   help=f"print everything row by row: the per-kernel tables before and after "
+                        f"even beyond {OPS_SHOWN} rows, each module's rules, every rewrite and "
+                        "refusal (grouped by rule otherwise)")
+    p.add_argument("--constants", default=None, metavar="ARG,...",
+                   help="the factory's arguments folded in as constants, by 0-based index or "
+                        "parameter name (default: the first, the parameters)")
     from mlsys_jax.cli.measured import add_budget_argument
 
     add_budget_argument(p)
@@ -48,14 +53,46 @@ def _summary(both) -> dict:
 
 
 def main(args) -> int:
-    from mlsys_jax.cli.headline import (Estimates, compiler_note, measured_line,
-                                        predicted_beside_measured_line, search_title,
-                                        speedup_line)
-    from mlsys_jax.cli.measured import check_here_options, table_columns
+    run = compute(args, target.resolve)
+    if args.json:
+        print(json.dumps(run.to_json(), indent=1))
+    else:
+        print_text(args, run)
+    return 0 if run.done.verified else 1
+
+
+@dataclass
+class OptimizeRun:
+    """What ``optimize`` computed (:func:`compute`): the user's Target, the library's report
+    (``passes.optimize_report``), both estimates before and after, the per-module rows."""
+
+    user: Any
+    done: Any
+    before_e: Any
+    after_e: Any
+    per_module: list
+
+    def to_json(self) -> dict:
+        """The ``--json`` object."""
+        done = self.done
+        return {"before": _summary(self.before_e), "after": _summary(self.after_e),
+                "rewrites": done.rewrites, "refusals": done.refusals, "modules": self.per_module,
+                **done.check.to_dict(),
+                **({"measured": done.measured} if done.measured else {}),
+                **({"search": done.searched} if done.searched else {}),
+                "verified": done.verified, "verdict": done.verdict, "error": done.failure}
+
+
+def compute(args, resolve) -> OptimizeRun:
+    """The computing part of ``optimize``, shared by :func:`main` and the Python API
+    (``mlsys_jax.optimize``): the options are checked, then ``resolve(args)`` gives the Target
+    (the command loads ``FILE.py:FN``; the API passes its own), and the passes run verified."""
+    from mlsys_jax.cli.headline import Estimates
+    from mlsys_jax.cli.limits import check_optimize_fits  # imports JAX: not for --help
+    from mlsys_jax.cli.measured import check_here_options
     from mlsys_jax.cli.per_module import Inputs
     from mlsys_jax.passes.optimize_report import optimize_report
     from mlsys_jax.passes.registry import pipeline as named_pipeline
-    from mlsys_jax.tables import format_table, wrap
 
     if args.search and args.passes is not None:
         raise MlsysError("--search chooses its own rewrites; drop --passes (or drop --search)")
@@ -71,7 +108,9 @@ def main(args) -> int:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
     check_here_options(args)
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
-    user = target.resolve(args)
+    from mlsys_jax.cli.constants import with_constants
+
+    user = with_constants(resolve(args), getattr(args, "constants", None))
     _refuse_shapes(user)
     closed = user.trace(constant_params=True)
     if not closed.jaxpr.outvars:
@@ -86,45 +125,55 @@ def main(args) -> int:
                            rounds=args.rounds if args.measure else None, observe=inputs_of)
     before_e = Estimates(done.before_unfused, done.before_fused)
     after_e = Estimates(done.after_unfused, done.after_fused)
+    per_module = _per_module(user, done, before_e, after_e, inputs_of)
+    return OptimizeRun(user, done, before_e, after_e, per_module)
+
+
+def print_text(args, run: OptimizeRun) -> None:
+    """The text report: the op tables before and after, the module table, the search's path,
+    the rewrites and refusals, the estimates, the timing and the value check."""
+    from mlsys_jax.cli.headline import (compiler_note, measured_line,
+                                        predicted_beside_measured_line, search_title,
+                                        speedup_line)
+    from mlsys_jax.cli.measured import table_columns
+    from mlsys_jax.tables import format_table, wrap
+
+    done, before_e, after_e, per_module = run.done, run.before_e, run.after_e, run.per_module
     rewrites, refusals, searched, measured = (done.rewrites, done.refusals, done.searched,
                                               done.measured)
-    per_module = _per_module(user, done, before_e, after_e, inputs_of)
     check, verdict, failure = done.check, done.verdict, done.failure
-    if args.json:
-        print(json.dumps({"before": _summary(before_e), "after": _summary(after_e),
-                          "rewrites": rewrites, "refusals": refusals, "modules": per_module,
-                          **check.to_dict(),
-                          **({"measured": measured} if measured else {}),
-                          **({"search": searched} if searched else {}),
-                          "verified": done.verified, "verdict": verdict, "error": failure},
-                         indent=1))
-        return 0 if done.verified else 1
     hw = before_e.unfused.hardware
     for label, both in (("before", before_e), ("after", after_e)):
         title = f"\n[{label} on {hw.name}, {args.dtype or 'native dtypes'}: {both.line()}]"
         if not (args.ops or len(before_e.default.kernels) <= OPS_SHOWN):
-            print(title.strip("\n"))
+            print(wrap(title.strip("\n"), first="", rest=" "))
             continue
         columns = ("name", "in", "out", "flops", "bytes", "time_us",
                    *table_columns(both.default))
         rows = [{k: r[k] for k in columns} for r in both.default.rows()]
-        print(format_table(rows, title=title))
-    _print_modules(per_module, before_e, args.ops or len(before_e.default.kernels) <= OPS_SHOWN)
+        print("\n" + wrap(title.strip("\n"), first="", rest=" "))
+        print(format_table(rows))
+    _print_modules(per_module, before_e, args.ops or len(before_e.default.kernels) <= OPS_SHOWN,
+                   every=args.ops)
     if searched:
         print(format_table(searched["path"], title="\n" + search_title(searched)))
-    text = lambda rows: [{k: v for k, v in r.items() if k != "module"} for r in rows]  # noqa: E731
-    print(format_table(text(rewrites), title="\n[rewrites applied]"))
-    if refusals:
-        print(format_table(text(refusals), title="\n[refused]"))
+    _print_rewrites(rewrites, refusals, every=args.ops)
     print("\n" + wrap(speedup_line(before_e, after_e) + f" — {compiler_note(hw)}", first=""))
     if measured:
         print(wrap(measured_line(measured, hw), first=""))
         print(wrap(predicted_beside_measured_line(measured, hw), first=""))
-    first = "the example inputs" if user.examples else "seeded random inputs"
+    first = "the example inputs" if run.user.examples else "seeded random inputs"
     print(wrap(f"verified: {verdict}{' — ' + failure if failure else ''}; max |output diff| on "
                f"{first} and {check.inputs - 1} fresh input set(s) drawn like them: "
-               f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'})", first=""))
-    return 0 if done.verified else 1
+               f"{check.max_abs_diff:.3g} (per element: {check.tolerance or 'exact'}"
+               f"{_past_tolerance(check)})", first=""))
+
+
+def _past_tolerance(check) -> str:
+    """How many elements were past the plain tolerance and within the float64 twin's bound
+    (``passes.value_check``), if any."""
+    n = getattr(check, "within_twin", 0)
+    return (f"; {n} element(s) past it, within the float64 twin's rounding bound" if n else "")
 
 
 def _per_module(user, done, before_e, after_e, inputs_of) -> list[dict]:
@@ -147,15 +196,35 @@ def _per_module(user, done, before_e, after_e, inputs_of) -> list[dict]:
     return compare(before, later, located["rewrites"], located["refusals"])
 
 
-def _print_modules(rows: list[dict], before_e, shown_ops: bool) -> None:
+def _print_modules(rows: list[dict], before_e, shown_ops: bool, *, every: bool) -> None:
+    """The module table: with ``every`` (``--ops``) each module's rules by name, else their
+    counts (the rules are in the grouped tables), which fits 80 columns."""
     from mlsys_jax.cli.per_module import text_rows
+    from mlsys_jax.cli.rewrite_rows import compact_modules
     from mlsys_jax.tables import format_table, wrap
 
-    print(format_table(text_rows(rows), title=f"\n[per module: {before_e.default_label} "
-                                              "estimate before and after, rewrites, refusals]"))
-    if not shown_ops:
-        print(wrap(f"per-kernel tables ({len(before_e.default.kernels)} kernels before): --ops",
-                   first="  "))
+    shown = text_rows(rows) if every else compact_modules(rows)
+    print(format_table(shown, title=f"\n[per module: {before_e.default_label} estimate before "
+                                    "and after, rewrites, refusals]"))
+    if not every:
+        kernels = "" if shown_ops else \
+            f"per-kernel tables ({len(before_e.default.kernels)} kernels before), "
+        print(wrap(f"{kernels}each module's rules and every rewrite: --ops", first="  "))
+
+
+def _print_rewrites(rewrites: list, refusals: list, *, every: bool) -> None:
+    """The rewrites and refusals: every row with ``every`` (``--ops``), else one per rule (and
+    check), ``rule ×count`` with the details that differ only in numbers merged
+    (``cli.rewrite_rows``)."""
+    from mlsys_jax.cli.rewrite_rows import grouped
+    from mlsys_jax.tables import format_table
+
+    text = lambda rows: [{k: v for k, v in r.items() if k != "module"} for r in rows]  # noqa: E731
+    shown = text(rewrites) if every else grouped(rewrites, "detail")
+    print(format_table(shown, title="\n[rewrites applied]"))
+    if refusals:
+        shown = text(refusals) if every else grouped(refusals, "reason", by=("rule", "check"))
+        print(format_table(shown, title="\n[refused]"))
 
 
 def _refuse_shapes(user) -> None:

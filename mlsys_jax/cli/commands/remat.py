@@ -1,4 +1,5 @@
-"""``mlsys-jax remat FILE.py:FN --budget BYTES|PCT%|min [--json] [--plot OUT.png] [--quiet]``.
+"""``mlsys-jax remat FILE.py:FN --budget BYTES|PCT%|min [--json] [--plot OUT.png]
+[--trace OUT.json] [--quiet]``.
 
 FN is an example factory returning ``(loss_fn, params, batch)`` — or the ``shard`` command's
 ``(loss_fn, params, batch, optimizer[, rules])``, whose optimizer and rules are ignored (said on
@@ -43,7 +44,10 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png",
                    help="memory timeline of the plan and no remat (needs the plot extra)")
-    p.add_argument("--repeats", type=int, default=7,
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="the same timelines as Chrome trace counter tracks (open in "
+                        "ui.perfetto.dev or chrome://tracing)")
+    p.add_argument("--repeats", type=int, default=7, metavar="N",
                    help="timing rounds at most (default 7; fewer when steps are long)")
     p.add_argument("--no-policies", action="store_true",
                    help="skip compiling and timing JAX's built-in policies")
@@ -56,11 +60,12 @@ def load_factory(target: str):
     import jax
 
     from mlsys_jax.cli.target import load_factory as load
+    from mlsys_jax.cli.target import target_name
 
     loss_fn, params, batch, optimizer, rules = load(target, FORM)
     if not jax.tree_util.tree_leaves(params):
-        raise MlsysError(f"{target}: params (the second value) has no arrays; return the "
-                         "model's parameters, e.g. model.init(key, x)")
+        raise MlsysError(f"{target_name(target)}: params (the second value) has no arrays; "
+                         "return the model's parameters, e.g. model.init(key, x)")
     extra = [name for name, v in (("optimizer", optimizer), ("partition rules", rules))
              if v is not None]
     one = len(extra) == 1
@@ -89,8 +94,13 @@ def report(target: str, budget, *, repeats: int = 7, policies: bool = True, prog
     return plan_report(*loss, wanted, repeats=repeats, policies=policies, progress=progress)
 
 
-def _names(shapes: dict, names, limit=10) -> str:
-    shown = [f"{n} {shapes.get(n, '')}".strip() for n in names[:limit]]
+def _names(shapes: dict, names, limit=10, labels=None) -> str:
+    """The first ``limit`` values, each as ``labels`` names it (module/primitive,
+    ``remat.planner.value_names``; else the planner's own name) with its shape."""
+    from mlsys_jax.remat.planner.value_names import label_of
+
+    labels = labels or {}
+    shown = [f"{label_of(labels, n)} {shapes.get(n, '')}".strip() for n in names[:limit]]
     more = f", … ({len(names) - limit} more; --json lists all)" if len(names) > limit else ""
     return (", ".join(shown) + more) or "(none)"
 
@@ -117,24 +127,24 @@ def describe(p) -> str:
 
 def print_text(target: str, out) -> None:
     from mlsys_jax.remat.planner.budget import percent
-    from mlsys_jax.tables import format_table
+    from mlsys_jax.tables import format_table, wrap
 
     p, base, budget_bytes = out.plan, out.no_remat, out.budget_bytes
     t0 = base.compiled_temp_bytes
-    print(f"remat {target}: budget {budget_bytes} bytes of XLA temp "
-          f"({out.budget.describe(t0)}; no remat compiles to {t0})")
-    print(f"plan: {describe(p)}")
+    print(wrap(f"remat {target}: budget {budget_bytes} bytes of XLA temp "
+               f"({out.budget.describe(t0)}; no remat compiles to {t0})", first="", rest="  "))
+    print(wrap(f"plan: {describe(p)}", first="", rest="  "))
     n = len(out.compiled)
-    print(f"  {n} program(s) compiled for the plan (no remat and "
-          f"{n - 1} plan(s)) in {out.compile_seconds:.1f} s; of those that fit, the fastest "
-          "measured")
+    print(wrap(f"{n} program(s) compiled for the plan (no remat and {n - 1} plan(s)) in "
+               f"{out.compile_seconds:.1f} s; of those that fit, the fastest measured"))
     if out.choice:
-        from mlsys_jax.tables import wrap
-
         print(wrap(f"chosen: {out.choice}"))
     if p.recomputed and not p.scan_policy:
-        print(f"  saved:      {_names(out.shapes, p.saved)}")
-        print(f"  recomputed: {_names(out.shapes, p.recomputed)}")
+        labels = getattr(out, "labels", None)
+        print(wrap(f"saved: {_names(out.shapes, p.saved, labels=labels)}", first="  ",
+                   rest="    "))
+        print(wrap(f"recomputed: {_names(out.shapes, p.recomputed, labels=labels)}",
+                   first="  ", rest="    "))
     rel = out.grads_max_rel_diff
     rows = [{"figure": "predicted peak bytes (backward's residuals)",
              "plan": ("not modelled (scan bodies)" if p.predicted_peak_bytes is None
@@ -170,9 +180,10 @@ def print_text(target: str, out) -> None:
                  "plan temp bytes": m["plan_temp_bytes"],
                  "plan step ratio": m["plan_step_time_ratio"],
                  "not dominated": m["not_dominated"], "why": m["why"]} for m in matched]
-        print(format_table(rows, title="\n[JAX's built-in policies, jax.checkpoint(loss_fn, "
-                                       "policy=...), timed in the same rounds, beside the fastest "
-                                       "timed plan within each policy's compiled temp bytes]"))
+        print("\n" + wrap("[JAX's built-in policies, jax.checkpoint(loss_fn, policy=...), timed "
+                          "in the same rounds, beside the fastest timed plan within each "
+                          "policy's compiled temp bytes]", first="", rest=" "))
+        print(format_table(rows))
 
 
 def write_plot(path: str, out) -> str:
@@ -197,6 +208,8 @@ def main(args) -> int:
 
     if args.plot:
         runtime.check_output_file(args.plot, "--plot")
+    if args.trace:
+        runtime.check_output_file(args.trace, "--trace")
     progress = Progress("mlsys-jax remat", enabled=not args.quiet)
     try:
         with jax.enable_x64(False):               # the user's model runs under JAX's defaults
@@ -207,7 +220,16 @@ def main(args) -> int:
                 from mlsys_jax.cli.shapes import refuse_values
 
                 refuse_values("--plot", "it draws the memory timeline the plans' runs measured")
+            if on_shapes and args.trace:
+                from mlsys_jax.cli.shapes import refuse_values
+
+                refuse_values("--trace", "it writes the memory timelines of the plans' runs")
             note = write_plot(args.plot, out) if args.plot else None
+            if args.trace:
+                from mlsys_jax.cli.exports import remat_trace
+
+                traced = remat_trace(args.trace, args.target, out)
+                note = f"{note}\n{traced}" if note else traced
     finally:
         progress.done()
     if args.json:
@@ -223,14 +245,14 @@ def main(args) -> int:
 
 def print_shapes(target: str, out) -> None:
     """The plan on shapes: compiled temp bytes decide the fit, the cost model the choice."""
-    from mlsys_jax.cli.shapes import NOTICE
+    from mlsys_jax.cli.shapes import notice
     from mlsys_jax.remat.milp import plan_key
     from mlsys_jax.remat.planner.budget import percent
     from mlsys_jax.remat.planner.shapes import PREDICTION
     from mlsys_jax.tables import format_table, wrap
 
     p, t0 = out.plan, out.no_remat.compiled_temp_bytes
-    print(NOTICE)
+    print(notice())
     print(f"remat {target}: budget {out.budget_bytes} bytes of XLA temp "
           f"({out.budget.describe(t0)}; no remat compiles to {t0})")
     print(f"plan: {describe(p)}")

@@ -20,6 +20,7 @@ import numpy as np
 
 from mlsys_jax.cli.commands import shard_pipe
 from mlsys_jax.cli.target import load_factory as load_factory_as
+from mlsys_jax.cli.target import target_name
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.stages import STAGE_NUMBERS, STAGES
 
@@ -37,8 +38,9 @@ def add_arguments(q) -> None:
                         "(mlsys-jax plan --emit) instead of --mesh/--zero")
     q.add_argument("--zero", type=int, default=None, choices=STAGE_NUMBERS,
                    help="ZeRO stage: " + "; ".join(f"{s.number} = {s.what}" for s in STAGES))
-    q.add_argument("--steps", type=int, default=3, help="training steps to compare (default 3)")
-    q.add_argument("--processes", type=int, default=1,
+    q.add_argument("--steps", type=int, default=3, metavar="N",
+                   help="training steps to compare (default 3)")
+    q.add_argument("--processes", type=int, default=1, metavar="P",
                    help="also run across P local processes (jax.distributed)")
     q.add_argument("--axis-rules", default=None, metavar="NAME=AXIS,...",
                    help="logical axis rules for the model's annotations, e.g. mlp=model,embed=")
@@ -77,14 +79,15 @@ def parse_axis_names(pairs: list) -> dict:
 
 
 def load_factory(target: str) -> tuple:
-    """The shared loader (``cli.target.load_factory``), then the optimizer's type:
-    ``(loss_fn, params, batch, optimizer, rules)``."""
+    """The shared loader (``cli.target.load_factory``: ``FILE.py:FN`` or the factory itself),
+    then the optimizer's type: ``(loss_fn, params, batch, optimizer, rules)``."""
     import optax
 
     loss_fn, params, batch, optimizer, rules = load_factory_as(target, FORM)
     if not isinstance(optimizer, optax.GradientTransformation):
-        raise MlsysError(f"{target}: the 4th item must be an optax GradientTransformation (e.g. "
-                         f"optax.adamw(1e-3)), got {type(optimizer).__name__}")
+        raise MlsysError(f"{target_name(target)}: the 4th item must be an optax "
+                         f"GradientTransformation (e.g. optax.adamw(1e-3)), got "
+                         f"{type(optimizer).__name__}")
     return loss_fn, params, batch, optimizer, rules
 
 
@@ -164,14 +167,26 @@ def _options(args) -> dict:
 def main(args) -> int:
     import jax
 
-    from mlsys_jax.cli.shard_render import render
-    from mlsys_jax.ir.abstract import is_abstract
-    from mlsys_jax.parallel.shard import ShardOptions, simulate, step
-
     mesh = _mesh_and_layout(args)
     shard_pipe.check_flags(args, mesh)
     if "pipe" in mesh:
         return shard_pipe.main(args, mesh)
+    out, on_shapes = compute(args, mesh)
+    print(json.dumps(out, indent=1) if args.json else
+          report_text(args.target, out, on_shapes, jax.device_count()))
+    failed = args.processes > 1 and not out["processes"]["equal"]
+    return 1 if failed else 0
+
+
+def compute(args, mesh: dict) -> tuple[dict, bool]:
+    """The computing part of ``shard`` on a data/model mesh, shared by :func:`main` and the
+    Python API (``mlsys_jax.shard``): the ``--json`` object, and whether the factory returned
+    shapes (the step compiled, not run). ``args.target`` is ``FILE.py:FN`` or the factory."""
+    import jax
+
+    from mlsys_jax.ir.abstract import is_abstract
+    from mlsys_jax.parallel.shard import ShardOptions, simulate, step
+
     if args.steps < 1:
         raise MlsysError(f"--steps must be >= 1, got {args.steps}")
     _check_devices(mesh, args.processes)
@@ -185,11 +200,13 @@ def main(args) -> int:
             if args.layout_data is not None:
                 loss_fn, rules = _apply_layout(args, loss_fn, params, batch, optimizer, mesh)
             if is_abstract((params, batch)):
-                return _on_shapes(args, mesh, (loss_fn, params, batch, optimizer, rules), extra)
+                return _on_shapes(args, mesh, (loss_fn, params, batch, optimizer, rules),
+                                  extra), True
             if record:
                 _check_disk(params, args.steps, record)
             options = ShardOptions(zero=args.zero, steps=args.steps, record=record,
-                                   xla_options=_compile_options(args), progress=True, **extra)
+                                   xla_options=_compile_options(args),
+                                   progress=getattr(args, "progress", True), **extra)
             report = simulate(loss_fn, params, batch, optimizer, mesh, options, rules=rules)
         out = report.to_json()
         if args.processes > 1:
@@ -197,12 +214,22 @@ def main(args) -> int:
     finally:
         if record:
             shutil.rmtree(record, ignore_errors=True)
-    print(json.dumps(out, indent=1) if args.json else render(args.target, out, jax.device_count()))
-    failed = args.processes > 1 and not out["processes"]["equal"]
-    return 1 if failed else 0
+    return out, False
 
 
-def _on_shapes(args, mesh: dict, factory: tuple, extra: dict) -> int:
+def report_text(target, out: dict, on_shapes: bool, devices: int) -> str:
+    """The text report of :func:`compute`'s object (on shapes: without the notice, which
+    :func:`_on_shapes` prints before the work)."""
+    from mlsys_jax.cli import shapes
+    from mlsys_jax.cli.shard_render import render
+    from mlsys_jax.cli.target import target_name
+
+    if on_shapes:
+        return shapes.render_shard(target_name(target), out)
+    return render(target_name(target), out, devices)
+
+
+def _on_shapes(args, mesh: dict, factory: tuple, extra: dict) -> dict:
     """The step laid out and compiled on shapes: bytes per device and collectives, no run."""
     import sys
 
@@ -212,14 +239,12 @@ def _on_shapes(args, mesh: dict, factory: tuple, extra: dict) -> int:
     if args.processes > 1:
         shapes.refuse_values("--processes", "it compares runs of the step across processes")
     if not args.json:
-        print(shapes.NOTICE)
+        print(shapes.notice())
     loss_fn, params, batch, optimizer, rules = factory
     say = lambda text: print(f"mlsys-jax shard: {text}", file=sys.stderr, flush=True)  # noqa: E731
     report = compile_on_shapes(loss_fn, params, batch, optimizer, mesh, zero=args.zero,
                                rules=rules, options=_compile_options(args), progress=say, **extra)
-    out = report.to_json()
-    print(json.dumps(out, indent=1) if args.json else shapes.render_shard(args.target, out))
-    return 0
+    return report.to_json()
 
 
 def _check_disk(params, steps: int, record: str) -> None:

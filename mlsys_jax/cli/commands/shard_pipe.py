@@ -1,10 +1,11 @@
 """``mlsys-jax shard FILE.py:FN --mesh [data=D,]pipe=P --microbatches M [--schedule gpipe|1f1b]
-[--split a,b] [--remat] [--plot OUT.png]``: the user's step as P pipeline stages.
+[--split a,b] [--remat] [--plot OUT.png] [--trace OUT.json]``: the user's step as P pipeline
+stages.
 
 The ``pipe`` path of the ``shard`` command (``cli/commands/shard.py`` dispatches here when the mesh has a
 ``pipe`` axis): ``mlsys_jax.parallel.pipe`` plans the stages, runs the steps on the mesh and
 against one device, and this module prints the report (or ``--json``) and draws the executed
-timeline (``--plot``).
+timeline (``--plot``; ``--trace``: Chrome trace events, ``cli/exports.py``).
 """
 from __future__ import annotations
 
@@ -28,11 +29,14 @@ def add_arguments(q) -> None:
                    help="pipeline: recompute each stage's activations in its backward")
     q.add_argument("--plot", default=None, metavar="OUT.png",
                    help="pipeline: the executed timeline (needs the plot extra)")
+    q.add_argument("--trace", default=None, metavar="OUT.json",
+                   help="pipeline: the executed schedule as Chrome trace events, one track per "
+                        "stage (open in ui.perfetto.dev or chrome://tracing)")
 
 
 def check_flags(args, mesh: dict) -> None:
     """Pipeline options only with a pipe axis; the rest of ``shard``'s options not with one."""
-    given = [f"--{k}" for k in PIPE_ONLY if getattr(args, k) not in (None, False)]
+    given = [f"--{k}" for k in PIPE_ONLY + ("trace",) if getattr(args, k) not in (None, False)]
     if "pipe" not in mesh:
         if given:
             raise MlsysError(f"{given[0]} is a pipeline option: use it with --mesh "
@@ -55,9 +59,33 @@ def check_flags(args, mesh: dict) -> None:
     if args.plot:
         from mlsys_jax.runtime import check_output_file
         check_output_file(args.plot, "--plot")
+    if args.trace:
+        from mlsys_jax.runtime import check_output_file
+        check_output_file(args.trace, "--trace")
 
 
 def main(args, mesh: dict) -> int:
+    import jax
+
+    out, report = compute(args, mesh)
+    note = write_plot(args.plot, args.target, report) if args.plot else None
+    if args.trace:
+        from mlsys_jax.cli.exports import pipeline_trace
+        traced = pipeline_trace(args.trace, args.target, report)
+        note = f"{note}\n{traced}" if note else traced
+    if args.json:
+        out.pop("timeline")
+        print(json.dumps(out, indent=1))
+    else:
+        print(render(args.target, out, jax.device_count()))
+        if note:
+            print(note)
+    return 0
+
+
+def compute(args, mesh: dict) -> tuple[dict, object]:
+    """The pipeline run, shared by :func:`main` and the Python API (``mlsys_jax.shard``): the
+    ``--json`` object (with the executed ``timeline``) and the report it came from."""
     import jax
 
     from mlsys_jax.cli.target import load_factory
@@ -73,16 +101,7 @@ def main(args, mesh: dict) -> int:
         plan = plan_pipeline(loss_fn, params, batch, optimizer, mesh, args.microbatches,
                              schedule=args.schedule, split=split, remat=args.remat)
         report = run_pipeline(plan, args.steps, options=QUICK_COMPILE)
-    out = report.to_json()
-    note = write_plot(args.plot, args.target, report) if args.plot else None
-    if args.json:
-        out.pop("timeline")
-        print(json.dumps(out, indent=1))
-    else:
-        print(render(args.target, out, jax.device_count()))
-        if note:
-            print(note)
-    return 0
+    return report.to_json(), report
 
 
 def write_plot(path: str, target: str, report) -> str:
