@@ -418,15 +418,16 @@ def test_a_static_field_of_a_pytree_argument_is_from_outside():
 
 def test_a_read_capture_cannot_see_is_caught_when_a_known_path_records_differently():
     m = module("""
-        K = 2.0
+        import operator, types
+        CFG = types.SimpleNamespace(k=2.0)
         def f(x):
-            y = x * globals()["K"]  # through a builtin call: not watched
+            y = x * operator.attrgetter("k")(CFG)  # read by C code: not watched
             return y * 2 if y.sum() > 0 else y - 1
     """)
     c = capture(m["f"])
     for _ in range(3):
         c(X)
-    m["K"] = 3.0
+    m["CFG"].k = 3.0
     assert compare(c(-X), m["f"](-X)) is None  # a new outcome: recorded again, and it differs
     for x in (X, -X):
         assert compare(c(x), m["f"](x)) is None

@@ -7,8 +7,9 @@ The files, in the order a call meets them:
 - ``recording.py``: the custom JAX trace whose tracers defer every primitive and break the graph
   where Python asks for a concrete value.
 - ``reads.py``, ``effects.py``: what a cold run's Python reads and changes outside its arguments
-  (watched with ``sys.settrace``), and the calls that act on the world; ``state_guards.py``: the
-  guards on those reads, checked before each warm call.
+  (watched with ``sys.settrace``), and the calls that act on the world; ``process_state.py``:
+  the environment, context variables, thread-local data, caches and C buffers a read reaches;
+  ``state_guards.py``: the guards on those reads, checked before each warm call.
 - ``guard_tree.py``: segments, breaks and the tree of recorded paths a cold run fills.
 - ``break_guards.py``: the key of what Python received at a break, and how a replay checks it on
   the device.

@@ -285,6 +285,10 @@ class Captured:
             raise MlsysError(f"capture: {root.eager_reason}; this call's change did not reach the "
                              "caller's container")
         run.effects = effects
+        if watch.unguarded is not None:  # a replay could return what it held this time
+            root.eager_reason = root.eager_reason or (
+                f"it reads {watch.unguarded}, which capture cannot guard (a replay could return "
+                "a stale value), so calls with these argument types run eagerly")
         if effects:  # not replayed: the next call runs the Python again, then eagerly
             root.effect_runs += 1
             if root.effect_runs < MAX_EFFECT_RUNS:

@@ -139,8 +139,9 @@ class Root:
         self.fast = None
 
     def add_guards(self, guards: dict) -> None:
-        """Keep a cold run's guards (the first read of a place decides what it must hold)."""
-        new = {k: g for k, g in guards.items() if k not in self.guards}
+        """Keep a cold run's guards (the first read of a place decides what it must hold; of a
+        ``latest`` guard — a cache the run calls — the latest run's end)."""
+        new = {k: g for k, g in guards.items() if k not in self.guards or g.latest}
         if new or self.check is None and self.guards:
             self.guards.update(new)
             self.check = compile_check(list(self.guards.values()))

@@ -13,16 +13,19 @@ arrays where it stored deferred values.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
+import sys
 import types
 
 import numpy as np
 
-from mlsys_jax.execute.capture import effects
+from mlsys_jax.execute.capture import effects, process_state
 from mlsys_jax.execute.capture.state_guards import (UNKNOWN, StateGuard, attributes,
                                                     contents_of, instance_dict, same_contents)
 from mlsys_jax.execute.capture.watching import immutable
 
+_C_METHODS = (types.BuiltinMethodType, types.MethodWrapperType)  # bound methods of C types
 MAX_REGISTERED = 8192  # objects from outside one cold run keeps (items of containers included)
 
 
@@ -36,11 +39,20 @@ class OutsideObjects:
         self.by_code: dict = {}  # code -> functions from outside with that code
         self.by_attr: dict = {}  # attribute name -> outside objects that hold it
         self.overflow: str | None = None  # set when more is reached than is kept
+        self.unguarded: str | None = None  # the first read capture cannot guard (a C buffer)
+        self.caches: list = []  # (an lru_cache's entries, what): guarded as the run ends
 
     def register(self, v, what):
         """Keep ``v`` (read as ``what``) as an object from outside, with its snapshots, its
         functions' code, its attributes' names, its items (of a container) and what it wraps."""
-        if id(v) in self.known or immutable(v):
+        if id(v) in self.known:
+            return
+        if process_state.special(v):
+            said = process_state.describe(v)
+            what = what if what.startswith(said) else f"{said} ({what})"
+            if self._special(v, what):
+                return
+        if immutable(v):
             return
         if len(self.known) >= MAX_REGISTERED:  # unguarded from here on: not replayed
             self.overflow = self.overflow or f"more than {MAX_REGISTERED} objects, at {what}"
@@ -51,6 +63,8 @@ class OutsideObjects:
         if isinstance(v, types.MethodType):  # a bound method: its object and its function
             self.register(v.__self__, what)
             self.register(v.__func__, what)
+        elif isinstance(v, _C_METHODS) and not isinstance(v.__self__, types.ModuleType):
+            self.register(v.__self__, what)  # CONFIG.get bound before the call: CONFIG
         elif isinstance(v, functools.partial):
             for part in (v.func, *v.args, *v.keywords.values()):
                 self.register(part, what)
@@ -64,12 +78,15 @@ class OutsideObjects:
                                               "cannot see")
             return
         container = isinstance(v, (list, dict, set, collections.deque))
-        if isinstance(v, np.ndarray) or container:
+        if isinstance(v, (np.ndarray, *process_state.CONTENTS)) or container:
             snap = contents_of(v)
             self.snapshots.append((v, snap, what, False))
+            head = "the value of" if isinstance(v, contextvars.ContextVar) else "the contents of"
             self.guards[("contents", id(v), None)] = StateGuard(
-                f"the contents of {what}", "the call", "contents", v, None, snap)
-        if isinstance(v, dict):
+                f"{head} {what}", "the call", "contents", v, None, snap)
+        if isinstance(v, contextvars.ContextVar):  # its value, if a container, by its contents
+            self.register(v.get(None), f"the value of {what}")
+        elif isinstance(v, dict):
             for key, item in v.items():
                 self.register(item, outside_of(f"item {key!r}", what))
         elif container or type(v) is tuple:
@@ -81,6 +98,26 @@ class OutsideObjects:
                 self.snapshots.append((v, own, f"the attributes of {what}", True))
                 for name in own:
                     self.by_attr.setdefault(name, []).append(v)
+
+    def _special(self, v, what) -> bool:
+        """Register what stands in for ``v`` (``process_state.py``), or note that it cannot be
+        guarded; True when nothing else is to be done for ``v``."""
+        if v is sys.modules:  # guarded entry by entry where it is read (reads.py)
+            return True
+        inner = process_state.stand_in(v)
+        if inner is not None:
+            self.known[id(v)] = (v, what)
+            self.register(inner, what)
+            return True
+        reason = process_state.unguardable(v)
+        if reason is not None:
+            self.known[id(v)] = (v, what)
+            self.unguarded = self.unguarded or what
+            return True
+        entries = process_state.cache_entries(v)
+        if entries is not None:
+            self.caches.append((entries, what))
+        return False
 
     def changes(self) -> list[str]:
         """What the call changed in the objects it reached (each replaced deferred value too)."""

@@ -14,7 +14,15 @@ did. At each instruction that reads outside the call:
   outside — found from the instruction before (``self.w``, ``self.layer.w``, ``CFG['k']``), or
   else every object from outside that has that attribute: a guard on the attribute where the
   object keeps it (its ``__dict__``, or its class's) — read statically, never running a property or ``__getattr__``,
-  whose own Python is watched instead.
+  whose own Python is watched instead;
+- what C code returns that the watch can compute itself — ``super()`` and ``super(C, self)``
+  (``super().x``: the class that holds ``x`` and the classes before it), ``globals()``,
+  ``sys.modules[name]`` / ``.get(name)``, ``importlib.import_module(name)``, ``d.get(k)`` —, so
+  that the read after it is guarded; ``super`` or ``globals`` called otherwise, and state capture
+  cannot guard (a ctypes object: ``process_state.py``), make the calls run eagerly (``unguarded``);
+- process state read in a watched frame — ``os.environ``, a ``ContextVar``, a
+  ``threading.local``, an ``lru_cache`` of the user's — is guarded by what stands for it
+  (``process_state.py``).
 
 The objects reached from outside are kept with snapshots (``outside.py``); after the call a
 snapshot that differs, a global or closure variable written, or a call to ``print``, a file, a
@@ -27,17 +35,21 @@ from outside (an nnx module, a Keras layer, the user's params dict).
 """
 from __future__ import annotations
 
+import builtins
 import gc
+import importlib
+import importlib.util
 import sys
 import types
 
 from mlsys_jax.compat import Tracer, x64_enabled
-from mlsys_jax.execute.capture import effects
+from mlsys_jax.execute.capture import effects, process_state
 from mlsys_jax.execute.capture.break_guards import value_key
 from mlsys_jax.execute.capture.outside import OutsideObjects, named, outside_of
 from mlsys_jax.execute.capture.state_guards import (MISSING, UNKNOWN, StateGuard, by_value,
-                                                    instance_dict, static_attr)
-from mlsys_jax.execute.capture.watching import KINDS, TABLES, frame_kind, table_of
+                                                    contents_of, instance_dict)
+from mlsys_jax.execute.capture.watching import (KINDS, TABLES, frame_kind, shadowable,
+                                                static_attr, table_of)
 
 _LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE")
 _CHAINED = ("LOAD_ATTR", "LOAD_METHOD", "BINARY_SUBSCR", "CALL")  # CALL: of a watched builtin
@@ -55,7 +67,7 @@ class ReadWatch:
         self.writes: dict = {}  # (id(holder), key) -> (holder, key, held before, what, where)
         self.made: set = set()  # code objects of functions made during the call
         self.searched: set = set()
-        self.last: dict = {}  # id(frame) -> (code, offset, value) of its last chained read
+        self.last: dict = {}  # id(frame) -> {None: code, offset: value read there this pass}
         self.effects: list[str] = []
         self.broken: str | None = None
         self._prev = None
@@ -88,6 +100,9 @@ class ReadWatch:
                 table = tables.get(frame.f_code)
                 ins = (table if table is not None else table_of(frame.f_code)).get(frame.f_lasti)
                 if ins is not None:
+                    seen = last.get(id(frame))
+                    if seen is not None:  # (what this instruction read on an earlier pass)
+                        seen.pop(ins.offset, None)
                     try:
                         getattr(self, ins.handler)(frame, ins)
                     except Exception as e:  # noqa: BLE001 - never break the user's code
@@ -112,13 +127,26 @@ class ReadWatch:
 
     def __exit__(self, *exc):
         sys.settrace(self._prev)
+        for entries, what in self.objects.caches:  # what the run's own calls left in them
+            self.guards[("contents", id(entries), None)] = StateGuard(
+                f"the entries of {what}", "the call", "contents", entries, None,
+                contents_of(entries), latest=True)
+
+    @property
+    def unguarded(self) -> str | None:
+        """The first read capture cannot guard (a ctypes object...), or None."""
+        return self.objects.unguarded
 
     # ---- reads --------------------------------------------------------------------------------
     def _load_global(self, frame, ins):
         g = frame.f_globals
         v = g.get(ins.name, MISSING)
         if v is MISSING:  # a builtin: not guarded, but print() & co. are side effects
-            self._effect(frame, frame.f_builtins.get(ins.name))
+            v = frame.f_builtins.get(ins.name)
+            self._effect(frame, v)
+            if not ins.followed and _unfollowed(v) and KINDS.get(frame.f_code) != "library":
+                # super(type(self), self), g = globals (a library's reads are its own)
+                self._unguarded(frame, f"{ins.name}() called in a way capture cannot follow")
             return
         if KINDS.get(frame.f_code) == "library":  # a library's own state is the library's
             self._loaded(frame, ins, v)
@@ -138,11 +166,26 @@ class ReadWatch:
 
     _load_classderef = _load_deref
 
+    def _load_name(self, frame, ins):
+        # eval()'d and exec()'d code, a class body: its locals first, then as a global
+        local = frame.f_locals
+        if local is not frame.f_globals and ins.name in local:
+            self._loaded(frame, ins, local[ins.name])
+        else:
+            self._load_global(frame, ins)
+
     def _load_attr(self, frame, ins):
         obj = self._operand(frame, ins.pred)
+        if type(obj) is super:
+            self._super_attr(frame, ins, obj)
+            return
+        if isinstance(obj, types.ModuleType) and id(obj) not in self.outside \
+                and KINDS.get(frame.f_code) != "library":  # imported in the call: `import cfg`
+            self.objects.register(obj, named(obj))
         if ins.name in ("__dict__", "__class__") and id(obj) in self.outside:
             # read by C getters: the instance dict and the class are objects from outside too
-            v = type(obj) if ins.name == "__class__" else instance_dict(obj)
+            v = type(obj) if ins.name == "__class__" else vars(obj) if isinstance(
+                obj, type) else instance_dict(obj)  # (a class's: a mappingproxy of its dict)
             what = outside_of(f"attribute {ins.name!r}", self.outside[id(obj)][1])
             if v is not None:
                 self.objects.register(v, what)
@@ -170,21 +213,135 @@ class ReadWatch:
             self._load_attr(frame, ins)
 
     def _binary_subscr(self, frame, ins):
-        # an outside container is guarded by its contents: the item only carries a chain on
         key = self._operand(frame, ins.pred)
         obj = self._operand(frame, ins.pred2) if key is not UNKNOWN else UNKNOWN
-        if type(obj) not in (dict, list, tuple) or id(obj) not in self.outside:
-            return  # (a subclass's __getitem__ may be Python: it is watched itself)
+        if obj is not UNKNOWN:
+            self._item(frame, ins, obj, key, MISSING)
+
+    def _get_call(self, frame, ins):
+        # d.get(k) / d.get(k, default), read as d[k] is
+        obj, key = self._operand(frame, ins.pred), self._operand(frame, ins.args[0])
+        default = self._operand(frame, ins.args[1]) if len(ins.args) > 1 else None
+        if obj is not UNKNOWN and key is not UNKNOWN:
+            self._item(frame, ins, obj, key, default)
+
+    def _item(self, frame, ins, obj, key, default):
+        """``obj[key]``: a module's globals (``globals()["S"]``) and ``sys.modules`` guarded by
+        the entry; an outside container is guarded by its contents, the item only carries a
+        chain on (a subclass's ``__getitem__`` may be Python: it is watched itself)."""
         try:
-            v = obj[key] if type(obj) is dict or type(key) is int else UNKNOWN
-        except (KeyError, IndexError, TypeError):
+            hash(key)
+        except TypeError:
             return
-        if v is not UNKNOWN:
+        module = obj is sys.modules or _module_dict(frame, obj)
+        if module:
+            v = obj.get(key, MISSING)
+            if KINDS.get(frame.f_code) != "library":
+                name = obj.get("__name__") if obj is not sys.modules else None
+                what = f"sys.modules[{key!r}]" if obj is sys.modules else (
+                    f"global {key!r}" + (f" of {name}" if isinstance(name, str) else "")
+                    + " (through globals())")
+                self._guard(frame, "entry", obj, key, v, what)
+        elif type(obj) in (dict, list, tuple) and id(obj) in self.outside:
+            try:
+                v = obj.get(key, MISSING) if type(obj) is dict else \
+                    obj[key] if type(key) is int else UNKNOWN
+            except (IndexError, TypeError):
+                return
+        else:
+            return
+        v = default if v is MISSING else v
+        if v is not UNKNOWN and v is not MISSING:
             self._loaded(frame, ins, v)
 
+    def _import_call(self, frame, ins):
+        # __import__(name) or importlib.import_module(name) of a loaded module: sys.modules[name]
+        fn, name = self._operand(frame, ins.pred), self._operand(frame, ins.args[0])
+        if (fn is builtins.__import__ or fn is importlib.import_module or fn is importlib) \
+                and isinstance(name, str) and "." not in name and name in sys.modules:
+            self._item(frame, ins, sys.modules, name, MISSING)
+
+    def _import_from(self, frame, ins):
+        # `from cfg import SCALE` in the call: the attribute of the module, as cfg.SCALE
+        if not ins.args or KINDS.get(frame.f_code) == "library":
+            return
+        name, level = ins.args
+        try:
+            if level:
+                name = importlib.util.resolve_name("." * level + name,
+                                                   frame.f_globals.get("__package__"))
+        except (ImportError, ValueError, TypeError):
+            return
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            self.objects.register(module, named(module))
+            if id(module) in self.outside:
+                v, places = static_attr(module, ins.name)
+                self._guard_places(frame, module, ins.name, places)
+
+    def _globals_call(self, frame, ins):
+        # globals(): the frame's module dict; read only as globals()[k] or .get(k), the entry
+        # is guarded there (_item), else the whole dict by its contents
+        if _builtin(frame, "globals") is not builtins.globals:
+            return
+        g = frame.f_globals
+        if not ins.keyed and KINDS.get(frame.f_code) != "library":
+            name = g.get("__name__")
+            self.objects.register(g, "globals()" + (f" of {name}" if isinstance(name, str) else ""))
+        self._loaded(frame, ins, g)
+
+    def _super_call(self, frame, ins):
+        # super() or super(cls, obj): made here as the call will make it, for the read after it
+        if _builtin(frame, "super") is not builtins.super:
+            return
+        if ins.args:
+            cls, obj = (self._operand(frame, a) for a in ins.args)
+        else:
+            code, local = frame.f_code, frame.f_locals
+            cls = local.get("__class__", UNKNOWN)
+            obj = local.get(code.co_varnames[0], UNKNOWN) if code.co_argcount else UNKNOWN
+        try:
+            self._loaded(frame, ins, super(cls, obj))
+        except TypeError:  # (UNKNOWN, or what the call itself will refuse)
+            pass
+
+    def _super_attr(self, frame, ins, sup):
+        """``super().name``: the classes after ``__thisclass__`` in the instance's MRO up to the
+        one that holds ``name`` — their lack of it, and its entry there."""
+        mro = sup.__self_class__.__mro__
+        try:
+            start = mro.index(sup.__thisclass__) + 1
+        except ValueError:
+            return
+        owner = next((k for k in mro[start:] if ins.name in k.__dict__), None)
+        what = f"attribute {ins.name!r} of super() in {sup.__thisclass__.__qualname__}"
+        for k in mro[start:mro.index(owner) + 1 if owner is not None else len(mro)]:
+            if shadowable(k):
+                self._guard(frame, "entry", k.__dict__, ins.name, k.__dict__.get(ins.name, MISSING),
+                            what)
+        found = owner.__dict__[ins.name] if owner is not None else MISSING
+        if found is not MISSING and not hasattr(type(found), "__get__"):
+            self._loaded(frame, ins, found)  # a plain value (a method binds: its frame is watched)
+
+    def _unguarded(self, frame, what):
+        self.objects.unguarded = self.objects.unguarded or (
+            f"{what} (at {frame.f_code.co_filename}:{frame.f_lineno})")
+
     def _loaded(self, frame, ins, v):
-        self.last[id(frame)] = (frame.f_code, ins.offset, v)
+        seen = self.last.get(id(frame))
+        if seen is None or seen[None] is not frame.f_code:
+            seen = self.last[id(frame)] = {None: frame.f_code}
+        seen[ins.offset] = v
         self._effect(frame, v)
+        if process_state.watched_read(v) and KINDS.get(frame.f_code) != "library":
+            # os.environ, a ContextVar, an lru_cache, ctypes... (a library's are its own)
+            if v is not sys.modules:
+                self.objects.register(v, process_state.describe(v))
+            elif not ins.keyed:
+                self._unguarded(frame, "sys.modules other than as sys.modules[name]")
+        elif _unfollowed(v) and KINDS.get(frame.f_code) != "library":  # G = globals
+            self._unguarded(frame, f"{v.__name__} reached as a value, whose calls capture "
+                                   "cannot follow")
 
     def _operand(self, frame, pred):
         """The object an instruction works on, from the instruction that pushed it."""
@@ -199,8 +356,9 @@ class ReadWatch:
         if op == "LOAD_CONST":
             return arg
         if op in _CHAINED:
-            code, at, v = self.last.get(id(frame), (None, None, UNKNOWN))
-            return v if code is frame.f_code and at == offset else UNKNOWN
+            seen = self.last.get(id(frame))
+            return seen.get(offset, UNKNOWN) if seen is not None and seen[None] is frame.f_code \
+                else UNKNOWN
         return UNKNOWN
 
     def _cell(self, frame, name):
@@ -299,6 +457,24 @@ class ReadWatch:
         if self.broken:
             found.append(f"reads what capture cannot watch ({self.broken})")
         return found
+
+
+def _unfollowed(v) -> bool:
+    """``super`` and ``globals``: their calls are followed only where made as such."""
+    return v is builtins.super or v is builtins.globals
+
+
+def _builtin(frame, name):
+    """What ``name`` means in a frame when it is not a local: its global, else the builtin."""
+    return frame.f_globals.get(name, frame.f_builtins.get(name))
+
+
+def _module_dict(frame, obj) -> bool:
+    """Whether ``obj`` is a module's globals: the frame's own, or a loaded module's dict."""
+    if obj is frame.f_globals:
+        return True
+    name = obj.get("__name__") if type(obj) is dict else None
+    return isinstance(name, str) and instance_dict(sys.modules.get(name)) is obj
 
 
 def _both(theirs, ours):

@@ -17,9 +17,12 @@ so the call records again and ``explain()`` names the guard (:func:`first_failur
 """
 from __future__ import annotations
 
+import array
 import collections
+import contextvars
 import functools
 import operator
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -59,7 +62,8 @@ def read_slot(obj, descriptor):
 def instance_dict(obj):
     """An object's own ``__dict__`` (None if it has none), found without running its code."""
     try:
-        d = object.__getattribute__(obj, "__dict__")
+        d = object.__getattribute__(obj, "__dict__") if not isinstance(obj, threading.local) \
+            else _thread_dict(obj)  # (the calling thread's)
     except (AttributeError, TypeError):
         return None
     return d if isinstance(d, dict) else None
@@ -75,36 +79,6 @@ def attributes(obj) -> dict:
     return out
 
 
-def static_attr(obj, name):
-    """(value or UNKNOWN, [(kind, holder, key, held)]): ``obj.name`` found without running
-    code, and the places that decide it (an instance's own entry or slot, or its absence and the
-    class's entry). A property's value is UNKNOWN: its getter runs, and is watched."""
-    mro = obj.__mro__ if isinstance(obj, type) else type(obj).__mro__
-    owner = next((k for k in mro if name in k.__dict__), None)
-    found = owner.__dict__[name] if owner is not None else MISSING
-    if isinstance(obj, type):
-        return (UNKNOWN, []) if owner is None else (found, [("entry", owner.__dict__, name, found)])
-    places = [] if owner is None else [("entry", owner.__dict__, name, found)]
-    if isinstance(found, types.MemberDescriptorType):  # a slot: read by its C descriptor
-        held = read_slot(obj, found)
-        return (UNKNOWN if held is MISSING else held), [("slot", obj, found, held)]
-    if found is not MISSING and hasattr(type(found), "__set__"):  # a property, a C getter
-        return UNKNOWN, places
-    inst = instance_dict(obj)
-    if inst is not None and name in inst:
-        return inst[name], [("entry", inst, name, inst[name])]
-    if found is MISSING:
-        if hasattr(type(obj), "__getattr__"):
-            return UNKNOWN, []  # __getattr__: its Python is watched
-        # absent (getattr's default, hasattr, an AttributeError caught): absent from the class
-        # and from the instance
-        return UNKNOWN, [("entry", type(obj).__dict__, name, MISSING)] + (
-            [("entry", inst, name, MISSING)] if inst is not None else [])
-    return found, places + ([("entry", inst, name, MISSING)] if inst is not None else [])
-
-
-
-
 def _same_list(now, then: tuple) -> bool:
     return len(now) == len(then) and all(map(operator.is_, now, then))
 
@@ -118,15 +92,29 @@ def _array_bytes(a) -> tuple:
     return a.shape, a.dtype.str, a.reshape(-1).view(np.uint8).tobytes()
 
 
+def _thread_dict(local) -> dict:
+    """A ``threading.local``'s attributes in the calling thread (its C ``__getattribute__``:
+    ``object``'s does not find them)."""
+    return threading.local.__getattribute__(local, "__dict__")
+
+
 def contents_of(obj):
-    """A snapshot of a container's items (a list, deque, dict or set; by identity), or of a NumPy
-    array's bytes."""
+    """A snapshot of a container's items (a list, deque, dict or set; by identity), of a NumPy
+    array's, a bytearray's or an ``array.array``'s bytes, of a ``ContextVar``'s value in this
+    context or of a ``threading.local``'s attributes in this thread (``process_state.py``)."""
     if isinstance(obj, np.ndarray):
         return _array_bytes(obj)
     if isinstance(obj, (list, collections.deque)):
         return tuple(obj)
     if isinstance(obj, dict):
         return dict(obj)
+    if isinstance(obj, (bytearray, array.array)):
+        return getattr(obj, "typecode", None), bytes(obj)
+    if isinstance(obj, contextvars.ContextVar):
+        v = obj.get(MISSING)
+        return ("value", value_key(v)) if by_value(v) else ("object", v)
+    if isinstance(obj, threading.local):
+        return dict(_thread_dict(obj))
     return frozenset(obj)  # a set: its items are hashable values
 
 
@@ -138,7 +126,12 @@ def same_contents(obj, then) -> bool:
         return _same_list(obj, then)
     if isinstance(obj, dict):
         return _same_dict(obj, then)
-    return obj == then
+    if isinstance(obj, threading.local):
+        return _same_dict(_thread_dict(obj), then)
+    if isinstance(obj, contextvars.ContextVar):
+        now = contents_of(obj)
+        return now[1] is then[1] if now[0] == "object" else now == then
+    return contents_of(obj) == then if isinstance(obj, (bytearray, array.array)) else obj == then
 
 
 # kind -> the expression reading the place from holder h and key k, in the generated check (a
@@ -152,7 +145,9 @@ class StateGuard:
     """One guarded read: ``kind`` says how ``holder`` and ``key`` name the place (``entry``: a
     mapping's key — a global, an attribute in an object's ``__dict__``; ``cell``: a closure cell;
     ``slot``: an object's ``__slots__`` member, ``key`` its descriptor;
-    ``contents``: a container or NumPy array as a whole; ``x64``)."""
+    ``contents``: a container or NumPy array as a whole; ``x64``). A ``latest`` guard is on
+    state the recording itself changes (an ``lru_cache``'s entries): what it held at the end of
+    the latest cold run is what it must hold."""
 
     what: str  # what was read, as explain() names it: "global 'SCALE'"
     where: str  # file:line of the first read
@@ -161,6 +156,7 @@ class StateGuard:
     key: Any
     expected: Any  # the object (identity), its value_key (by value), or a snapshot (contents)
     value: bool = False
+    latest: bool = False
 
     def now(self):
         """What the place holds now (for the contents and x64 kinds: the state itself)."""
@@ -187,6 +183,7 @@ class StateGuard:
         """Why the guard fails now, for explain(): what was read, where, then and now."""
         if self.kind in ("contents", "x64"):
             return f"{self.what} (read at {self.where}) changed"
+
         now = self.now()
         said = "no longer exists" if now is MISSING else f"is now {_short(now)}"
         was = _short(self.expected[1]) if self.value and len(self.expected) == 2 else "another object"
