@@ -87,7 +87,9 @@ class Progress:
         return line + f" — {self._item}" if self._item else line
 
     def _print_line(self) -> None:
-        print(self._line(), file=self.stream, flush=True)
+        from mlsys_jax.tables import wrap
+
+        print(wrap(self._line(), first="", rest="    "), file=self.stream, flush=True)
         self._printed_at = time.perf_counter()
 
     def _draw(self) -> None:

@@ -100,12 +100,19 @@ def format_table(rows: list[dict], title: str | None = None, width: int | None =
     # wrapped onto two lines and every column of prose at least ROOMY wide (or its natural width)
     asks = [min(n, max(lo, ROOMY)) if p else _two_line(i, table, lo)
             for i, (n, lo, p) in enumerate(zip(natural, least, prose))]
-    out = [title] if title else []
+    out = [_title(title, width)] if title else []
     for k, block in enumerate(_blocks(asks, width)):
         part = [[row[i] for i in block] for row in table]
         widths = _fit(part, *([v[i] for i in block] for v in (natural, least, prose)), width)
         out += [""] * (k > 0) + _render(part, widths)
     return "\n".join(out)
+
+
+def _title(title: str, width: int) -> str:
+    """A table's title wrapped to ``width`` (its leading blank lines kept; later lines indented
+    one space past its ``[``)."""
+    body = title.lstrip("\n")
+    return title[:len(title) - len(body)] + wrap(body, first="", rest=" ", width=width)
 
 
 def wrap(text: str, first: str = INDENT, rest: str | None = None, width: int | None = None) -> str:

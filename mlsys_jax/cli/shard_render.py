@@ -66,8 +66,9 @@ def _tensor_parallel(out: dict) -> list:
     if tp.get("notice"):
         lines.append(wrap(f"tensor parallel: {tp['notice']}", first=""))
     elif tp["source"] == "derived" and tp["groups"]:
-        lines.append(f"tensor parallel: {len(tp['split'])} parameters split over model, derived "
-                     f"from the dataflow ({len(tp['groups'])} Megatron groups):")
+        lines.append(wrap(f"tensor parallel: {len(tp['split'])} parameters split over model, "
+                          f"derived from the dataflow ({len(tp['groups'])} Megatron groups):",
+                          first=""))
         for g in tp["groups"]:
             bias = f"; with their biases {', '.join(g['bias'])}" if g["bias"] else ""
             lines.append(wrap(f"by output features {', '.join(g['column'])}; by input features "
@@ -75,11 +76,11 @@ def _tensor_parallel(out: dict) -> list:
     elif out["rules"]:
         how = {"rules": "given", "annotations": "the model's logical axis names, by these "
                "logical axis rules"}
-        lines.append(f"tensor parallel: {len(tp['split'])} parameters split over model, "
-                     f"{how.get(tp['source'], tp['source'])}:")
+        lines.append(wrap(f"tensor parallel: {len(tp['split'])} parameters split over model, "
+                          f"{how.get(tp['source'], tp['source'])}:", first=""))
         lines += [wrap(f"{rx}  ->  {spec}", rest="      ") for rx, spec in out["rules"]]
     if tp.get("replicated") and "model" in out["mesh"]:
-        lines.append(f"{len(tp['replicated'])} parameters stay whole over model:")
+        lines.append(wrap(f"{len(tp['replicated'])} parameters stay whole over model:", first=""))
         lines += [wrap(f"{path}: {why}", rest="      ") for path, why in tp["replicated"].items()]
     lines += [wrap(f"note: {n}", first="") for n in tp.get("notes", ())]
     if out["forward_all_reduces"]:

@@ -126,13 +126,13 @@ def render(target: str, result, checked=None) -> str:
     from mlsys_jax.tables import format_table, wrap
 
     f, links = result.facts, LINKS[result.hw]
-    lines = [f"plan {target}: {result.devices} x {result.hw} ({gb(result.memory_bytes)} each, "
-             f"{result.gpus_per_node} per node), global batch {result.global_batch}; "
-             f"{f.n_params:,} parameters ({gb(f.param_bytes)} in {f.dtype}); on shapes: "
-             "compiled on simulated devices, not run"]
+    lines = [wrap(f"plan {target}: {result.devices} x {result.hw} ({gb(result.memory_bytes)} "
+                  f"each, {result.gpus_per_node} per node), global batch "
+                  f"{result.global_batch}; {f.n_params:,} parameters ({gb(f.param_bytes)} in "
+                  f"{f.dtype}); on shapes: compiled on simulated devices, not run", first="")]
     best = result.best
     if best is None:
-        lines.append("no layout fits: " + result.why)
+        lines.append(wrap("no layout fits: " + result.why, first=""))
     else:
         c = best.candidate
         lines.append(wrap(f"chosen: {c.label()} — {gb(best.bytes)} per device as compiled, "
@@ -151,11 +151,13 @@ def render(target: str, result, checked=None) -> str:
                                           "temp), the step-time bound]"))
     refused = [a for a in result.assessed if a.reason and a.candidate.pipe == 1]
     lines.append(f"\n[refused layouts: {len(refused)}]")
-    lines += [f"  {a.candidate.label()}: {a.reason}" for a in refused]
+    lines += [wrap(f"{a.candidate.label()}: {a.reason}", first="  ", rest="    ")
+              for a in refused]
     estimated = [a for a in result.assessed if not a.compiled and not a.reason]
     if estimated:
-        lines.append(f"\n[{len(estimated)} layouts that fit by the estimate, not compiled "
-                     "(--json lists them with their figures)]")
+        lines.append("\n" + wrap(f"[{len(estimated)} layouts that fit by the estimate, not "
+                                "compiled (--json lists them with their figures)]", first="",
+                                rest=" "))
     lines.append(wrap(f"model: compute at the {result.hw} roofline (the per-kernel model, "
                       f"fused, {f.dtype}); links {links.intra_bytes_s / 1e9:g} GB/s inside a "
                       f"node, {links.inter_bytes_s / 1e9:g} GB/s across (per GPU, one direction: "

@@ -253,9 +253,9 @@ def print_shapes(target: str, out) -> None:
 
     p, t0 = out.plan, out.no_remat.compiled_temp_bytes
     print(notice())
-    print(f"remat {target}: budget {out.budget_bytes} bytes of XLA temp "
-          f"({out.budget.describe(t0)}; no remat compiles to {t0})")
-    print(f"plan: {describe(p)}")
+    print(wrap(f"remat {target}: budget {out.budget_bytes} bytes of XLA temp "
+               f"({out.budget.describe(t0)}; no remat compiles to {t0})", first=""))
+    print(wrap(f"plan: {describe(p)}", first=""))
     rows = [{"program": out.labels[plan_key(q)], "compiled temp bytes": q.compiled_temp_bytes,
              "of no remat's": percent(q.compiled_temp_bytes, t0),
              "fits": q.compiled_temp_bytes <= out.budget_bytes,
