@@ -111,4 +111,57 @@ class Progress:
                     self._print_line()
 
 
+SLOW_S = 2.0  # a stage this long gets a progress line (SlowStages)
+
+
+class SlowStages:
+    """Progress for stages that run long: a stage's line appears on stderr only once it has
+    run :data:`SLOW_S` seconds (then every later stage's at once), so a small model's report
+    leaves stderr empty and a one-line error stays one line, while a large model's trace or
+    XLA's compile shows within seconds."""
+
+    def __init__(self, name: str, *, enabled: bool = True):
+        import threading
+
+        self.name, self.enabled = name, enabled
+        self.shown = None  # the Progress, once a stage was slow
+        self._lock, self._timer = threading.Lock(), None
+
+    def stage(self, text: str) -> None:
+        import threading
+
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self.shown is not None:
+                self.shown.stage(text)
+                return
+            self._timer = threading.Timer(SLOW_S, self._show, (text,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _show(self, text: str) -> None:
+        with self._lock:
+            if self.shown is None:
+                self.shown = Progress(self.name)
+                self.shown.t0 -= SLOW_S  # the stage began SLOW_S ago
+            self.shown.stage(text)
+
+    def done(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self.enabled = False
+        if self.shown is not None:
+            self.shown.done()
+
+    def __enter__(self) -> "SlowStages":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done()
+
+
 SILENT = Progress(enabled=False)

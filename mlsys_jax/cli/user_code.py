@@ -98,7 +98,7 @@ def run(fn: Callable, doing: str, failed: str):
 def _wait(worker: threading.Thread, bound: float, doing: str) -> tuple[float, float]:
     """Wait for ``worker`` until it ends, the process has waited ``bound`` seconds without
     computing, or ``BUSY_FACTOR × bound`` seconds have passed. Returns (seconds waited idle,
-    seconds elapsed). After 5 s, stderr says what runs and for how long (every 15 s off a
+    seconds elapsed). After 3 s, stderr says what runs and for how long (every 15 s off a
     terminal), so a long import is visibly alive."""
     from mlsys_jax.progress import Progress
 
@@ -112,8 +112,9 @@ def _wait(worker: threading.Thread, bound: float, doing: str) -> tuple[float, fl
         cpu, elapsed = cpu_now, now - start
         if idle_s >= bound or elapsed >= BUSY_FACTOR * bound:
             break
-        if progress is None and elapsed >= 5:
+        if progress is None and elapsed >= 3:
             progress = Progress("mlsys-jax", every_s=15)
+            progress.t0 -= elapsed  # the work began before the line
             progress.stage(doing)
     if progress is not None:
         progress.done()

@@ -39,16 +39,19 @@ class OptimizeReport:
 
 def optimize_report(closed, inputs, *, pipeline=None, search: bool = False, alpha: float = 1.05,
                     search_budget: int = 100, search_measured: int = 0, hw, dtype,
-                    rounds: int | None = None, observe=None) -> OptimizeReport:
+                    rounds: int | None = None, observe=None, progress=None) -> OptimizeReport:
     """Optimize ``closed`` with ``pipeline`` (``search``: the cost-based search within
     ``search_budget`` graphs, timing ``search_measured`` of them), cost both graphs on ``hw``,
     check their values on ``inputs`` and, with ``rounds``, time both here. ``observe`` sees every
-    graph a rewrite's path refers to (``passes.run``'s hook)."""
+    graph a rewrite's path refers to (``passes.run``'s hook); ``progress`` names each stage."""
     from mlsys_jax import passes as P
+    from mlsys_jax.progress import SILENT
     from mlsys_jax.passes.search import search as run_search
     from mlsys_jax.passes.value_check import check_values
 
-    searched = None
+    searched, progress = None, progress or SILENT
+    progress.stage("searching rewrites, each validated on its region" if search else
+                   "rewriting, each rewrite validated on its region")
     try:
         if search:
             found = run_search(closed, alpha=alpha, hw=hw, dtype=dtype, budget=search_budget,
@@ -70,14 +73,17 @@ def optimize_report(closed, inputs, *, pipeline=None, search: bool = False, alph
         logged = None
     # the fused estimate first: on a measured model (``here``) the default table's kernels are
     # measured before a time budget can run out
+    progress.stage("costing both graphs")
     costs = []
     for graph in (closed, after):
         fused = estimate(graph, hw=hw, dtype=dtype, fused=True)
         costs += [estimate(graph, hw=hw, dtype=dtype, fused=False), fused]
+    progress.stage("checking values: both graphs on the inputs and fresh ones")
     check = check_values(closed, after, inputs)
     verdict, failure = _verdict(broken, check, rewrites)
     measured = None
     if rounds is not None:
+        progress.stage("timing both graphs under jax.jit")
         measured = _measure(closed, after, inputs, rounds, costs)
     return OptimizeReport(before=closed, after=after, logged=logged, before_unfused=costs[0],
                           before_fused=costs[1], after_unfused=costs[2], after_fused=costs[3],

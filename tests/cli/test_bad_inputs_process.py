@@ -194,7 +194,7 @@ def _problems(name: str, needle, r: dict) -> list:
     if "Traceback" in r["stderr"] or BUG_NOTE in r["stderr"]:
         found.append("a traceback or the catch-all")
     if needle is None:  # a correct result: inspect's table, exit 0, at most one note
-        if r["status"] != 0 or "total:" not in r["stdout"] or len(lines) > 1:
+        if r["status"] != 0 or "totals" not in r["stdout"] or len(lines) > 1:
             found.append(f"exit {r['status']}, not a result")
         return found
     usage_lines = 2 if name in USAGE else 1

@@ -12,7 +12,6 @@ import jax
 import pytest
 
 from mlsys_jax import cli
-from mlsys_jax.cli.commands import inspect as command
 from mlsys_jax.cli.headline import flops_of
 
 PLAIN = textwrap.dedent("""
@@ -180,10 +179,12 @@ def test_the_report_fits_80_columns(tmp_path, capsys, monkeypatch):
 
 
 def test_a_slow_stage_shows_progress_a_fast_one_does_not(monkeypatch):
-    monkeypatch.setattr(command, "SLOW_S", 0.05)
+    from mlsys_jax import progress as module
+
+    monkeypatch.setattr(module, "SLOW_S", 0.05)
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    with command.SlowStages("mlsys-jax inspect") as progress:
+    with module.SlowStages("mlsys-jax inspect") as progress:
         progress.stage("fast")
         progress.stage("slow")
         time.sleep(0.3)
@@ -191,7 +192,7 @@ def test_a_slow_stage_shows_progress_a_fast_one_does_not(monkeypatch):
     lines = err.getvalue().splitlines()
     assert [line.split("] ")[-1] for line in lines] == ["slow", "after a slow one"]
     err.truncate(0)
-    with command.SlowStages("mlsys-jax inspect", enabled=False) as quiet:
+    with module.SlowStages("mlsys-jax inspect", enabled=False) as quiet:
         quiet.stage("slow")
         time.sleep(0.1)
     assert err.getvalue() == ""

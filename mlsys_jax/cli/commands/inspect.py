@@ -5,7 +5,7 @@ estimates, share, bound, input and output shapes; :mod:`mlsys_jax.cli.summary`, 
 terminal), the model's parameters beside its state (:mod:`mlsys_jax.cli.variables`), the totals
 beside XLA's own figures of the compiled function (``--no-xla`` skips the compile), the FLOP
 convention in one line and the headline estimate; stages over 2 s show progress on stderr
-(:class:`SlowStages`). ``--ops`` the
+(:class:`mlsys_jax.progress.SlowStages`). ``--ops`` the
 table per kernel, ``--jaxpr`` the jaxpr (only when asked), ``--plot`` the
 roofline chart of the table's rows, ``--json`` all of it; ``--dot`` the graph, ``--trace`` the
 kernels as Chrome trace events, ``--html`` one page of it all (``cli/exports.py``).
@@ -180,6 +180,8 @@ def main(args) -> int:
     if args.plot:
         _require_plots()
     check_measure_options(args)
+    from mlsys_jax.progress import SlowStages
+
     user = target.resolve(args)
     with SlowStages("mlsys-jax inspect", enabled=not args.quiet) as progress:
         done = compute(user, args, progress)
@@ -283,59 +285,6 @@ def model_line(summary) -> str:
     return "; ".join(parts)
 
 
-class SlowStages:
-    """Progress for stages that run long: a stage's line appears on stderr only once it has
-    run :data:`SLOW_S` seconds (then every later stage's at once), so a small model's report
-    leaves stderr empty and a one-line error stays one line, while a large model's trace or
-    XLA's compile shows within seconds."""
-
-    def __init__(self, name: str, *, enabled: bool = True):
-        import threading
-
-        self.name, self.enabled = name, enabled
-        self.shown = None  # the Progress, once a stage was slow
-        self._lock, self._timer = threading.Lock(), None
-
-    def stage(self, text: str) -> None:
-        import threading
-
-        if not self.enabled:
-            return
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            if self.shown is not None:
-                self.shown.stage(text)
-                return
-            self._timer = threading.Timer(SLOW_S, self._show, (text,))
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _show(self, text: str) -> None:
-        from mlsys_jax.progress import Progress
-
-        with self._lock:
-            if self.shown is None:
-                self.shown = Progress(self.name)
-                self.shown.t0 -= SLOW_S  # the stage began SLOW_S ago
-            self.shown.stage(text)
-
-    def done(self) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self.enabled = False
-        if self.shown is not None:
-            self.shown.done()
-
-    def __enter__(self) -> "SlowStages":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done()
-
-
-SLOW_S = 2.0  # a stage this long gets a progress line
 
 
 def _on_shapes(user, args) -> bool:

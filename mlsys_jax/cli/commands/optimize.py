@@ -53,7 +53,10 @@ def _summary(both) -> dict:
 
 
 def main(args) -> int:
-    run = compute(args, target.resolve)
+    from mlsys_jax.progress import SlowStages
+
+    with SlowStages("mlsys-jax optimize") as progress:
+        run = compute(args, target.resolve, progress)
     if args.json:
         print(json.dumps(run.to_json(), indent=1))
     else:
@@ -83,7 +86,7 @@ class OptimizeRun:
                 "verified": done.verified, "verdict": done.verdict, "error": done.failure}
 
 
-def compute(args, resolve) -> OptimizeRun:
+def compute(args, resolve, progress=None) -> OptimizeRun:
     """The computing part of ``optimize``, shared by :func:`main` and the Python API
     (``mlsys_jax.optimize``): the options are checked, then ``resolve(args)`` gives the Target
     (the command loads ``FILE.py:FN``; the API passes its own), and the passes run verified."""
@@ -110,8 +113,12 @@ def compute(args, resolve) -> OptimizeRun:
     pipeline = None if args.search else named_pipeline(args.passes, source="--passes")
     from mlsys_jax.cli.constants import with_constants
 
+    from mlsys_jax.progress import SILENT
+
+    progress = progress or SILENT
     user = with_constants(resolve(args), getattr(args, "constants", None))
     _refuse_shapes(user)
+    progress.stage(f"tracing {user.name}")
     closed = user.trace(constant_params=True)
     if not closed.jaxpr.outvars:
         raise MlsysError(f"optimize: {user.name} returns no outputs (None?): there is nothing to "
@@ -122,7 +129,8 @@ def compute(args, resolve) -> OptimizeRun:
                            search=args.search, alpha=alpha, search_budget=budget,
                            search_measured=SEARCH_MEASURED if args.measure else 0,
                            hw=args.hw, dtype=args.dtype,
-                           rounds=args.rounds if args.measure else None, observe=inputs_of)
+                           rounds=args.rounds if args.measure else None, observe=inputs_of,
+                           progress=progress)
     before_e = Estimates(done.before_unfused, done.before_fused)
     after_e = Estimates(done.after_unfused, done.after_fused)
     per_module = _per_module(user, done, before_e, after_e, inputs_of)
