@@ -87,9 +87,7 @@ class Progress:
         return line + f" — {self._item}" if self._item else line
 
     def _print_line(self) -> None:
-        from mlsys_jax.tables import wrap
-
-        print(wrap(self._line(), first="", rest="    "), file=self.stream, flush=True)
+        print(self._line(), file=self.stream, flush=True)  # a log's line: whole, one per stage
         self._printed_at = time.perf_counter()
 
     def _draw(self) -> None:

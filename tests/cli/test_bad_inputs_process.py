@@ -120,7 +120,8 @@ USAGE = {"import-timeout-nan", "zero-7", "fused-and-unfused", "unknown-option", 
 
 LAUNCHER = r'''
 import json, os, runpy, sys, time
-import mlsys_jax.cli.main as _main_module  # noqa: F401 (the package and its commands, JAX too)
+import jax  # noqa: F401 (imported once here, inherited by every forked case)
+import mlsys_jax.cli.main as _main_module  # noqa: F401 (the package and its commands)
 from mlsys_jax.cli.main import build_parser
 build_parser()
 cases, case = json.loads(sys.stdin.read()), None
