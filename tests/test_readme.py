@@ -74,8 +74,11 @@ def test_every_quickstart_command_runs(clone, k):
     assert out and sum(len(x) <= 80 for x in out) >= 0.95 * len(out)  # COLUMNS=80
     if " --emit " in line:
         assert (clone / shlex.split(line.split(" --emit ")[1])[0]).exists()
+    if line.split()[1] in ("inspect", "optimize"):   # a screenful, whatever the model's size
+        assert len(out) <= 60, len(out)
     if line.split()[1] == "optimize":
         assert any(x.startswith("verified: yes") for x in out)
+        assert sum(x.strip().startswith("fold_constants") for x in out) == 1  # grouped rows
     if line.split()[1] == "inspect":
         _reading_the_output_is_current(done.stdout)
 
