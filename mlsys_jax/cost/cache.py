@@ -35,9 +35,24 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> str:
+    """A digest of the CPU's instruction-set flags (``/proc/cpuinfo``: AVX-512 or not changes
+    what XLA:CPU emits), empty where the system does not list them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    words = sorted(line.split(":", 1)[1].split())
+                    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return ""
+
+
 def identity() -> dict:
     """What a measured time depends on besides the program: JAX and jaxlib, the backend and
-    device kind JAX runs on (``jax.devices()[0]``), the CPU and its core count, and XLA_FLAGS."""
+    device kind JAX runs on (``jax.devices()[0]``), the CPU, its instruction-set flags and core
+    count, and XLA_FLAGS."""
     import jax
 
     try:
@@ -49,7 +64,7 @@ def identity() -> dict:
     flags = os.environ.get("XLA_FLAGS", "")
     return {"jax": jax.__version__, "jaxlib": jaxlib, "platform": dev.platform,
             "device_kind": getattr(dev, "device_kind", dev.platform), "cpu": cpu_name(),
-            "cores": os.cpu_count(),
+            "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
             "xla_flags": hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else ""}
 
 

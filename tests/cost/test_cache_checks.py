@@ -78,3 +78,11 @@ def test_operator_entries_that_are_not_real_times_are_dropped(tmp_path, capsys):
     model = OperatorModel(path=path, progress=False)
     assert set(model.entries) == {"kernel:c"}
     assert "3 entries" in capsys.readouterr().err
+
+
+def test_the_cache_key_names_the_cpus_instruction_set():
+    ident = cache.identity()
+    assert {"cpu", "cpu_flags", "cores", "jax", "jaxlib", "platform"} <= set(ident)
+    with open("/proc/cpuinfo") as f:
+        listed = any(line.startswith(("flags", "Features")) for line in f)
+    assert bool(ident["cpu_flags"]) == listed
