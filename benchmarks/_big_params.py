@@ -51,6 +51,13 @@ def conv_bn(mib: int):
     return f, (params, jnp.ones((1, 4, 4, cin)))
 
 
+def elementwise(mib: int):
+    """``sin(w) * 2 + sum(x)`` with ``w`` of ``mib`` MiB: ``fold_constants`` folds ``sin(w) * 2``
+    into a new constant as large as ``w`` (issue #39: this peaked at 9.2 GB at 512 MiB)."""
+    params = {"w": _weights((mib * MIB // 4,))}
+    return (lambda p, x: jnp.sin(p["w"]) * 2 + x.sum()), (params, jnp.ones((8,), jnp.float32))
+
+
 def dense_64mib():
     return dense(64)
 
@@ -65,6 +72,14 @@ def dense_512mib():
 
 def conv_bn_512mib():
     return conv_bn(512)
+
+
+def elementwise_64mib():
+    return elementwise(64)
+
+
+def elementwise_512mib():
+    return elementwise(512)
 
 
 def dense_4gib():

@@ -20,7 +20,7 @@ import numpy as np
 from mlsys_jax.compat import Literal, Var, bind_equation, eval_context
 from mlsys_jax.ir import numpy_rules
 from mlsys_jax.ir.evaluate import eval_equation
-from mlsys_jax.ir.primitives import LOCAL_MOVEMENT, NAMED_CALLS, PURE
+from mlsys_jax.ir.primitives import ELEMENTWISE, LOCAL_MOVEMENT, NAMED_CALLS, PURE
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import is_float, widen_value
 
@@ -51,8 +51,12 @@ def subnormal(a) -> np.ndarray:
     return (wide > 0) & (wide < float(jnp.finfo(a.dtype).tiny))
 
 
+CHUNK = 1 << 22  # elements widened at a time: a large constant is never copied whole to float64
+
+
 def _has_subnormal(a) -> bool:
-    return bool(np.any(subnormal(a)))
+    flat = np.asarray(a).reshape(-1)
+    return any(np.any(subnormal(flat[lo:lo + CHUNK])) for lo in range(0, flat.size, CHUNK))
 
 
 def _flushed(eqn, vals, outs) -> bool:
@@ -61,6 +65,7 @@ def _flushed(eqn, vals, outs) -> bool:
     zeros = [a for a in _floats(outs) if a.size and not np.all(a != 0)]
     if not zeros:
         return False
+    vals, outs = _at_zeros(eqn, vals, outs)
     try:
         with jax.enable_x64(True), eval_context():  # the float64 meaning of the equation
             wide = eval_equation(eqn, [widen_value(x) for x in vals], widen=True)
@@ -74,6 +79,20 @@ def _flushed(eqn, vals, outs) -> bool:
         if np.any((got == 0) & (e > 0) & (e < float(jnp.finfo(got.dtype).tiny))):
             return True
     return False
+
+
+def _at_zeros(eqn, vals, outs) -> tuple:
+    """An elementwise equation's inputs and output at the output's zeros alone (the only
+    elements :func:`_flushed` looks at; each depends on its own position only), so a large
+    constant is not computed again whole in float64; other equations unchanged."""
+    if eqn.primitive.name not in ELEMENTWISE or len(outs) != 1:
+        return vals, outs
+    out = np.asarray(outs[0])
+    if not all(np.ndim(x) == 0 or np.shape(x) == out.shape for x in vals):
+        return vals, outs
+    at = np.flatnonzero(out.reshape(-1) == 0)
+    return ([x if np.ndim(x) == 0 else np.asarray(x).reshape(-1)[at] for x in vals],
+            [out.reshape(-1)[at]])
 
 
 def fold_equation(eqn, vals) -> tuple[list | None, str | None]:

@@ -45,8 +45,22 @@ ANY = FLOATS + INTS + BOOL
 def _wide(x):
     """A float as XLA:CPU's arithmetic sees it: 16-bit floats widened to float32, and subnormal
     inputs read as zero of the same sign (XLA:CPU runs with denormals-are-zero)."""
-    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32)
-    return np.where(np.abs(x) < np.finfo(x.dtype).tiny, np.copysign(0, x).astype(x.dtype), x)
+    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+    tiny = np.finfo(x.dtype).tiny
+    if not _any_subnormal(x, tiny):  # nothing to flush: no copy of a large constant
+        return x
+    return np.where(np.abs(x) < tiny, np.copysign(0, x).astype(x.dtype), x)
+
+
+def _any_subnormal(x, tiny, chunk: int = 1 << 22) -> bool:
+    """Whether ``x`` holds a subnormal, looked at ``chunk`` elements at a time (no temporary
+    the size of a large constant)."""
+    flat = x.reshape(-1)
+    for lo in range(0, flat.size, chunk):
+        a = np.abs(flat[lo:lo + chunk])
+        if np.any((a < tiny) & (a > 0)):
+            return True
+    return False
 
 
 def _flush(r):

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 
 from mlsys_jax.compat import ClosedJaxpr, DropVar, Literal, eval_context
 from mlsys_jax.ir import input_structs, interpret
 from mlsys_jax.ir.consts import fold_equation
 from mlsys_jax.ir.edit import dce_jaxpr, known
+from mlsys_jax.ir.interpret import LIFT_BYTES
 from mlsys_jax.ir.keys import params_key, value_key
 from mlsys_jax.ir.primitives import PLAIN_CALLS
 from mlsys_jax.ir.walk import bodies, body_path
@@ -102,6 +104,19 @@ def _elements(aval) -> int:
     return int(math.prod(getattr(aval, "shape", ()) or ()))
 
 
+def _resident(value, var):
+    """A large folded NumPy value as a device array (the one copy kept): the programs that run
+    the folded graph (the value check, timing) take it as an argument, and JAX copies a NumPy
+    argument to the device on every call. Only where the array is exactly what ``var`` types
+    (shape, canonical dtype, not weak), so the folded graph's types do not change."""
+    if (not isinstance(value, np.ndarray) or value.nbytes < LIFT_BYTES
+            or var.aval.weak_type or value.shape != var.aval.shape
+            or value.dtype != var.aval.dtype
+            or jax.dtypes.canonicalize_dtype(value.dtype) != value.dtype):
+        return value
+    return jax.device_put(value)
+
+
 def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True) -> Pass:
     """Evaluate pure equations whose inputs are all constants, as XLA:CPU's kernels compute them
     (``ir.consts.fold_equation``: subnormals read as zero, results flushed). An equation whose
@@ -128,6 +143,7 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
                 return False
             if not keep_weak:  # a deliberately broken variant for mutation testing
                 outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
+            outs = [_resident(o, v) for o, v in zip(outs, eqn.outvars)]
             ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
             log.fired(f"{path}{i}", eqn.primitive.name)
             return True

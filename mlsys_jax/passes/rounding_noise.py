@@ -99,19 +99,27 @@ def noise_of(closed, big: list):
     def noise(xs, plain):
         if broken:
             return None
-        try:
-            runs = [fn(jnp.uint32(1 + k), big, *xs) for k in range(RUNS)]
+        try:  # one perturbed run at a time, its squared deviations summed, then dropped
+            sums = [None if not np.issubdtype(np.asarray(a).dtype, np.floating) else 0.0
+                    for a in plain]
+            for k in range(RUNS):
+                run = fn(jnp.uint32(1 + k), big, *xs)
+                sums = [s if s is None else _add_square(s, r, np.asarray(a))
+                        for s, r, a in zip(sums, run, plain)]
+                run = None
         except Exception:  # a primitive that cannot be re-bound so: the twin's bound stands
             broken.append(True)
             return None
-        out = []
-        for k, a in enumerate(plain):
-            a = np.asarray(a)
-            if not np.issubdtype(a.dtype, np.floating):
-                out.append(None)
-                continue
-            dev = [np.asarray(r[k], np.float64) - a.astype(np.float64) for r in runs]
-            with np.errstate(invalid="ignore", over="ignore"):
-                out.append(np.sqrt(np.mean(np.square(dev), axis=0)))
-        return out
+        return [s if s is None else np.sqrt(s / RUNS) for s in sums]
     return noise
+
+
+def _add_square(total, run, plain: np.ndarray):
+    """``total + (run − plain)²`` in float64, in place once ``total`` is an array."""
+    dev = np.asarray(run, np.float64) - plain.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.square(dev, out=dev)
+        if isinstance(total, np.ndarray):
+            total += dev
+            return total
+    return dev

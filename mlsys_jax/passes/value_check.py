@@ -242,15 +242,22 @@ def _twin(before):
     return twin
 
 
+CHUNK = 1 << 22           # elements judged at a time: float64 temporaries stay ~100 MiB
+
+
 def _floats(k, i, a, b, rtol, atol, *, twin, noise, check: ValueCheck) -> None:
-    a64, b64 = (x.astype(np.float64) for x in (a, b))
-    fa, fb = np.isfinite(a64), np.isfinite(b64)
-    new_bad = int(np.sum(fa & ~fb))
-    changed = int(np.sum(~fa & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))))
-    both = fa & fb
-    with np.errstate(invalid="ignore"):
-        err = np.where(both, np.abs(a64 - b64), 0.0)
-    check.max_abs_diff = max(check.max_abs_diff, float(np.max(err, initial=0.0)))
+    """Judge float output ``k`` on input set ``i``, ``CHUNK`` elements at a time, so that the
+    float64 temporaries of a large output never exist whole (the verdict is per element)."""
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    new_bad = changed = past = n = 0
+    worst = (-1.0, 0)  # (err, flat index) of the worst wrong element
+    for lo in range(0, max(flat_a.size, 1), CHUNK):
+        part = slice(lo, lo + CHUNK)
+        got = _floats_chunk(flat_a[part], flat_b[part], rtol, atol, k=k, i=i, part=part,
+                            twin=twin, noise=noise, check=check)
+        new_bad, changed, past, n = (x + y for x, y in zip((new_bad, changed, past, n), got[:4]))
+        if got[4][0] > worst[0]:
+            worst = (got[4][0], lo + got[4][1])
     check.new_nonfinite += new_bad
     if new_bad:
         check.problems.append(f"output {k} on input {i}: {new_bad} NaN/Inf value(s) where the "
@@ -258,22 +265,41 @@ def _floats(k, i, a, b, rtol, atol, *, twin, noise, check: ValueCheck) -> None:
     if changed:
         check.problems.append(f"output {k} on input {i}: {changed} NaN/Inf value(s) of the "
                               "original changed")
+    check.within_twin += past - n
+    if n:
+        check.wrong += n
+        at = tuple(int(j) for j in np.unravel_index(worst[1], a.shape)) if a.shape else ()
+        a_at, b_at = (float(np.asarray(x[at], np.float64)) for x in (a, b))
+        check.problems.append(f"output {k} on input {i}: {n} of {a.size} elements beyond "
+                              f"atol + rtol·|original| (element {at}: {a_at:.6g} vs "
+                              f"{b_at:.6g}) and beyond the float64 twin's bound (2·|original − "
+                              f"float64| + {NOISE_SIGMAS}σ of the original's rounding noise)")
+
+
+def _floats_chunk(a, b, rtol, atol, *, k, i, part, twin, noise, check) -> tuple:
+    """(new NaN/Inf, changed NaN/Inf, past the tolerance, wrong, (worst err, its index)) over
+    one flat chunk of output ``k``; the float64 references are read on the same chunk."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    fa, fb = np.isfinite(a64), np.isfinite(b64)
+    new_bad = int(np.sum(fa & ~fb))
+    changed = int(np.sum(~fa & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))))
+    both = fa & fb
+    with np.errstate(invalid="ignore"):
+        err = np.where(both, np.abs(a64 - b64), 0.0)
+    check.max_abs_diff = max(check.max_abs_diff, float(np.max(err, initial=0.0)))
     bad = both & (err > atol + rtol * np.abs(a64))
     past = int(bad.sum())
     if bad.any() and twin(i) is not None:
-        bad &= ~_within_twin(twin(i)[k], a64, b64, rtol, atol)
+        r = twin(i)[k].reshape(-1)[part]
+        bad &= ~_within_twin(r, a64, b64, rtol, atol)
         if bad.any() and noise(i) is not None:
-            bad &= ~_within_twin(twin(i)[k], a64, b64, rtol, atol, noise(i)[k])
-    check.within_twin += past - int(bad.sum())
-    if bad.any():
-        n = int(bad.sum())
-        check.wrong += n
-        at = tuple(int(j) for j in np.unravel_index(int(np.argmax(np.where(bad, err, -1))),
-                                                  a.shape)) if a.shape else ()
-        check.problems.append(f"output {k} on input {i}: {n} of {a.size} elements beyond "
-                              f"atol + rtol·|original| (element {at}: {float(a64[at]):.6g} vs "
-                              f"{float(b64[at]):.6g}) and beyond the float64 twin's bound (2·|original − "
-                              f"float64| + {NOISE_SIGMAS}σ of the original's rounding noise)")
+            bad &= ~_within_twin(r, a64, b64, rtol, atol, noise(i)[k].reshape(-1)[part])
+    n = int(bad.sum())
+    worst = (-1.0, 0)
+    if n:
+        j = int(np.argmax(np.where(bad, err, -1)))
+        worst = (float(err[j]), j)
+    return new_bad, changed, past, n, worst
 
 
 def _within_twin(r, a64, b64, rtol, atol, sigma=None):
@@ -290,67 +316,121 @@ def _within_twin(r, a64, b64, rtol, atol, sigma=None):
 def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = FRESH,
                  seed: int = 0) -> ValueCheck:
     """Run both programs on ``inputs`` and ``fresh`` sets drawn like them; judge every output
-    element (see the module doc)."""
+    element (see the module doc). One input set at a time: its outputs, float64 twin and
+    rounding noise are dropped before the next set runs, so a large output is held a few times,
+    not once per set and reference."""
     if not before.jaxpr.outvars:
         raise MlsysError("the function returns no outputs (None?): there is nothing to check; "
                          "return the values the model computes")
     sites, uncompared = _rng_plan(before, after)
-    sets = input_sets(inputs, fresh, seed)
     # a factory's parameters, folded in as constants, enter the program as arguments
     big = [[g.consts[i] for i in lifted_indices(g)] for g in (before, after)]
     both = jax.jit(lambda draws, bb, ba, *a: (_threaded(before, draws, bb)(*a),
                                               _threaded(after, draws, ba)(*a)))
-    runs = [both(_draws(sites, seed + i), *big, *xs) for i, xs in enumerate(sets)]
     computes_in = least_precise_float(before)
+    sets = input_sets(inputs, fresh, seed)
     check = ValueCheck(inputs=len(sets), uncompared=uncompared)
-    twin, noise = _lazy_references(before, sets, runs, big[0], sites)
-    for k in range(len(before.jaxpr.outvars)):
-        if k in uncompared:
-            continue
-        olds = [np.asarray(_data(r[0][k])) for r in runs]
-        news = [np.asarray(_data(r[1][k])) for r in runs]
-        if olds[0].dtype != news[0].dtype or olds[0].shape != news[0].shape:
-            check.problems.append(f"output {k} is {news[0].dtype}{list(news[0].shape)}, was "
-                                  f"{olds[0].dtype}{list(olds[0].shape)}")
-            continue
-        if all(np.array_equal(olds[0], o, equal_nan=is_float(o.dtype)) for o in olds[1:]):
-            check.vacuous.append(k)
-        for i, (a, b) in enumerate(zip(olds, news)):
-            if not is_float(a.dtype):
-                if not np.array_equal(a, b):
-                    check.problems.append(f"output {k} ({a.dtype}) on input {i} differs in "
-                                          f"{int(np.sum(a != b))} of {a.size} elements")
+    references = _lazy_references(before, big[0], sites)
+    found, first, same, skip = {}, {}, {}, set()  # found: (k, order) -> that output's problems
+    for i, xs in enumerate(sets):
+        run = both(_draws(sites, seed + i), *big, *xs)
+        twin, noise = references(i, xs, run)
+        for k in range(len(before.jaxpr.outvars)):
+            if k in uncompared or k in skip:
                 continue
-            dtype = a.dtype
-            if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
-                dtype = computes_in
-            rtol, atol = tolerance(dtype)
-            check.tolerance = f"{dtype}: {atol:g} + {rtol:g}·|original| per element"
-            _floats(k, i, a, b, rtol, atol, twin=twin, noise=noise, check=check)
+            a, b = np.asarray(_data(run[0][k])), np.asarray(_data(run[1][k]))
+            if a.dtype != b.dtype or a.shape != b.shape:
+                found[k, 0] = [f"output {k} is {b.dtype}{list(b.shape)}, was "
+                               f"{a.dtype}{list(a.shape)}"]
+                skip.add(k)
+                continue
+            if i == 0:
+                first[k], same[k] = _reference_of(a), True
+            else:
+                same[k] = same[k] and _same_as(first[k], a)
+            check.problems, kept = found.setdefault((k, 1 + i), []), check.problems
+            _judge(k, i, a, b, computes_in, twin=twin, noise=noise, check=check)
+            check.problems = kept
+        run = twin = noise = a = b = None  # freed before the next set runs
+    check.vacuous = [k for k in sorted(same) if same[k]]
+    check.problems = [p for key in sorted(found) for p in found[key]]
     return check
 
 
-def _lazy_references(before, sets, runs, big, sites) -> tuple:
-    """``twin(i)``, ``noise(i)``: the float64 original and the original's rounding noise on
-    input set i, each computed only where an element needs it (None: not available — stateful
-    RNG, or a primitive without a float64 meaning)."""
+def _judge(k, i, a, b, computes_in, *, twin, noise, check: ValueCheck) -> None:
+    """Output ``k`` on input set ``i``: equal (integers, booleans, keys) or within tolerance."""
+    if not is_float(a.dtype):
+        if not np.array_equal(a, b):
+            check.problems.append(f"output {k} ({a.dtype}) on input {i} differs in "
+                                  f"{int(np.sum(a != b))} of {a.size} elements")
+        return
+    dtype = a.dtype
+    if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
+        dtype = computes_in
+    rtol, atol = tolerance(dtype)
+    check.tolerance = f"{dtype}: {atol:g} + {rtol:g}·|original| per element"
+    _floats(k, i, a, b, rtol, atol, twin=twin, noise=noise, check=check)
+
+
+# ---- is an output the same on every input set? ---------------------------------------------------
+
+DIGEST_MIN_ELEMENTS = 1 << 20  # a larger output is kept as a digest of its values, not a copy
+
+
+def _reference_of(a):
+    """What later sets' outputs are compared with: a copy of a small output, a digest of the
+    canonical bytes of a large real one (NaNs made one NaN, −0 made +0: bytes equal exactly
+    where ``np.array_equal(..., equal_nan=True)`` says equal; BLAKE2b-256, so a collision is
+    no practical risk), so the first set's large outputs are not held to the end."""
+    if a.size < DIGEST_MIN_ELEMENTS or np.iscomplexobj(a):
+        return ("copy", np.array(a))
+    return ("digest", a.dtype, a.shape, _digest(a))
+
+
+def _same_as(ref, a) -> bool:
+    if ref[0] == "copy":
+        return np.array_equal(ref[1], a, equal_nan=is_float(a.dtype))
+    return ref[1] == a.dtype and ref[2] == a.shape and ref[3] == _digest(a)
+
+
+def _digest(a) -> bytes:
+    import hashlib
+
+    h, flat = hashlib.blake2b(digest_size=32), a.reshape(-1)
+    for lo in range(0, flat.size, CHUNK):
+        c = np.array(flat[lo:lo + CHUNK])
+        if is_float(c.dtype):
+            c[np.isnan(c)] = np.nan
+            c[c == 0] = 0
+        h.update(c.tobytes())
+    return h.digest()
+
+
+def _lazy_references(before, big, sites):
+    """``references(i, xs, run)`` -> ``(twin, noise)`` for input set i: ``twin(i)``, the float64
+    original, and ``noise(i)``, the original's rounding noise, each computed only where an
+    element needs it (None: not available — stateful RNG, or a primitive without a float64
+    meaning) and held only while set i is judged."""
     from mlsys_jax.passes.rounding_noise import noise_of
 
     run_twin = None if sites else _twin(before)
     run_noise = None if sites else noise_of(before, big)
-    cache: dict = {}
 
-    def twin(i):
-        if ("twin", i) not in cache:
-            cache["twin", i] = None if run_twin is None else run_twin(sets[i])
-        return cache["twin", i]
+    def references(i, xs, run):
+        cache: dict = {}
 
-    def noise(i):
-        if ("noise", i) not in cache:
-            cache["noise", i] = None if run_noise is None else run_noise(
-                sets[i], [_data(o) for o in runs[i][0]])
-        return cache["noise", i]
-    return twin, noise
+        def twin(_):
+            if "twin" not in cache:
+                cache["twin"] = None if run_twin is None else run_twin(xs)
+            return cache["twin"]
+
+        def noise(_):
+            if "noise" not in cache:
+                cache["noise"] = None if run_noise is None else run_noise(
+                    xs, [_data(o) for o in run[0]])
+            return cache["noise"]
+        return twin, noise
+    return references
 
 
 def _data(x):
