@@ -100,7 +100,7 @@ def noise_of(closed, big: list):
         if broken:
             return None
         try:  # one perturbed run at a time, its squared deviations summed, then dropped
-            sums = [None if not np.issubdtype(np.asarray(a).dtype, np.floating) else 0.0
+            sums = [None if not jnp.issubdtype(np.asarray(a).dtype, jnp.floating) else 0.0
                     for a in plain]
             for k in range(RUNS):
                 run = fn(jnp.uint32(1 + k), big, *xs)

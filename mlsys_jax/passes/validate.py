@@ -43,6 +43,8 @@ from mlsys_jax.compat import Literal, bind_equation, eval_context
 from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.consts import is_pure
 from mlsys_jax.ir.evaluate import eval_equation
+from mlsys_jax.ir.precision import coarsest
+from mlsys_jax.ir.precision import narrow as narrow_dtype
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
 from mlsys_jax.ir.walk import bodies
@@ -52,6 +54,10 @@ from mlsys_jax.passes import feature_cut
 RTOL_F64 = 1e-9            # per element, float64: a wrong rewrite is off by O(1)
 ROUNDING_SHARE = 1e-6      # of the original's own rounding error (program dtype vs float64)
 DRAWS = 3                  # two random draws and one of special values
+# In a bfloat16/float16 region the replacement's error against float64, in the program's
+# dtypes, may be this many times the original's (max and rms over an output): equal rounding
+# in another order, not a loss of precision.
+PRECISION_MARGIN = 2.0
 # Regions whose inputs are this large run on one example of their batch (``ir.rebatch``): a
 # convolution at a real model's size, several times, in two dtypes, costs seconds; a small
 # region runs whole, on the kernels its program's own evaluation compiled already.
@@ -339,6 +345,7 @@ def _narrow(region: Region) -> bool:
 def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> str | None:
     floats = any(is_float(v.aval.dtype) for v in region.outputs)
     narrow = floats and _narrow(region)
+    low = _low_precision(region) if narrow else None
     given = _given(region, with_removed=True, cut=cut)
     others = None  # the other meanings of a region on constants alone (below): once, if needed
     if cut is not None:
@@ -356,7 +363,7 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
         if not floats:
             continue
         why = _compare64(region, replacement, inputs, before, after, given, narrow=narrow, i=i,
-                         cut=cut)
+                         cut=cut, low=low if i < DRAWS - 1 else None)
         if why and narrow and _removes_a_constant(region, given):
             # Some equation the rewrite removes reads constants alone (a conv of a constant):
             # which of the constants it computes are the program's float32 values and which
@@ -415,7 +422,7 @@ def _given(region: Region, with_removed: bool, cut=None, unknown=None) -> dict:
 
 
 def _compare64(region, replacement, inputs, before, after, given, *, narrow, i,
-               cut=None) -> str | None:
+               cut=None, low=None) -> str | None:
     before64, after64 = before, after  # a float64 program: already what it means
     if narrow:
         with jax.enable_x64(True):
@@ -426,4 +433,42 @@ def _compare64(region, replacement, inputs, before, after, given, *, narrow, i,
             why = _close64(k, i, a.astype(np.float64), b.astype(np.float64), ap)
             if why:
                 return why
+    if low is not None:
+        for k, (r, ap, bp) in enumerate(zip(before64, before, after)):
+            why = _as_precise(k, i, r, ap, bp, low) if is_float(ap.dtype) else None
+            if why:
+                return why
     return None
+
+
+def _low_precision(region: Region) -> str | None:
+    """The least precise float dtype of the region when it is less precise than float32
+    (bfloat16, float16), else None: there a rewrite's own rounding is judged too."""
+    dtypes = [v.aval.dtype for v in region.inputs + region.outputs]
+    dtypes += [c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype
+               for c in region.consts.values()]
+    dtypes += [v.aval.dtype for e in region.eqns for v in e.outvars]
+    return narrow_dtype(coarsest(dtypes))
+
+
+def _as_precise(k, i, r, a, b, low: str) -> str | None:
+    """In a region that computes in ``low`` (bfloat16, float16): the replacement ``b``, in the
+    program's dtypes, must be about as close to the float64 meaning ``r`` as the original ``a``
+    is — within ``PRECISION_MARGIN`` times the original's own rounding error, over the output's
+    largest element and its rms — or it loses precision (folded weights rounded to bfloat16
+    where the original read them exactly and accumulated in float32). Measured, per output:
+    never a blanket tolerance of that dtype."""
+    r = np.asarray(r, np.float64)
+    ok = np.isfinite(r) & np.isfinite(a.astype(np.float64)) & np.isfinite(b.astype(np.float64))
+    if not ok.any():
+        return None
+    ea, eb = (np.abs(x.astype(np.float64)[ok] - r[ok]) for x in (a, b))
+    tol = RTOL_F64 * (float(np.max(np.abs(r[ok]))) + float(np.sqrt(np.mean(np.square(r[ok])))))
+    stats = [(float(np.max(e)), float(np.sqrt(np.mean(np.square(e))))) for e in (ea, eb)]
+    if all(sb <= PRECISION_MARGIN * sa + tol for sa, sb in zip(*stats)):
+        return None
+    (max_a, rms_a), (max_b, rms_b) = stats
+    return (f"loses precision in {low}: output {k} on input {i} is {rms_b:.3g} rms (max "
+            f"{max_b:.3g}) from its float64 value, the original {rms_a:.3g} rms (max "
+            f"{max_a:.3g}); a rewrite may round differently, not worse than "
+            f"{PRECISION_MARGIN:g} × the original's own rounding")

@@ -16,8 +16,10 @@ from mlsys_jax.parallel.shard.inputs import check_finite_loss
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
-from mlsys_jax.parallel.pipe.verdict import (QUANTITIES, Float64Twin, PipelineVerdict, causes,
-                                             judge_step, leaf_diffs, references)
+from mlsys_jax.ir.precision import gradient_dtypes
+from mlsys_jax.parallel.pipe.verdict import (NOISE_MARGIN, QUANTITIES, Float64Twin,
+                                             NarrowLeaves, PipelineVerdict, causes, judge_step,
+                                             leaf_diffs, references)
 
 
 @dataclass
@@ -79,7 +81,9 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss)).lower(
         t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
-    twin = Float64Twin(plan.loss, t0, plan.batch, groups, options)
+    narrow = _narrow(plan, groups)
+    twin = Float64Twin(plan.loss, t0, plan.batch, groups, options,
+                       narrow=_dtype_names(narrow) or None)
     verdict, t, s = PipelineVerdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
@@ -87,7 +91,8 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         refs.update({k: (*refs[k], *jax.device_get(update(refs[k][1], s, t))) for k in "ABC"})
         refs.update(twin(t, plan.batch) or {})
         got = plan.step(t, s, options)
-        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0])  # noqa: B023 (called in this iteration)
+        judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0],  # noqa: B023 (called in this iteration)
+                   narrow)
         ref = refs["A" if verdict.separable_steps[0] else "B"]
         t, s = ref[2], ref[3]
     free_t, free_s = t0, s0
@@ -98,6 +103,8 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     free = {"params": max(leaf_diffs(free_t, t))}
     separable = all(verdict.separable_steps)
     exact, reason = _reason(plan, verdict, separable)
+    if narrow is not None:
+        reason += f"; {_precision(narrow, twin)}"
     notes = [twin.note] if twin.note else []
     log, log_mb = last["log"], last["log_mb"]
     in_flight = figures.executed_in_flight(log)
@@ -129,6 +136,31 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         p2p=p2p, memory=memory, stacked=figures.stacked_share(plan),
         replica_spread=last["replica_spread"],
         timeline=figures.timeline_table(log, log_mb), notes=notes)
+
+
+def _narrow(plan: PipelinePlan, groups: int) -> NarrowLeaves | None:
+    """The leaves computed in a dtype less precise than float32, or None if none is."""
+    loss, grads = gradient_dtypes(plan.loss, plan.trainable, plan.batch,
+                                  closed=plan.split.closed)
+    return NarrowLeaves(loss, grads, groups) if any(loss + grads) else None
+
+
+def _dtype_names(narrow: NarrowLeaves | None) -> str:
+    return "/".join(sorted({d for d in narrow.loss + narrow.grads if d})) if narrow else ""
+
+
+def _precision(narrow: NarrowLeaves, twin: Float64Twin) -> str:
+    """The sentence naming the dtype the bound comes from."""
+    dtype = _dtype_names(narrow)
+    which = " and ".join(q for q, ds in (("loss", narrow.loss), ("gradients", narrow.grads))
+                         if any(ds))
+    sep = ("separability from the float64 twin (the model's jaxpr with its " + dtype
+           + " arithmetic in float64)" if twin.fn is not None else
+           "separability from " + dtype + "'s noise alone")
+    return (f"the {which} compute in {dtype}, so their bound is {dtype}'s: {NOISE_MARGIN:g} × "
+            f"the noise of the equivalent one-device computations plus {narrow.reductions} "
+            f"{dtype} ulp(s) at a leaf's largest microbatch term (one per partial result), for "
+            f"the max and for the rms over each leaf; {sep}")
 
 
 def _reason(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool) -> tuple[bool, str]:

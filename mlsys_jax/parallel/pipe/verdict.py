@@ -27,18 +27,22 @@ optimizer ran on the whole tree.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mlsys_jax.ir.precision import ulp, widened
+from mlsys_jax.parallel.shard.compare import holds_only, leaf_rms_diffs, leaf_rms_scales
 from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
 from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
 
 
 QUANTITIES = ("loss", "grads", "params")
 NOISE_MARGIN = 4.0
+RMS_MARGIN = 2.0
 FLOOR_EPS = 4.0
 RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 _BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
@@ -73,17 +77,21 @@ def _as64(tree):
 
 
 class Float64Twin:
-    """A, B and C in float64 (the user's code with float64 parameters and inputs, traced again):
+    """A, B and C in float64 (the user's code with float64 parameters and inputs, traced again;
+    ``narrow``: the model computes in that dtype whatever its parameters' dtype, so its jaxpr is
+    evaluated widened instead, every float in float64, ``ir.precision.widened``):
     how far one device's float32 results are from exact ones, and whether the loss is
     separable. A gradient that is mathematically zero (an attention key bias: softmax ignores a
     shift of every score) is pure rounding in float32, on one device and on the mesh alike; only
     this shows it. And float32's A - B mixes rounding (a whole batch's contraction against
     microbatch ones) with non-separability; float64's A - B is the non-separability alone."""
 
-    def __init__(self, loss, trainable, batch, groups: int, options=None):
-        self.fn, self.note = None, None
+    def __init__(self, loss, trainable, batch, groups: int, options=None, narrow=None):
+        self.fn, self.note, self.widened = None, None, False
         with jax.enable_x64(True):
             try:
+                if narrow:   # bfloat16 arithmetic stays bfloat16 at float64 parameters
+                    loss, self.widened = widened(loss, trainable, batch), True
                 lowered = jax.jit(references(loss, groups)).lower(_as64(trainable), _as64(batch))
                 wide = all(jnp.dtype(a.dtype) == jnp.float64 for a in jax.tree.leaves(
                     lowered.out_info))
@@ -94,7 +102,7 @@ class Float64Twin:
             except Exception as e:  # the user's code may not run in float64
                 self.note = (f"float64 twin unavailable ({type(e).__name__}: "
                              f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''})"
-                             "; the noise is float32's alone")
+                             f"; the noise is {narrow or 'float32'}'s alone")
 
     def __call__(self, trainable, batch) -> dict | None:
         """``{"A64": .., "B64": ..}``, each ``{"loss", "grads"}``; None without a twin."""
@@ -105,12 +113,16 @@ class Float64Twin:
         return {f"{k}64": {"loss": out[k][0], "grads": out[k][1]} for k in "AB"}
 
 
-def leaf_bounds(noise, scale, like) -> list[float]:
-    """``NOISE_MARGIN`` x noise + ``FLOOR_EPS`` eps x scale, per leaf (eps of ``like``'s dtype)."""
+def leaf_bounds(noise, scale, like, narrow=()) -> list[float]:
+    """``NOISE_MARGIN`` x noise + ``FLOOR_EPS`` eps x scale, per leaf (eps of ``like``'s dtype;
+    at most float32's for a leaf ``narrow`` names: that dtype's rounding is measured)."""
     out = []
-    for n, m, r in zip(noise, scale, jax.tree.leaves(like)):
+    narrow = list(narrow) + [None] * len(noise)
+    for n, m, r, low in zip(noise, scale, jax.tree.leaves(like), narrow):
         dtype = np.asarray(r).dtype
         eps = float(jnp.finfo(dtype).eps) if jnp.issubdtype(dtype, jnp.inexact) else 0.0
+        if low:
+            eps = min(eps, float(jnp.finfo(jnp.float32).eps))
         out.append(NOISE_MARGIN * n + FLOOR_EPS * eps * m)
     return out
 
@@ -135,17 +147,58 @@ class PipelineVerdict:
         return self.worst[what]["ratio"] <= 1.0
 
 
-def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> bool:
+@dataclass(frozen=True)
+class NarrowLeaves:
+    """The leaves whose computation passes through a dtype less precise than float32
+    (``ir.precision.gradient_dtypes``: ``loss``, ``grads``, each a dtype name per leaf or None)
+    and how many partial results a gradient element sums (``reductions``: data x microbatches).
+    Such a leaf's noise leaves out the float64 twin (its distance from exact arithmetic is the
+    whole of the model's bfloat16 rounding, which the pipeline shares), its bound adds
+    ``reductions`` units in the last place of that dtype at the largest microbatch term (each
+    partial result rounded once, where the whole batch's result holds that dtype's numbers),
+    and the rms over the leaf is held to the same rule: a gradient scaled by 1.01 moves every
+    element by a bfloat16 ulp or two, as rounding moves a few."""
+
+    loss: tuple
+    grads: tuple
+    reductions: int = 1
+
+    def dtypes(self, q: str) -> tuple:
+        return {"loss": self.loss, "grads": self.grads}[q]
+
+
+def _allowance(narrow, q: str, terms: list, whole) -> list:
+    """Per leaf: ``reductions`` ulps of its narrow dtype at its largest microbatch term, where
+    the whole batch's result holds only that dtype's numbers; 0 elsewhere."""
+    if narrow is None:
+        return [0.0] * len(terms)
+    return [narrow.reductions * ulp(d, m) if d and holds_only(x, d) else 0.0
+            for d, m, x in zip(narrow.dtypes(q), terms, jax.tree.leaves(whole))]
+
+
+def _pairwise(trees: list, diffs=leaf_diffs) -> list:
+    """Per leaf, the largest difference between any two of ``trees``."""
+    return [max(d) for d in zip(*(diffs(x, y) for i, x in enumerate(trees)
+                                  for y in trees[i + 1:]))]
+
+
+def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update,
+               narrow: NarrowLeaves | None = None) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
     one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]`` and
     ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)``
-    is the one-device optimizer's new parameters from the step's state. Returns whether the loss was separable."""
+    is the one-device optimizer's new parameters from the step's state; ``narrow``: the leaves
+    computed in bfloat16 or float16 (:class:`NarrowLeaves`). Returns whether the loss was
+    separable."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
     scale = {"loss": leaf_magnitudes(refs["terms"][0]),
              "grads": leaf_magnitudes(refs["terms"][1])}
+    extra = {q: _allowance(narrow, q, scale[q], A[q]) for q in ("loss", "grads")}
     noise_bc = {q: leaf_diffs(B[q], C[q]) for q in QUANTITIES}
     ab = {q: leaf_diffs(A[q], B[q]) for q in ("loss", "grads")}
-    sep_bounds = {q: leaf_bounds(noise_bc[q], scale[q], B[q]) for q in ab}
+    low = {q: narrow.dtypes(q) if narrow is not None else () for q in ab}
+    sep_bounds = {q: [b + e for b, e in zip(leaf_bounds(noise_bc[q], scale[q], B[q], low[q]),
+                                            extra[q])] for q in ab}
     if "B64" in refs:  # the mathematics' own A - B, against what float32 could distinguish
         ab = {q: leaf_diffs(refs["A64"][q], refs["B64"][q]) for q in ab}
     separable = all(d <= b for q in ab for d, b in zip(ab[q], sep_bounds[q]))
@@ -158,20 +211,48 @@ def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> b
         # of what the pipeline computes (A, B, C and the twin's A64 = B64 when separable; B, C
         # and B64 when not): float64's are how far each float32 result is from the exact one
         same = [B[q], C[q]] + ([A[q]] if separable else [])
-        if "B64" in refs:
-            same.append(refs["A64" if separable else "B64"][q])
-        noise = [max(d) for d in zip(*(leaf_diffs(x, y) for i, x in enumerate(same)
-                                       for y in same[i + 1:]))]
-        bounds[q] = leaf_bounds(noise, scale[q], ref[q])
+        noise = _pairwise(same + ([refs["A64" if separable else "B64"][q]] if "B64" in refs
+                                  else []))
+        if narrow is not None:   # (a narrow leaf's distance from float64 is not noise)
+            noise = [n if not d else m for n, m, d in zip(noise, _pairwise(same),
+                                                          narrow.dtypes(q))]
+        bounds[q] = [b + e for b, e in zip(leaf_bounds(noise, scale[q], ref[q], low[q]),
+                                           extra[q])]
         verdict.record(q, leaf_diffs(got[q], ref[q]), noise, bounds[q])
-    # New parameters: what the optimizer makes of gradients anywhere within their bound (per
-    # element, both ways: Adam divides a gradient by its own magnitude, so a gradient that is
-    # rounding noise moves its parameter by up to the learning rate), plus their own rounding.
-    spread = [0.0] * len(bounds["grads"])
+        if narrow is not None:
+            _record_rms(verdict, q, got[q], ref[q], same, scale[q], narrow)
+    _judge_params(verdict, ref, got, own_update, bounds["grads"])
+    verdict.separable_steps.append(separable)
+    return separable
+
+
+def _record_rms(verdict, q: str, got, ref, same: list, scale: list, narrow) -> None:
+    """The narrow leaves' rms of got - ref against ``RMS_MARGIN`` x the rms noise, the floor,
+    and the allowance at the leaf's rms magnitude as if at one element alone. (An rms over a
+    leaf is a steady statistic, unlike its max, which one lucky element sets: twice the noise,
+    as ``shard``'s rule.)"""
+    sizes = [int(np.size(x)) for x in jax.tree.leaves(ref)]
+    noise = _pairwise(same, leaf_rms_diffs)
+    floor = leaf_bounds([0.0] * len(noise), scale, ref, narrow.dtypes(q))
+    extra = _allowance(narrow, q, leaf_rms_scales(ref), ref)
+    bounds = [RMS_MARGIN * n + f + e / np.sqrt(max(k, 1))
+              for n, f, e, k in zip(noise, floor, extra, sizes)]
+    keep = [i for i, d in enumerate(narrow.dtypes(q)) if d]
+    diffs = leaf_rms_diffs(got, ref)
+    verdict.record(q, [diffs[i] for i in keep], [noise[i] for i in keep], [bounds[i] for i in keep])
+
+
+def _judge_params(verdict, ref: dict, got: dict, own_update, grad_bounds: list) -> None:
+    """New parameters: what the optimizer makes of gradients anywhere within their bound (per
+    element, both ways: Adam divides a gradient by its own magnitude, so a gradient that is
+    rounding noise moves its parameter by up to the learning rate), plus their own rounding;
+    and what optax makes of the pipeline's own gradients (the optimizer ran on the whole
+    tree)."""
+    spread = [0.0] * len(grad_bounds)
     for sign in (1.0, -1.0):
         shifted = jax.tree.unflatten(jax.tree.structure(ref["grads"]), [
             np.asarray(g + sign * b, np.asarray(g).dtype)
-            for g, b in zip(jax.tree.leaves(ref["grads"]), bounds["grads"])])
+            for g, b in zip(jax.tree.leaves(ref["grads"]), grad_bounds)])
         spread = [max(x, y) for x, y in zip(spread, leaf_diffs(own_update(shifted),
                                                                 ref["params"]))]
     floor = leaf_bounds([0.0] * len(spread), leaf_magnitudes(ref["params"]), ref["params"])
@@ -181,8 +262,6 @@ def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update) -> b
     zero = [0.0] * len(jax.tree.leaves(mine))
     verdict.record("optimizer", leaf_diffs(got["params"], mine), zero,
                    leaf_bounds(zero, leaf_magnitudes(mine), mine))
-    verdict.separable_steps.append(separable)
-    return separable
 
 
 def causes(closed, paths) -> list[str]:
@@ -198,5 +277,6 @@ def causes(closed, paths) -> list[str]:
     if stats:
         out.append(f"batch statistics (training-mode BatchNorm: {stats[0]}): each microbatch "
                    "normalises by its own mean and variance")
-    return out or ["the loss couples the examples of a batch (a batch statistic or a "
-                   "normalisation by the batch): each microbatch computes it on its own rows"]
+    return out or ["no cause found in the loss (no random draw, no parameter named as batch "
+                   "statistics): the whole batch and its microbatches differ beyond the "
+                   "measured rounding noise"]

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from mlsys_jax.parallel.shard.compare import FLOOR_EPS
 from mlsys_jax.parallel.shard.inputs import display_path
 from mlsys_jax.parallel.shard.run import QUANTITIES
+from mlsys_jax.parallel.shard.semantics import arrangement_how
 
 # Equivalent one-device computations that differ by more than this fraction of a quantity's
 # largest magnitude cannot vouch for much: the report says so.
@@ -55,8 +56,26 @@ class ShardReport:
 def _figure(j) -> str:
     """The leaf nearest its bound (a leaf's bound grows with its own noise, so the largest |Δ|
     may sit at another leaf, within a larger bound)."""
-    return (f"|Δ| {j.at_worst:.3g} ≤ bound {j.bound:.3g} at the leaf nearest its bound, largest "
-            f"|Δ| {j.diff:.3g}, noise up to {j.noise:.3g}")
+    rms = "rms " if j.rule == "rms" else ""
+    return (f"{rms}|Δ| {j.at_worst:.3g} ≤ bound {j.bound:.3g} at the leaf nearest its bound, "
+            f"largest |Δ| {j.diff:.3g}, noise up to {j.noise:.3g}")
+
+
+def precision(forced: dict, how: str) -> str:
+    """Which quantities compute in a dtype less precise than float32, and the bound that follows
+    (``compare.Judgement``'s rule for them); empty when none does. ``how``: the equivalent
+    computation that measures their rounding besides the twin (``semantics.arrangement_how``)."""
+    narrow = [q for q in QUANTITIES if forced[q].narrow]
+    if not narrow:
+        return ""
+    dtype = "/".join(sorted(set().union(*(forced[q].narrow for q in narrow))))
+    which = " and ".join({"grads": "gradients"}.get(q, q) for q in narrow)
+    reductions = max(forced[q].reductions for q in narrow)
+    measured = f"of the twin, and of {how}" if how else "of the twin"
+    return (f"the {which} compute in {dtype}, so their bound is {dtype}'s: 2 × the measured "
+            f"noise ({measured}) plus {reductions} {dtype} ulp(s) at a leaf's largest magnitude "
+            f"(one per device's partial result, where the leaf holds {dtype} numbers), for the "
+            f"max and for the rms over each leaf")
 
 
 def verdict(setup, sep, sem, forced: dict) -> tuple[bool, bool, str]:
@@ -64,9 +83,13 @@ def verdict(setup, sep, sem, forced: dict) -> tuple[bool, bool, str]:
     ok = all(forced[q].within for q in QUANTITIES)
     worst = max(QUANTITIES, key=lambda q: forced[q].ratio)
     w = forced[worst]
-    off = (f"|Δ{worst}| {w.at_worst:.3g} > bound {w.bound:.3g} at one leaf (2 × the noise of an "
-           f"equivalent one-device computation there, plus {FLOOR_EPS} eps of the largest "
-           f"magnitude; noise up to {w.noise:.3g}) at the same state")
+    rms = "rms " if w.rule == "rms" else ""
+    narrow = precision(forced, arrangement_how(setup, sem))
+    rule = (f"the {w.dtype} bound below" if w.dtype else
+            f"2 × the noise of an equivalent one-device computation there, plus {FLOOR_EPS} eps "
+            "of the largest magnitude")
+    off = (f"{rms}|Δ{worst}| {w.at_worst:.3g} > bound {w.bound:.3g} at one leaf ({rule}; noise "
+           f"up to {w.noise:.3g}) at the same state" + (f"; {narrow}" if narrow else ""))
     matched = ("the mesh computes exactly that, step by step (teacher-forced, within the noise "
                "of an equivalent one-device computation)")
     if sep is not None and not sep.separable:
@@ -94,7 +117,7 @@ def verdict(setup, sep, sem, forced: dict) -> tuple[bool, bool, str]:
            f"per-shard gradients agree at {sep.points} points)")
     return True, True, (f"{how}; loss, gradients and optimizer update equal one device's within "
                         f"the noise of an equivalent one-device computation (gradients {grads}), "
-                        "step by step")
+                        "step by step" + (f"; {narrow}" if narrow else ""))
 
 
 def thin_evidence(forced: dict) -> list:

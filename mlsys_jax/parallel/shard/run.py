@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from mlsys_jax.parallel.shard.compare import Judgement, host, leaf_diffs, leaf_scales
+from mlsys_jax.parallel.shard.semantics import arrangement
 from mlsys_jax.parallel.shard.step import copier, on_one_device, place, release_memory
 
 QUANTITIES = ("loss", "grads", "params")
@@ -103,6 +104,7 @@ def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> Non
     lay, eps = setup.layout, setup.eps
     whole, ref, twin = programs["whole"], programs[sem.reference], programs[sem.twin]
     advance = programs["advance"]
+    low = arrangement(setup, sem, programs)
     t, b = setup.trainable, setup.batch
     s = programs["init"](t)
     mesh_b = place(b, lay.batch)
@@ -123,9 +125,10 @@ def _forced(setup, sem, programs, mesh, steps: int, forced: dict, record) -> Non
         lr, gr = (lw, gw) if ref is whole else ref(t, b)
         lt, gt = twin(t, b)
         noise = (leaf_diffs(lr, lt), leaf_diffs(gr, gt))
+        noise, narrow = low.measure((lm, gm), (lr, gr), (lt, gt), noise, t, b)
         del lt, gt
-        forced["loss"].add(leaf_diffs(lm, lr), noise[0], leaf_scales(lr), eps)
-        forced["grads"].add(leaf_diffs(gm, gr), noise[1], leaf_scales(gr), eps)
+        forced["loss"].add(leaf_diffs(lm, lr), noise[0], leaf_scales(lr), eps, narrow[0])
+        forced["grads"].add(leaf_diffs(gm, gr), noise[1], leaf_scales(gr), eps, narrow[1])
         record("forced", k, "loss", lm)
         record("forced", k, "grads", gm)
         del gm, gr

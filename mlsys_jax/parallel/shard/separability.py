@@ -11,8 +11,12 @@ decides it in two ways that must agree:
 * the numbers: the gradients (and the loss) of the whole batch against those of the mean of the
   per-shard losses, at the given parameters and at seeded perturbed ones, on the example batch and
   on a row-shuffled copy, judged against the noise of an equivalent computation (the whole batch
-  with its rows reversed). The loss value at initial parameters alone can agree by accident: a
-  zero-initialised head makes every BatchNorm'd loss equal ``log(classes)``.
+  with its rows reversed; none where the structure says the rows' order matters). The loss value
+  at initial parameters alone can agree by accident: a zero-initialised head makes every
+  BatchNorm'd loss equal ``log(classes)``.
+
+The examples sit on dimension 0 of each batch leaf, or on dimension 1 of every leaf of a
+time-major loss (``rules.time_major``): shards, shuffles and reversals follow ``batch_axes``.
 
 When the structure mixes examples but the numbers agree, the verdict is *equal on this batch*:
 not separable in general, with the reason it holds here (e.g. every shard holds the same count of
@@ -22,6 +26,7 @@ per-shard losses, each shard's PRNG keys folded with its index (:func:`per_shard
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import jax
@@ -35,6 +40,7 @@ from mlsys_jax.parallel.shard.batch.rules import follow_batch
 from mlsys_jax.parallel.shard.compare import FLOOR_EPS, Judgement, leaf_diffs, leaf_scales
 
 _KEY_MAKERS = ("random_wrap", "random_seed")
+_ORDERED = ("position", "order", "selection")
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,30 @@ class Separability:
                 "points": self.points, "grads": self.grads.as_json()}
 
 
-def shards_of(batch, n: int):
-    """The batch's leaves reshaped to ``(n, rows / n, ...)``: shard i is row block i."""
-    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + tuple(x.shape[1:])), batch)
+def _axes(batch, axes) -> tuple:
+    """Each leaf's batch axis (0 unless ``axes`` says otherwise: 1 for a time-major leaf)."""
+    return tuple(axes) if axes is not None else (0,) * len(jax.tree.leaves(batch))
+
+
+def batch_axes(closed, batch_invars: set, batch) -> tuple:
+    """Each batch leaf's axis holding the examples, found from the loss's dataflow
+    (``follow_batch``: 1 for every leaf of a time-major loss that scans over dimension 0)."""
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    walk = follow_batch(closed, batch_invars, rows)
+    return tuple(walk.axes.get(v, 0) for v in closed.jaxpr.invars if v in batch_invars)
+
+
+def _split(x, n: int, a: int):
+    shape = tuple(x.shape)
+    x = x.reshape(shape[:a] + (n, shape[a] // n) + shape[a + 1:])
+    return jnp.moveaxis(x, a, 0) if a else x
+
+
+def shards_of(batch, n: int, axes=None):
+    """The batch's leaves split along their batch axis (``axes``, per leaf; 0 by default) into
+    ``n`` blocks stacked on a new leading axis: shard i is row block i."""
+    leaves, tree = jax.tree.flatten(batch)
+    return tree.unflatten([_split(x, n, a) for x, a in zip(leaves, _axes(batch, axes))])
 
 
 def _is_key(x) -> bool:
@@ -77,13 +104,16 @@ def _fold(key, index):
     return jax.vmap(lambda k: jax.random.fold_in(k, index))(key.reshape(-1)).reshape(key.shape)
 
 
-def per_shard_losses(loss: Callable, trainable, batch, n: int) -> tuple[Callable, int]:
+def per_shard_losses(loss: Callable, trainable, batch, n: int,
+                     axes=None) -> tuple[Callable, int]:
     """``f(trainable, shards, order=None) -> (n,)``: each shard's ``loss`` on its rows, the PRNG
     keys the loss holds folded with the shard's index (``order`` permutes the shards, each
-    keeping its index; ``f.shard_loss(index, trainable, shard)`` is one shard's). Returns ``f``
-    and how many keys it folds."""
-    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // n,) + tuple(x.shape[1:]),
-                                                      x.dtype), batch)
+    keeping its index; ``f.shard_loss(index, trainable, shard)`` is one shard's). ``axes``: each
+    leaf's batch axis (``shards_of``). Returns ``f`` and how many keys it folds."""
+    leaves, tree = jax.tree.flatten(batch)
+    one = tree.unflatten([jax.ShapeDtypeStruct(
+        tuple(s // n if d == a else s for d, s in enumerate(x.shape)), x.dtype)
+        for x, a in zip(leaves, _axes(batch, axes))])
     closed = jax.make_jaxpr(loss)(trainable, one)
     key_consts = [i for i, c in enumerate(closed.consts) if _is_key(c)]
     const_vars = set(closed.jaxpr.constvars)
@@ -128,20 +158,26 @@ def perturbed(trainable, seed: int, size: float = 0.05):
     return jax.tree.unflatten(jax.tree.structure(trainable), out)
 
 
-@jax.jit
-def _rows(batch, order):
-    return jax.tree.map(lambda x: x[order], batch)
+@partial(jax.jit, static_argnums=2)
+def _rows(batch, order, axes):
+    leaves, tree = jax.tree.flatten(batch)
+    return tree.unflatten([jnp.take(x, order, axis=a) for x, a in zip(leaves, axes)])
 
 
-def shuffled(batch, seed: int):
-    """The batch with its rows in a seeded random order."""
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    return _rows(batch, jnp.asarray(np.random.default_rng(seed).permutation(rows)))
+def _count(batch, axes) -> int:
+    return jax.tree.leaves(batch)[0].shape[_axes(batch, axes)[0]]
 
 
-def reversed_rows(batch):
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    return _rows(batch, jnp.arange(rows)[::-1])
+def shuffled(batch, seed: int, axes=None):
+    """The batch with its rows (along each leaf's batch axis, ``axes``) in a seeded random
+    order."""
+    order = np.random.default_rng(seed).permutation(_count(batch, axes))
+    return _rows(batch, jnp.asarray(order), _axes(batch, axes))
+
+
+def reversed_rows(batch, axes=None):
+    """The batch with its rows (along each leaf's batch axis) in reverse order."""
+    return _rows(batch, jnp.arange(_count(batch, axes))[::-1], _axes(batch, axes))
 
 
 def check_separable(closed, batch_invars: set, programs: dict, trainable, batch, n: int, *,
@@ -155,20 +191,23 @@ def check_separable(closed, batch_invars: set, programs: dict, trainable, batch,
     """
     rows = jax.tree.leaves(batch)[0].shape[0]
     walk = follow_batch(closed, batch_invars, rows, synced_axes)
+    axes = tuple(walk.axes.get(v, 0) for v in closed.jaxpr.invars if v in batch_invars)
     whole_fn, shards_fn = programs["whole"], programs["shards"]
     grads, losses = Judgement(), Judgement()
-    positional = any(m.kind == "position" for m in walk.mixing)
+    # rows reversed are not the same mathematics when the loss depends on the rows' order (a
+    # cumsum or a scan along the batch, rows sliced, masks following the positions)
+    ordered = any(m.kind in _ORDERED for m in walk.mixing)
     moved = perturbed(trainable, 2)
-    points = [(trainable, batch), (trainable, shuffled(batch, 1)), (moved, batch),
-              (moved, shuffled(batch, 3))]
+    points = [(trainable, batch), (trainable, shuffled(batch, 1, axes)), (moved, batch),
+              (moved, shuffled(batch, 3, axes))]
     for i, (t, b) in enumerate(points):
         lw, gw = whole_fn(t, b)
         ls, gs = shards_fn(t, b)
         if i == 0:   # the yardstick: the same batch with its rows in reverse order
-            if positional:   # (not the same mathematics when masks follow the positions)
+            if ordered:
                 noise = ([0.0], [0.0] * len(jax.tree.leaves(gw)))
             else:
-                lr, gr = whole_fn(t, reversed_rows(b))
+                lr, gr = whole_fn(t, reversed_rows(b, axes))
                 noise = (leaf_diffs(lw, lr), leaf_diffs(gw, gr))
                 del gr
             whole, mean = float(lw), float(ls)

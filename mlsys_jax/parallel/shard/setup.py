@@ -7,6 +7,7 @@ depends on the separability verdict: ``semantics.py``.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +45,13 @@ class ShardSetup:
     def batch_invars(self) -> set:
         n = len(jax.tree.leaves(self.trainable))
         return set(self.closed.jaxpr.invars[n:])
+
+    @functools.cached_property
+    def batch_axes(self) -> tuple:
+        """Each batch leaf's axis holding the examples (1 for a time-major leaf), from the
+        loss's dataflow (``separability.batch_axes``)."""
+        from mlsys_jax.parallel.shard.separability import batch_axes
+        return batch_axes(self.closed, self.batch_invars, self.batch)
 
 
 def prepare(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict, zero: int = 0, *,

@@ -16,7 +16,8 @@ a batch statistic used per example (training BatchNorm, inputs centred by the ba
 loss normalised by a batch-wide sum (a count of non-padding tokens), a nonlinear reduction, sort
 or cumulative op along the batch, examples paired by a matmul, rows selected or reordered, rows
 combined with values that depend on their *position* in the batch (dropout masks from a fixed
-key), control flow decided by the batch. The per-primitive rules and the walk itself (``follow_batch``) are ``batch_rules.py``.
+key), control flow decided by the batch. The per-primitive rules and the walk itself
+(``follow_batch``) are ``rules.py``.
 """
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ class BatchWalk:
     sums: list = field(default_factory=list)
     output: object = None
     producers: dict = field(default_factory=dict)   # var -> (eqn, path) at the top level
+    axes: dict = field(default_factory=dict)        # batch invar -> the axis holding examples
     calls: list = field(default_factory=list)       # the call equations being walked into
 
     def where(self, eqn) -> str:

@@ -1,12 +1,13 @@
 """The batch axis through data movement, random keys, collectives and control flow (the second
 half of ``batch_rules.Rules``): slices, gathers and concatenations keep the examples apart unless
-they cut, pick or pad along the batch axis; loops are followed to a fixed point of their carries.
+they cut, pick or pad along the batch axis. Loops and branches are ``loops.py``.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from mlsys_jax.parallel.shard.batch.axis import Free, Rows, Stat, Summed, join
+from mlsys_jax.parallel.shard.batch.axis import Free, Rows, Stat, Summed
+from mlsys_jax.parallel.shard.batch.loops import Loops
 
 
 def _shape(v) -> tuple:
@@ -17,8 +18,9 @@ def _rows_at(ins: list):
     return next((s for s in ins if isinstance(s, Rows)), None)
 
 
-class Moves:
-    """Mixin of :class:`batch_rules.Rules` (``self.walk``, ``self.call``, ``self.statistic``)."""
+class Moves(Loops):
+    """Mixin of :class:`batch_rules.Rules` (``self.walk``, ``self.call``, ``self.statistic``);
+    control flow is :class:`loops.Loops`."""
 
     def _summary(self, ins: list):
         """A batch-wide sum or statistic among the inputs, moved around as a whole."""
@@ -177,70 +179,6 @@ class Moves:
         return out
 
     p_pmax = p_pmin = p_psum_invariant = p_psum
-
-    # ---- control flow ----------------------------------------------------------------------
-    def p_cond(self, eqn, ins, path):
-        if not isinstance(ins[0], Free):
-            return [self.walk.record("control", eqn, path, "a branch is chosen by the batch")] \
-                * len(eqn.outvars)
-        outs = None
-        for i, branch in enumerate(eqn.params["branches"]):
-            got = self.call(branch.jaxpr, branch.consts, ins[1:], f"{path}/cond.branches[{i}]/")
-            outs = got if outs is None else [self._join(eqn, path, a, b) for a, b in zip(outs, got)]
-        return outs
-
-    def _join(self, eqn, path: str, a, b):
-        out = join(a, b)
-        if out is None:
-            return self.walk.record("control", eqn, path, "a loop carry or branch output holds "
-                                    "examples in one case and something else in another")
-        return out
-
-    def _fixpoint(self, eqn, path: str, run, carry: list) -> tuple[list, list]:
-        """Iterate ``run(carry) -> (new carry, other outputs)`` until the carry states settle."""
-        for _ in range(4):
-            new, rest = run(carry)
-            joined = [self._join(eqn, path, a, b) for a, b in zip(carry, new)]
-            if joined == carry:
-                return carry, rest
-            carry = joined
-        return [self.walk.record("control", eqn, path, "a loop carry does not settle")] \
-            * len(carry), rest
-
-    def p_scan(self, eqn, ins, path):
-        p = eqn.params
-        nc, ncar, body = p["num_consts"], p["num_carry"], p["jaxpr"]
-        consts, carry, xs = ins[:nc], ins[nc:nc + ncar], ins[nc + ncar:]
-        sliced = []
-        for s in xs:
-            if isinstance(s, Rows) and s.dim == 0:
-                return [self.walk.record("order", eqn, path, "a scan runs over the batch axis")] \
-                    * len(eqn.outvars)
-            sliced.append(Rows(s.dim - 1, s.inner) if isinstance(s, Rows) else s if not isinstance(
-                s, Free) else Free(frozenset(d - 1 for d in s.varying if d > 0), s.random))
-
-        def run(c):
-            out = self.call(body.jaxpr, body.consts, consts + c + sliced, f"{path}/scan.jaxpr/")
-            return out[:ncar], out[ncar:]
-        carry, ys = self._fixpoint(eqn, path, run, list(carry))
-        stacked = [Rows(s.dim + 1, s.inner) if isinstance(s, Rows) else s if not isinstance(
-            s, Free) else Free(frozenset(d + 1 for d in s.varying) | {0}, s.random) for s in ys]
-        return carry + stacked
-
-    def p_while(self, eqn, ins, path):
-        p = eqn.params
-        cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        cconsts, bconsts, carry = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
-        cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
-
-        def run(c):
-            pred = self.call(cj.jaxpr, cj.consts, cconsts + c, f"{path}/while.cond_jaxpr/")[0]
-            if not isinstance(pred, Free):
-                return [self.walk.record("control", eqn, path, "a loop's trip count depends on "
-                                         "the batch")] * len(c), []
-            return self.call(bj.jaxpr, bj.consts, bconsts + c, f"{path}/while.body_jaxpr/"), []
-        carry, _ = self._fixpoint(eqn, path, run, list(carry))
-        return carry
 
     def p_scatter_add(self, eqn, ins, path):
         operand, indices, updates = ins

@@ -14,6 +14,7 @@ from dataclasses import replace
 from mlsys_jax.ir import primitives as prims
 from mlsys_jax.parallel.shard.batch.axis import (BatchWalk, Free, Mixed, Rows, Stat, Summed,
                                                  call_body, free_of, state_of)
+from mlsys_jax.parallel.shard.batch import uniform
 from mlsys_jax.parallel.shard.batch.moves import Moves
 from mlsys_jax.parallel.shard.matmul_dims import out_dim
 
@@ -121,6 +122,8 @@ class Rules(Moves):
             elif name == "transpose":
                 perm = eqn.params["permutation"]
                 varying = frozenset(perm.index(d) for d in ins[0].varying)
+            elif uniform.varying(eqn, ins, v) is not None:
+                varying = uniform.varying(eqn, ins, v)
             elif not any(s.varying for s in ins) and name not in prims.RNG_BITS:
                 varying = frozenset()
             else:
@@ -288,18 +291,50 @@ class Rules(Moves):
         return Rows(out_spec[0], lhs.inner)
 
 
-def follow_batch(closed, batch_invars: set, batch: int, synced_axes=()) -> BatchWalk:
+def follow_batch(closed, batch_invars: set, batch: int, synced_axes=(), axes=None) -> BatchWalk:
     """Walk ``closed`` (a loss's ClosedJaxpr) with the invars in ``batch_invars`` holding
-    examples along dimension 0 (``batch`` rows); other inputs and constants are free.
+    examples (``batch`` rows along dimension 0); other inputs and constants are free.
 
-    ``synced_axes``: axis names of collectives that complete a sum across the data axis.
+    ``synced_axes``: axis names of collectives that complete a sum across the data axis;
+    ``axes``: ``{invar: dimension}`` holding the examples, else found (:func:`time_major`).
     """
-    walk = BatchWalk(batch)
+    if axes is None:
+        walk = _walk(closed, {v: 0 for v in batch_invars}, batch, synced_axes)
+        other = time_major(closed, batch_invars, walk, synced_axes)
+        return walk if other is None else other
+    sizes = {_shape(v)[a] for v, a in axes.items()}
+    return _walk(closed, axes, sizes.pop() if len(sizes) == 1 else batch, synced_axes)
+
+
+def _walk(closed, axes: dict, batch: int, synced_axes) -> BatchWalk:
+    walk = BatchWalk(batch, axes=dict(axes))
     jaxpr = closed.jaxpr
     env = {v: free_of(v) for v in jaxpr.constvars}
     for v in jaxpr.invars:
-        env[v] = Rows(0) if v in batch_invars else free_of(v)
+        env[v] = Rows(axes[v]) if v in axes else free_of(v)
     rules = Rules(walk, tuple(synced_axes))
     outs = rules.body(jaxpr, env, "", top=True)
     walk.output = outs[0] if outs else Free()
     return walk
+
+
+def _recurs_over_rows(walk) -> bool:
+    """The only mixing is a scan carrying values along dimension 0 of the batch."""
+    mixing = [m for m in walk.mixing if not m.synced]
+    return bool(mixing) and all(m.kind == "order" and m.primitive == "scan" for m in mixing)
+
+
+def time_major(closed, batch_invars: set, walk, synced_axes=()):
+    """The walk with the examples on dimension 1 of every batch leaf, when the loss recurs over
+    dimension 0 (a scan over time of time-major ``[T, B, ...]`` leaves) and nothing mixes the
+    examples along dimension 1; else None. A scan carrying values from one example to the next
+    is rare; a scan over time is every time-major RNN."""
+    if not batch_invars or not _recurs_over_rows(walk):
+        return None
+    shapes = [_shape(v) for v in batch_invars]
+    if any(len(s) < 2 for s in shapes) or len({s[1] for s in shapes}) != 1 or shapes[0][1] < 2:
+        return None
+    other = _walk(closed, {v: 1 for v in batch_invars}, shapes[0][1], synced_axes)
+    if any(not m.synced for m in other.mixing):
+        return None
+    return other
