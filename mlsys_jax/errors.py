@@ -4,8 +4,11 @@ The CLI prints these as one line (no traceback, :func:`run_command`) and exits 2
 (:class:`UsageError`) may add one ``usage:`` hint line. Set MLSYS_JAX_DEBUG=1 to see the
 traceback.
 """
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 
 class MlsysError(ValueError):
@@ -59,7 +62,8 @@ def run_command(command, prog: str = "mlsys-jax") -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     try:
-        return int(command() or 0)
+        with _interrupts_where_they_reach():
+            return int(command() or 0)
     except (MlsysError, FileNotFoundError) as e:
         if debug:
             raise
@@ -79,6 +83,55 @@ def run_command(command, prog: str = "mlsys-jax") -> int:
         print(f"{prog}: error: {type(e).__name__}: {_first_line(e)} ({BUG_NOTE}; rerun with "
               "MLSYS_JAX_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return BUG_EXIT
+
+
+REDELIVER_S = 0.05  # an interrupt held back (an import, a gc callback) is tried again after this
+
+
+@contextlib.contextmanager
+def _interrupts_where_they_reach():
+    """Ctrl-C inside the block raises KeyboardInterrupt as usual, except while the main thread
+    imports a module, or runs a garbage-collector callback or a ``__del__``: there it is held
+    back and delivered again once that is done (:func:`_held_back`). A C++ extension's
+    initialization (jaxlib's MLIR, nanobind's enums) calls back into Python and cannot pass a
+    Python exception back up: KeyboardInterrupt there ends in std::terminate (SIGABRT,
+    "terminate called"); in JAX's gc callback it is printed as "Exception ignored" and lost, and
+    the command runs on to exit 0. Only where Python's own handler is in place (a process that
+    ignores SIGINT stays so) and in the main thread."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, _interrupt_unless_held_back)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupt_unless_held_back(signum, frame) -> None:
+    if not _held_back(frame):
+        raise KeyboardInterrupt
+    again = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signal.SIGINT))
+    again.daemon = True
+    again.start()
+
+
+def _held_back(frame) -> bool:
+    """Whether ``frame`` runs where a KeyboardInterrupt would not reach the command: inside an
+    import (importlib's frames on its stack), a garbage-collector callback (JAX's
+    ``_xla_gc_callback``) or a ``__del__`` (Python prints "Exception ignored" and goes on)."""
+    import gc
+
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_filename.startswith("<frozen importlib") or code in callbacks
+                or code.co_name == "__del__"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,13 +15,15 @@ file and what it did. A real Ctrl-C reaches the waiting main thread and stays ex
 thread runs under the caller's float64 setting (JAX keeps it per thread).
 
 :func:`exit_status` is the process's last step: threads the user's code started and left running
-(a non-daemon thread Python would wait for at exit) do not keep the process alive.
+(a non-daemon thread Python would wait for at exit) do not keep the process alive, and the
+interpreter's shutdown (where XLA's destructors can crash) is skipped.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import os
+import signal
 import sys
 import threading
 import time
@@ -200,22 +202,62 @@ def _x64_here() -> bool | None:
 
 
 def exit_status(status: int) -> int:
-    """The process's exit status, after making sure it can exit: if threads other than this one
-    are still running that Python would wait for — the user's code started them, a bounded call
-    never returned, a library left a timer — end the process now (``os._exit``), with one note
-    naming the threads the user's code started. Interrupted, the process always ends so: an
+    """End the process with ``status`` (``os._exit``; it never returns). Threads other than this
+    one that Python would wait for — the user's code started them, a bounded call never returned,
+    a library left a timer — do not keep it alive (one note names those the user's code started;
+    no exit handlers run then). Otherwise the exit handlers run first, but not the interpreter's
+    own shutdown (:func:`_run_exit_handlers`). Interrupted, the process ends at once: an
     interpreter shutting down while XLA's threads are inside a compile aborts (SIGABRT, "exception
-    not rethrown") instead of exiting 130."""
+    not rethrown") instead of exiting 130. A Ctrl-C from here on ends the process as one during
+    the command does: the one line and 130, not a traceback from an exit handler."""
+    _interrupt_ends_the_process(said=status == INTERRUPTED)
     me = threading.current_thread()
     left = [t for t in threading.enumerate() if t is not me and t.is_alive() and (
         not t.daemon or t in _STARTED_BY_USER or t.name.startswith(_WORKER_PREFIX))]
     if not left and status != INTERRUPTED:
-        return status
+        _run_exit_handlers()
+        _flush_and_exit(status)
     users = [t.name for t in left if t in _STARTED_BY_USER]
     if users:
         print(f"mlsys-jax: note: exiting without waiting for {len(users)} thread(s) your code "
               f"started and left running ({', '.join(users[:3])})", file=sys.stderr)
+    _flush_and_exit(status)
+
+
+def _run_exit_handlers() -> None:
+    """What ``atexit`` holds (JAX's, logging's, temporary folders' clean-up), run now, under the
+    handler that turns a Ctrl-C into exit 130. The interpreter's own shutdown after them —
+    tearing down modules and the XLA client behind them — is skipped: it can crash in XLA's
+    destructors (SIGSEGV at exit) and it runs with SIGINT back at its default (a Ctrl-C there
+    killed the process, -2, without the line)."""
+    import atexit
+    import gc
+
+    gc.collect()  # a file object nothing refers to any more is closed, so flushed, here
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+
+
+def _flush_and_exit(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(status)
+
+
+def _interrupt_ends_the_process(*, said: bool) -> None:
+    """SIGINT, once the command has returned: the one line (unless ``said`` already) and exit 130
+    at once (a KeyboardInterrupt raised inside an exit handler prints its traceback and is
+    ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupted_at_exit(signum, frame) -> None:
+        if not said:
+            with contextlib.suppress(Exception):
+                print("mlsys-jax: interrupted", file=sys.stderr)
+        _flush_and_exit(INTERRUPTED)
+
+    with contextlib.suppress(ValueError, TypeError):  # no signals here (an embedded interpreter)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, interrupted_at_exit)
