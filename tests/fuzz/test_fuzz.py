@@ -139,11 +139,12 @@ TWIN_OTHER_OUTPUT = (3790859076, 1, {
     "outputs": [2, 6]})
 
 
-def _judge_matmul_scale(spec: Spec, seed: int, p):
+def _judge_matmul_scale(spec: Spec, seed: int, p, validate: bool = True):
     closed = build(spec)
     ref = oracles.reference(spec, closed, seed, gradients=False)
-    return oracles.compare(ref, apply_pass(p, closed).jaxpr, oracles.NUMERIC, gradients=False,
-                           rewrite64=lambda: apply_pass(p, ref.closed64).jaxpr)
+    return oracles.compare(ref, apply_pass(p, closed, validate).jaxpr, oracles.NUMERIC,
+                           gradients=False,
+                           rewrite64=lambda: apply_pass(p, ref.closed64, validate).jaxpr)
 
 
 @pytest.mark.parametrize("case", [TWIN_DEAD_CAST, TWIN_OTHER_OUTPUT], ids=["9713", "6091"])
@@ -180,10 +181,24 @@ def _wrong_below_float64(wrong):
     (TWIN_DEAD_CAST, lambda w: w.astype(jax.numpy.bfloat16).astype(w.dtype)),
     (TWIN_OTHER_OUTPUT, lambda w: (w * 1.25).astype(w.dtype))], ids=["9713", "6091"])
 def test_float64_twin_still_refuses_a_wrong_fold_on_the_output_it_would_excuse(case, wrong):
+    """Past translation validation (off here: in a float16 region it now refuses a fold that
+    loses precision against the original's own rounding, see the next test), the float64 twin
+    still refuses the wrong fold on the output it would otherwise excuse."""
     seed, out, raw = case
-    v = _judge_matmul_scale(Spec.from_json(raw), seed, _wrong_below_float64(wrong))
+    v = _judge_matmul_scale(Spec.from_json(raw), seed, _wrong_below_float64(wrong),
+                            validate=False)
     failed = [f for f in v.failures if f.startswith(f"output {out}:")]
     assert failed and "a constant differs from its float64 twin" in failed[0], v.failures
+
+
+def test_translation_validation_refuses_a_float16_fold_wrong_below_float64():
+    """The wrong fold of the case above (weights ×1.25 in float16 only) never ships: validation
+    in the program's dtype refuses it with the measured reason."""
+    seed, _, raw = TWIN_OTHER_OUTPUT
+    res = apply_pass(_wrong_below_float64(lambda w: (w * 1.25).astype(w.dtype)),
+                     build(Spec.from_json(raw)))
+    refused = [r.reason for r in res.refusals if r.check == "translation_validation"]
+    assert not res.changed and refused and "loses precision in float16" in refused[0], refused
 
 
 def test_derivative_modes_are_the_ones_jax_can_take():
