@@ -95,11 +95,16 @@ def compare(before, after, rewrites: list, refusals: list) -> list[dict]:
     return out
 
 
-def text_rows(rows: list[dict]) -> list[dict]:
-    """:func:`compare`'s rows as the terminal shows them."""
+def text_rows(rows: list[dict], *, by_rule: bool = True) -> list[dict]:
+    """:func:`compare`'s rows as the terminal shows them: each module's rewrites and refusals
+    by rule (``3 fold_constants, 1 fold_conv_bn``), or (``by_rule=False``) counted only, which
+    fits 80 columns beside the times when the rules are listed in tables of their own."""
     from mlsys_jax.cli.summary import figure
 
     def counts(c: dict) -> str:
+        if not by_rule:
+            n = sum(c.values())
+            return str(n) if n else ""
         return ", ".join(f"{n} {rule}" for rule, n in c.items())
     return [{"module": "  " * (r["depth"] - 1) + r["name"],
              "µs before": figure(r["before_us"]) if "before_us" in r else "",

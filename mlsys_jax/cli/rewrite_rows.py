@@ -9,7 +9,6 @@ first and last (``--ops`` and ``--json`` list every row).
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 _NUMBER = re.compile(r"(\d+(?:\.\d+)?)")
 SHOWN_WHERE = 2  # paths named in a group's "where" before it becomes "first … last"
@@ -75,19 +74,3 @@ def grouped(rows: list[dict], text: str, by: tuple = ("rule",)) -> list[dict]:
         row.update({k: v for k, v in zip(by[1:], key[1:])})
         out.append(row)
     return out
-
-
-def compact_modules(rows: list[dict]) -> list[dict]:
-    """``per_module.compare``'s rows with the rewrites and refusals counted, not listed by rule
-    (the rules are in the grouped tables below): fits 80 columns beside the times."""
-    from mlsys_jax.cli.summary import figure
-
-    def total(c: dict) -> str:
-        n = sum(Counter(c).values())
-        return str(n) if n else ""
-    return [{"module": "  " * (r["depth"] - 1) + r["name"],
-             "µs before": figure(r["before_us"]) if "before_us" in r else "",
-             "µs after": figure(r["after_us"]) if "after_us" in r else "",
-             "kernels": f"{r['kernels_before']} → {r['kernels_after']}" if "kernels_before" in r
-             else "", "rewrites": total(r["rewrites"]), "refused": total(r["refusals"])}
-            for r in rows]

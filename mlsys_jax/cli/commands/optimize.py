@@ -208,10 +208,9 @@ def _print_modules(rows: list[dict], before_e, shown_ops: bool, *, every: bool) 
     """The module table: with ``every`` (``--ops``) each module's rules by name, else their
     counts (the rules are in the grouped tables), which fits 80 columns."""
     from mlsys_jax.cli.per_module import text_rows
-    from mlsys_jax.cli.rewrite_rows import compact_modules
     from mlsys_jax.tables import format_table, wrap
 
-    shown = text_rows(rows) if every else compact_modules(rows)
+    shown = text_rows(rows, by_rule=every)
     print(format_table(shown, title=f"\n[per module: {before_e.default_label} estimate before "
                                     "and after, rewrites, refusals]"))
     if not every:
