@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mlsys_jax.api.bridge import namespace, precision, user_target
 from mlsys_jax.api.result import ApiResult
-from mlsys_jax.api.speak import Say, speaking, translate
+from mlsys_jax.api.speak import Say, speaking
 
 FLAGS = {"hw": Say("hw"), "dtype": Say("dtype"), "grad": Say("grad", "bool"),
          "fused": Say("fused", "bool"), "unfused": Say("fused=False", "literal"),
@@ -25,11 +25,11 @@ class InspectResult(ApiResult):
     ``--json`` object; ``jaxpr`` the traced ClosedJaxpr, ``run`` every object computed."""
 
     command = "inspect"
+    flags = FLAGS
 
     def __init__(self, run, *, name: str, args):
         self.run, self._args = run, args
-        super().__init__(run.to_json(), name=name, render=self._text, headline=self._lines,
-                         speak=lambda text: translate(text, FLAGS))
+        super().__init__(run.to_json(), name=name)
 
     @property
     def jaxpr(self):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mlsys_jax.api.bridge import namespace, precision, user_target
 from mlsys_jax.api.result import ApiResult
-from mlsys_jax.api.speak import Say, speaking, translate
+from mlsys_jax.api.speak import Say, speaking
 
 FLAGS = {"passes": Say("passes"), "search": Say("search", "bool"), "alpha": Say("alpha"),
          "budget": Say("search_budget"), "measure": Say("measure", "bool"),
@@ -24,11 +24,11 @@ class OptimizeResult(ApiResult):
     ``table()`` the command's report (``table(ops=True)``: every kernel), ``to_json()``."""
 
     command = "optimize"
+    flags = FLAGS
 
     def __init__(self, run, *, name: str, args):
         self.run, self._args = run, args
-        super().__init__(run.to_json(), name=name, render=self._text, headline=self._lines,
-                         speak=lambda text: translate(text, FLAGS))
+        super().__init__(run.to_json(), name=name)
 
     @property
     def verified(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mlsys_jax.api.bridge import display_name
 from mlsys_jax.api.result import ApiResult
-from mlsys_jax.api.speak import Say, speaking, translate
+from mlsys_jax.api.speak import Say, speaking
 
 FORM = "(loss_fn, params, batch)"
 FLAGS = {"budget": Say("budget"), "repeats": Say("repeats"),
@@ -25,11 +25,11 @@ class RematResult(ApiResult):
     its ``--json`` object; ``report`` the library's whole report."""
 
     command = "remat"
+    flags = FLAGS
 
     def __init__(self, report, *, name: str):
         self.report = report
-        super().__init__(report.to_dict(), name=name, render=self._text, headline=self._lines,
-                         speak=lambda text: translate(text, FLAGS))
+        super().__init__(report.to_dict(), name=name)
 
     @property
     def plan(self):

@@ -12,26 +12,34 @@ import contextlib
 import html
 import io
 import json
-from typing import Callable
 
 
 class ApiResult:
     """One call's figures (``data``: the ``--json`` object) and how to show them.
 
-    ``render`` returns the text report (it may print it: what it prints is captured), and
-    ``headline`` the lines of ``repr``; both are called when asked for, so a table fits the
-    terminal it is shown on.
+    A subclass gives ``_text()`` (the text report; it may print it: what it prints is
+    captured), ``_lines()`` (the lines of ``repr``) and ``flags`` (its command's flags as the
+    API says them, ``api.speak``); both are called when asked for, so a table fits the terminal
+    it is shown on.
     """
 
     command = ""
+    flags: dict = {}
 
-    def __init__(self, data: dict, *, name: str, render: Callable[[], str | None],
-                 headline: Callable[[], list[str]], speak: Callable[[str], str] = str):
+    def __init__(self, data: dict, *, name: str):
         self._data = data
         self.name = name
-        self._render = render
-        self._headline = headline
-        self._speak = speak
+
+    def _text(self) -> str | None:
+        raise NotImplementedError
+
+    def _lines(self) -> list[str]:
+        raise NotImplementedError
+
+    def _speak(self, text: str) -> str:
+        from mlsys_jax.api.speak import translate
+
+        return translate(text, self.flags)
 
     def to_json(self) -> dict:
         """The object ``mlsys-jax COMMAND --json`` prints (a copy: JSON types only)."""
@@ -48,15 +56,15 @@ class ApiResult:
         its hints name the API's arguments, not the command's flags."""
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
-            text = self._render()
+            text = self._text()
         return self._speak((buffer.getvalue() + (text or "")).strip("\n"))
 
     def __repr__(self) -> str:
         from mlsys_jax.tables import wrap
 
-        lines = self._headline() + ["(.table(): the report; .to_json(): every figure)"]
+        lines = self._lines() + ["(.table(): the report; .to_json(): every figure)"]
         return "\n".join(wrap(line, first="", rest="  ") for line in lines)
 
     def _repr_html_(self) -> str:
-        head = "<br>".join(html.escape(line) for line in self._headline())
+        head = "<br>".join(html.escape(line) for line in self._lines())
         return f"<div><b>{head}</b><pre>{html.escape(self.table())}</pre></div>"

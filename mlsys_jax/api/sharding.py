@@ -11,7 +11,7 @@ import math
 
 from mlsys_jax.api.bridge import display_name, importable, namespace, no_devices_line, run_cli
 from mlsys_jax.api.result import ApiResult
-from mlsys_jax.api.speak import Say, mesh_text, speaking, translate
+from mlsys_jax.api.speak import Say, mesh_text, speaking
 from mlsys_jax.errors import MlsysError
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
@@ -30,11 +30,11 @@ class ShardResult(ApiResult):
     of ``mlsys-jax shard --json`` (``r["max_abs_diff"]``, ``r.to_json()``)."""
 
     command = "shard"
+    flags = FLAGS
 
     def __init__(self, data: dict, *, name: str, devices: int, where: str):
         self.devices, self.where = devices, where
-        super().__init__(data, name=name, render=self._text, headline=self._lines,
-                         speak=lambda text: translate(text, FLAGS))
+        super().__init__(data, name=name)
 
     @property
     def kind(self) -> str:
