@@ -119,15 +119,11 @@ class SlowStages:
     XLA's compile shows within seconds."""
 
     def __init__(self, name: str, *, enabled: bool = True):
-        import threading
-
         self.name, self.enabled = name, enabled
         self.shown = None  # the Progress, once a stage was slow
         self._lock, self._timer = threading.Lock(), None
 
     def stage(self, text: str) -> None:
-        import threading
-
         if not self.enabled:
             return
         with self._lock:
