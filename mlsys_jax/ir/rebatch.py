@@ -15,8 +15,9 @@ over the axis, gathers and everything else keep their full batch.
 The rows kept are the first ones, unless ``picks`` says otherwise: ``{(length, kept): indices}``
 names, for an axis traced with ``length`` and cut to ``kept``, which ones (validation's cut of a
 linear site's output features, ``passes/feature_cut.py``); a full-size operand is then sliced at
-those indices. A conv's kernel may be cut so along its output features, ungrouped, and nowhere
-else (a rewrite may still bind a conv with a kernel of its own).
+those indices (a view where they are consecutive: :func:`take`). A conv's kernel may be cut so
+along its output features, ungrouped, and nowhere else (a rewrite may still bind a conv with a
+kernel of its own).
 """
 from __future__ import annotations
 
@@ -49,8 +50,18 @@ def _slice_to(x, shape: tuple, picks=None):
         if m > n:
             keep = (picks or {}).get((m, n))
             x = x[tuple(slice(0, n) if a == axis else slice(None) for a in range(len(shape)))] \
-                if keep is None else np.take(np.asarray(x), keep, axis=axis)
+                if keep is None else take(x, keep, axis)
     return x
+
+
+def take(x, keep, axis: int):
+    """``x`` at indices ``keep`` (sorted) along ``axis``: a view where they are consecutive (a
+    cut of a 512 MiB kernel's features is then no gather over all of it), else a copy."""
+    x = np.asarray(x)
+    keep = np.asarray(keep)
+    if keep.size and int(keep[-1]) - int(keep[0]) + 1 == keep.size:
+        return x[(slice(None),) * (axis % x.ndim) + (slice(int(keep[0]), int(keep[-1]) + 1),)]
+    return np.take(x, keep, axis=axis)
 
 
 def _elementwise(eqn, args, picks=None) -> list:

@@ -20,7 +20,9 @@ subnormal; integers: their extremes; docs/verification.md §1).
 
 Regions whose inputs are large run on one example of their batch (``ir.rebatch``: the same
 verdict); regions whose linear site's weights are large, on a cut of its output features
-(``passes/feature_cut.py``: a verdict on those features, and the log line says which).
+(``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
+every feature of the constants the rewrite ships is shown to be the rule's own on a cut
+(``feature_cut.coverage``; else the region is validated whole).
 
 A rewrite that fails is not applied; the rule logs a refusal with the measured reason. ``run``
 validates by default (``passes.run(..., validate=False)`` turns it off for speed measurements); a
@@ -206,7 +208,11 @@ def _run(eqns, env: dict, widen: bool, given: dict, picks=None) -> None:
 def approximate(eqn, args, widen: bool) -> list:
     """One equation as validation computes it: NumPy where it has the primitive
     (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen`` (``args``
-    widened here, a contraction's large weights a block at a time: ``ir.widen``)."""
+    widened here, a contraction's large weights a block at a time: ``ir.widen``); bound on
+    tracers where the replacement is traced for its constants (``feature_cut.coverage``)."""
+    traced = feature_cut.bind_traced(eqn, args)
+    if traced is not None:
+        return traced
     if widen:
         outs = bind_widened_blocks(eqn, args)
         return outs if outs is not None else eval_equation(eqn, list(map(widen_value, args)), True)
@@ -299,8 +305,9 @@ def check(region: Region, replacement: Callable) -> tuple:
     """``(reason or None, scope)``: :func:`validate`'s verdict and what it covers — None for the
     whole region, else the cut's description (``feature_cut.Cut.describe``). The region runs on
     one example of its batch where every equation of both sides provably treats examples alike
-    (``ir.rebatch``), on a cut of its site's output features where its weights are large and no
-    equation mixes the features, else whole."""
+    (``ir.rebatch``), on a cut of its site's output features where its weights are large, no
+    equation mixes the features and every feature of the constants the rewrite ships is the
+    rule's own on a cut (``feature_cut.coverage``), else whole."""
     for v in region.inputs:
         if jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
             return (f"cannot validate: the region reads a {v.aval.dtype} value, which has no "
@@ -309,7 +316,7 @@ def check(region: Region, replacement: Callable) -> tuple:
         return None, None
     whole = [tuple(v.aval.shape) for v in region.inputs]
     rows = _one_row(region)
-    cut = feature_cut.choose(region.site)
+    cut, note = _covered_cut(region, replacement)
     # Cheapest first: the cut on one row, the cut on the whole batch, the region on one row.
     # The last attempt, the whole region (below), is the only one whose failure is the verdict.
     cuts = (cut, None) if cut is not None else (None,)
@@ -325,12 +332,30 @@ def check(region: Region, replacement: Callable) -> tuple:
                 break  # not well-typed on one row: the whole region says so, below
             continue  # the replacement cannot run on the cut: judge it whole
         if c is None:
-            return why, None
+            return (None if why is None else note + why), None
         return (None if why is None else f"on {c.describe()}: {why}"), c.describe()
     try:
-        return _validate(region, replacement, whole), None
+        why = _validate(region, replacement, whole)
     except (TypeError, ValueError) as e:  # the replacement is not even well-typed here
         return f"the replacement cannot run on its region: {type(e).__name__}: {e}"[:300], None
+    return (None if why is None else note + why), None
+
+
+def _covered_cut(region: Region, replacement: Callable) -> tuple:
+    """``(cut, note)``: the cut of the site's features to validate on, where every feature of
+    the constants the rewrite ships is the rule's own on a cut (``feature_cut.coverage``), else
+    None — the region is then validated whole, and ``note`` (prefixed to a refusal) says why
+    where the constants differ."""
+    cut = feature_cut.choose(region.site)
+    if cut is None:
+        return None, ""
+    try:
+        differs = feature_cut.coverage(region, replacement, cut)
+    except Exception:  # not traceable or comparable on cuts (feature_cut.Mismatch,
+        return None, ""  # Unshrinkable, a NumPy call on a tracer, ...): judged whole, never lost
+    if differs is None:
+        return cut, ""
+    return None, f"{differs}; validated whole: "
 
 
 def _narrow(region: Region) -> bool:

@@ -7,7 +7,9 @@ PRNG keys folded to new ones. Then, element by element:
 
 - integer, boolean and PRNG-key outputs must be equal;
 - a float element is wrong where ``|a − b| > atol + rtol·|a|`` for that element (the tolerance of
-  the least precise float dtype the original computes in) *and* beyond the float64 twin's bound:
+  the least precise float dtype *that output's* computation passes through in the original,
+  ``ir.precision.least_precise_dtype``: a float32 head beside a bfloat16 side output keeps
+  float32's tolerance) *and* beyond the float64 twin's bound:
   the original run in float64 (``ir.widen``) gives r, and b may be as far from r as twice the
   original's own error there, ``|b − r| ≤ 2·|a − r| + atol + rtol·|r|`` (rounding that cancels at
   an element, where the sum of large terms is small, is the original's too), or, since the
@@ -34,6 +36,7 @@ import numpy as np
 from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.interpret import lifted_indices, with_lifted
+from mlsys_jax.ir.precision import least_precise_dtype
 from mlsys_jax.ir.primitives import CONTROL, TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies, walk
 from mlsys_jax.ir.widen import is_float
@@ -62,7 +65,7 @@ class ValueCheck:
     vacuous: list = field(default_factory=list)      # output indices constant on every input
     uncompared: dict = field(default_factory=dict)   # output index -> why it is not compared
     problems: list = field(default_factory=list)
-    tolerance: str = ""
+    tolerance: str = ""            # each float output's, in words (outputs named where they differ)
     within_twin: int = 0           # float elements past the tolerance, within the twin's bound
 
     @property
@@ -101,12 +104,26 @@ def tolerance(dtype) -> tuple:
     return TOLERANCES.get(str(dtype), TOLERANCES["float32"])
 
 
-def least_precise_float(closed):
-    """The float dtype with the largest machine epsilon among a jaxpr's values (or None)."""
-    avals = [v.aval for v in closed.jaxpr.invars + closed.jaxpr.constvars]
-    avals += [v.aval for _, e in walk(closed) for v in e.outvars]
-    floats = {a.dtype for a in avals if hasattr(a, "dtype") and is_float(a.dtype)}
-    return max(floats, key=lambda d: jnp.finfo(d).eps, default=None)
+def tolerance_dtypes(closed) -> list:
+    """Per output of the original: the float dtype its tolerance is read in — the least precise
+    its own computation passes through (``ir.precision``), its own dtype included; None for a
+    non-float output. Not the program's least precise anywhere: that would judge a float32
+    output by a bfloat16 side output's tolerance."""
+    return [d if is_float(v.aval.dtype) else None
+            for v, d in zip(closed.jaxpr.outvars, least_precise_dtype(closed))]
+
+
+def _describe_tolerances(used: dict) -> str:
+    """``{output: its tolerance in words}`` as one line: the tolerance alone where every output
+    has the same, else each with the outputs it is theirs."""
+    texts = list(dict.fromkeys(used[k] for k in sorted(used)))
+    if len(texts) <= 1:
+        return texts[0] if texts else ""
+    parts = []
+    for t in texts:
+        ks = [k for k in sorted(used) if used[k] == t]
+        parts.append(f"{t} (output{'s' if len(ks) > 1 else ''} {', '.join(map(str, ks))})")
+    return "; ".join(parts)
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -327,11 +344,12 @@ def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = F
     big = [[g.consts[i] for i in lifted_indices(g)] for g in (before, after)]
     both = jax.jit(lambda draws, bb, ba, *a: (_threaded(before, draws, bb)(*a),
                                               _threaded(after, draws, ba)(*a)))
-    computes_in = least_precise_float(before)
+    computes_in = tolerance_dtypes(before)
     sets = input_sets(inputs, fresh, seed)
     check = ValueCheck(inputs=len(sets), uncompared=uncompared)
     references = _lazy_references(before, big[0], sites)
     found, first, same, skip = {}, {}, {}, set()  # found: (k, order) -> that output's problems
+    used = {}  # float output -> its tolerance in words
     for i, xs in enumerate(sets):
         run = both(_draws(sites, seed + i), *big, *xs)
         twin, noise = references(i, xs, run)
@@ -349,26 +367,40 @@ def check_values(before: ClosedJaxpr, after: ClosedJaxpr, inputs, fresh: int = F
             else:
                 same[k] = same[k] and _same_as(first[k], a)
             check.problems, kept = found.setdefault((k, 1 + i), []), check.problems
-            _judge(k, i, a, b, computes_in, twin=twin, noise=noise, check=check)
+            if is_float(a.dtype):
+                used[k] = _tolerance_text(a.dtype, computes_in[k])
+            _judge(k, i, a, b, computes_in[k], twin=twin, noise=noise, check=check)
             check.problems = kept
         run = twin = noise = a = b = None  # freed before the next set runs
     check.vacuous = [k for k in sorted(same) if same[k]]
+    check.tolerance = _describe_tolerances(used)
     check.problems = [p for key in sorted(found) for p in found[key]]
     return check
 
 
+def _judged_in(dtype, computes_in):
+    """The dtype a float output of ``dtype`` is judged in: ``computes_in`` (its dataflow's least
+    precise, :func:`tolerance_dtypes`) where that is less precise."""
+    if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
+        return computes_in
+    return dtype
+
+
+def _tolerance_text(dtype, computes_in) -> str:
+    dtype = _judged_in(dtype, computes_in)
+    rtol, atol = tolerance(dtype)
+    return f"{dtype}: {atol:g} + {rtol:g}·|original| per element"
+
+
 def _judge(k, i, a, b, computes_in, *, twin, noise, check: ValueCheck) -> None:
-    """Output ``k`` on input set ``i``: equal (integers, booleans, keys) or within tolerance."""
+    """Output ``k`` on input set ``i``: equal (integers, booleans, keys) or within the tolerance
+    of ``computes_in``, the least precise dtype its own computation passes through."""
     if not is_float(a.dtype):
         if not np.array_equal(a, b):
             check.problems.append(f"output {k} ({a.dtype}) on input {i} differs in "
                                   f"{int(np.sum(a != b))} of {a.size} elements")
         return
-    dtype = a.dtype
-    if computes_in is not None and jnp.finfo(computes_in).eps > jnp.finfo(dtype).eps:
-        dtype = computes_in
-    rtol, atol = tolerance(dtype)
-    check.tolerance = f"{dtype}: {atol:g} + {rtol:g}·|original| per element"
+    rtol, atol = tolerance(_judged_in(a.dtype, computes_in))
     _floats(k, i, a, b, rtol, atol, twin=twin, noise=noise, check=check)
 
 

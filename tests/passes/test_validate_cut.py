@@ -1,7 +1,8 @@
 """Translation validation on a cut of a site's output features (passes/feature_cut.py): a fold of
 large weights is validated on the first two, the last two and a seeded sample of its output
-features, and says so; a rule broken on its last channel is still refused; a feature the cut
-does not keep is left to optimize's value check; where the features cannot be cut (a grouped
+features, and says so; a rule broken on its last channel, or on a channel the cut does not keep,
+is refused: the constants it ships are compared with the rule's own on every cut
+(feature_cut.coverage), and differing there the region is validated whole; where the features cannot be cut (a grouped
 conv, a region that contracts them, a replacement that does not read the cut) validation runs
 whole. This file's kernels are small: the cut starts at 64 KiB here."""
 from __future__ import annotations
@@ -76,7 +77,8 @@ def test_a_large_fold_is_validated_on_a_cut_and_says_so():
     res = P.run(P.fold_conv_bn(), closed)
     (fired,) = res.rewrites
     assert fired.detail.endswith(f"(translation validation on 64 of its {COUT} output features "
-                                 f"(the first 2, the last 2 and 60 drawn with seed {COUT}))")
+                                 f"(the first 2, the last 2 and 60 drawn with seed {COUT}), the "
+                                 f"constants it ships at all {COUT} (2 cuts of 512))")
     want = _outputs(closed, x)
     assert np.abs(_outputs(res.jaxpr, x) - want).max() <= 1e-5 * (1 + np.abs(want).max())
 
@@ -90,19 +92,25 @@ def test_the_cut_catches_a_rule_broken_on_its_last_output_channel():
     res = P.run(broken, closed)
     assert not res.changed
     (why,) = _translation_refusals(res)
-    assert why.startswith(f"translation validation: on 64 of its {COUT} output features")
-    assert "differs in float64" in why
+    # the last feature of each cut is not the last of the whole: the constants differ on cuts
+    assert why.startswith("translation validation: the constant float32[1, 1, 32, 1024]")
+    assert "(output features 0-511 of 1024) at feature(s) 511:" in why
+    assert "; validated whole: output 0 differs in float64" in why
 
 
-def test_a_channel_the_cut_does_not_keep_is_left_to_the_value_check():
-    """A rule broken on a channel it names by its index in the whole kernel: on the cut that
-    channel is not there, so translation validation passes — and its log line names what it
-    checked — while optimize's value check, which compares every element, finds it."""
+def test_a_channel_the_cut_does_not_keep_is_still_refused():
+    """A rule broken on a channel it names by its index in the whole kernel: no cut holds that
+    channel's folded weights, but the constants the rewrite ships are compared with the rule's
+    own on every cut (feature_cut.coverage), so the region is validated whole and refused;
+    applied unvalidated, optimize's value check, which compares every element, finds it too."""
     closed, x = _conv_bn()
     broken = _mis_scaling(P.fold_conv_bn(), lambda n: NOT_KEPT if n == COUT else slice(0, 0))
     res = P.run(broken, closed)
-    assert res.changed and "64 of its 1024 output features" in res.rewrites[0].detail
-    check = check_values(closed, res.jaxpr, [x])
+    (why,) = _translation_refusals(res)
+    assert not res.changed and f"at feature(s) {NOT_KEPT}:" in why
+    assert why.startswith("translation validation: the constant float32[1, 1, 32, 1024]")
+    assert "; validated whole: output 0 differs in float64" in why
+    check = check_values(closed, P.run(broken, closed, validate=False).jaxpr, [x])
     assert check.verdict == "no" and check.wrong >= 9  # channel NOT_KEPT at each of 3×3 pixels
 
 
