@@ -157,8 +157,11 @@ def render(target: str, out: dict, devices: int) -> str:
     diff.append({"": "optimizer vs optax, same gradients", "max |Δ|":
                  out["optimizer_check"]["diff"], "noise": "", "bound":
                  out["optimizer_check"]["bound"]})
-    lines += [format_table(diff, wrap("against one device, teacher-forced step by step (noise: "
-                                      "two equivalent one-device computations)", first="")),
+    off = " with dropout off" if (out.get("stochastic") or {}).get("compared_with") == \
+        "dropout off" else ""
+    lines += [format_table(diff, wrap(f"against one device{off}, teacher-forced step by step "
+                                      "(noise: two equivalent one-device computations)",
+                                      first="")),
               f"free-running after {out['steps']} steps: max |Δ params| "
               f"{fmt(out['max_abs_diff']['params'])}", ""]
     b, f = out["bubble"], out["in_flight"]

@@ -53,8 +53,9 @@ class PipelineProgram:
     """The compiled-on-demand step for a split, a schedule and a mesh."""
 
     def __init__(self, split: Split, leaves: StageLeaves, optimizer: PartitionedOptimizer,
-                 schedule: PipelineSchedule, mesh, remat: bool = False):
+                 schedule: PipelineSchedule, mesh, remat: bool = False, shared: tuple = ()):
         self.split, self.leaves, self.optimizer = split, leaves, optimizer
+        self.shared = tuple(shared)   # per batch leaf: one PRNG key every microbatch reads whole
         self.schedule, self.mesh, self.remat = schedule, mesh, remat
         self.stages, self.microbatches = schedule.stages, schedule.microbatches
         self.data = "data" in mesh.axis_names
@@ -89,7 +90,8 @@ class PipelineProgram:
 
         def inputs(s, stash_row, mb, own, rep, mbatch):
             acts = self.msg[s - 1].unpack(stash_row) if s else []
-            batch = [lax.dynamic_index_in_dim(x, mb, keepdims=False) for x in mbatch]
+            batch = [x if one else lax.dynamic_index_in_dim(x, mb, keepdims=False)
+                     for x, one in zip(mbatch, self._shared(len(mbatch)))]
             return self.leaves.read(s, self.io[s].leaves, own, rep), acts, batch
 
         def forward(s):
@@ -141,6 +143,10 @@ class PipelineProgram:
 
         return [idle] + [forward(s) for s in range(P_)] + [backward(s) for s in range(P_)]
 
+    def _shared(self, n: int) -> tuple:
+        """Per batch leaf (``n`` of them), whether every microbatch reads it whole."""
+        return self.shared or (False,) * n
+
     def _send(self, k: int, message: dict, layouts, active, pairs):
         """Boundary k's values, sent along ``pairs`` if it sends at this step; zeros otherwise."""
         vals = layouts[k].unpack(message)
@@ -153,7 +159,8 @@ class PipelineProgram:
         P_, M = self.stages, self.microbatches
         own, rep, state = (jax.tree.map(lambda x: x[0], t) for t in (own, rep, state))
         stage = lax.axis_index("pipe")
-        mbatch = [x.reshape((M, x.shape[0] // M) + x.shape[1:]) for x in batch]
+        mbatch = [x if one else x.reshape((M, x.shape[0] // M) + x.shape[1:])
+                  for x, one in zip(batch, self._shared(len(batch)))]
         branches = self._branches()
 
         def rows_of(layout):
@@ -210,9 +217,11 @@ class PipelineProgram:
         if self._jitted is None:
             pipe, data = P("pipe"), P("data") if self.data else P()
             cols = tuple(P(None, "pipe") for _ in COLUMNS)
+            n = len(self.split.closed.jaxpr.invars) - self.split.n_params
+            batch = [P() if one else data for one in self._shared(n)]
             fn = jax.shard_map(
                 lambda o, r, s, b, c, fa, ba: self._body(o, r, s, b, c, fa, ba),
-                mesh=self.mesh, in_specs=(pipe, pipe, pipe, data, cols, P(), P()),
+                mesh=self.mesh, in_specs=(pipe, pipe, pipe, batch, cols, P(), P()),
                 out_specs=(pipe, pipe, pipe, P(), pipe, pipe, pipe, P(), P(None, "pipe"),
                            P(None, "pipe")), check_vma=False)
             self._jitted = jax.jit(fn)

@@ -1,8 +1,10 @@
 """Run a planned pipeline for S steps and report every figure: :func:`run_pipeline`.
 
-Teacher-forced steps decide *exact* (``verdict.py``); free-running steps show the drift after S
-steps; the last step's executed log, send counters and compiled program give the figures
-(``figures.py``). Long work (compiles, steps) prints progress on stderr.
+Teacher-forced steps decide *exact* (``verdict.py``; a loss that draws random numbers is judged
+against the same bits, or with dropout off, or not claimed exact: ``stochastic.py``);
+free-running steps show the drift after S steps; the last step's executed log, send counters
+and compiled program give the figures (``figures.py``). Long work (compiles, steps) prints
+progress on stderr.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from mlsys_jax.parallel.shard.inputs import check_finite_loss
 from mlsys_jax.parallel.pipe.balance import ranges_of
 from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
+from mlsys_jax.parallel.pipe.stochastic import OFF_FLAG, draws_random
 from mlsys_jax.ir.precision import gradient_dtypes
 from mlsys_jax.parallel.pipe.verdict import (NOISE_MARGIN, QUANTITIES, Float64Twin,
                                              NarrowLeaves, PipelineVerdict, causes, judge_step,
@@ -50,6 +53,7 @@ class PipelineReport:
     replica_spread: float
     timeline: list = field(repr=False, default_factory=list)
     notes: list = field(default_factory=list)
+    stochastic: dict | None = None   # the loss draws random numbers: how it was compared
 
     def to_json(self) -> dict:
         """The report as JSON data; bubble fractions as exact text and as floats."""
@@ -78,12 +82,15 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
     _progress(f"compiling the {plan.stages}-stage program and the one-device references")
     compiled = plan.compile(options)
-    refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss)).lower(
+    refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss,
+                                 plan.program.shared)).lower(
         t0, plan.batch).compile(options)
     update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
     narrow = _narrow(plan, groups)
+    random = draws_random(plan.split.closed)
     twin = Float64Twin(plan.loss, t0, plan.batch, groups, options,
-                       narrow=_dtype_names(narrow) or None)
+                       narrow=_dtype_names(narrow) or None, stochastic=random,
+                       shared=plan.program.shared)
     verdict, t, s = PipelineVerdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")
@@ -92,8 +99,8 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
         refs.update(twin(t, plan.batch) or {})
         got = plan.step(t, s, options)
         judge_step(verdict, refs, got, lambda g: jax.device_get(update(g, s, t))[0],  # noqa: B023 (called in this iteration)
-                   narrow)
-        ref = refs["A" if verdict.separable_steps[0] else "B"]
+                   narrow, stochastic=random)
+        ref = refs["A" if verdict.separable_steps[0] and not random else "B"]
         t, s = ref[2], ref[3]
     free_t, free_s = t0, s0
     for k in range(steps):
@@ -106,6 +113,14 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     if narrow is not None:
         reason += f"; {_precision(narrow, twin)}"
     notes = [twin.note] if twin.note else []
+    tf = {q: verdict.worst[q] for q in QUANTITIES + ("separability",)}
+    stochastic = None
+    if random:
+        exact, reason, stochastic, off = _stochastic(plan, verdict, separable, reason, steps,
+                                                     options)
+        if off is not None:   # the verdict is the dropout-off run's: so is its table
+            tf, notes = off.teacher_forced, notes + off.notes
+            verdict.worst["optimizer"] = off.optimizer_check
     log, log_mb = last["log"], last["log_mb"]
     in_flight = figures.executed_in_flight(log)
     bubble = figures.executed_bubble(log, plan.microbatches)
@@ -124,7 +139,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     return PipelineReport(
         mesh=dict(plan.mesh_shape), schedule=plan.schedule.name, microbatches=plan.microbatches,
         remat=plan.remat, steps=steps, exact=exact, reason=reason, separable=separable,
-        teacher_forced={q: verdict.worst[q] for q in QUANTITIES + ("separability",)},
+        teacher_forced=tf,
         optimizer_check=verdict.worst["optimizer"], max_abs_diff=free,
         units=[u.name for u in plan.units.units], unit_source=plan.units.source,
         split_given=plan.split_given, stages=stages,
@@ -135,7 +150,7 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
                    "buffer_rows": plan.program.rows},
         p2p=p2p, memory=memory, stacked=figures.stacked_share(plan),
         replica_spread=last["replica_spread"],
-        timeline=figures.timeline_table(log, log_mb), notes=notes)
+        timeline=figures.timeline_table(log, log_mb), notes=notes, stochastic=stochastic)
 
 
 def _narrow(plan: PipelinePlan, groups: int) -> NarrowLeaves | None:
@@ -191,3 +206,48 @@ def _reason(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool) -> tu
                   f"device's, step by step, within the calibrated noise (worst: {worst} "
                   f"{w[worst]['diff']:.3g} <= {w[worst]['bound']:.3g}; gradients "
                   f"{g['diff']:.3g}, noise {g['noise']:.3g})")
+
+
+SAME_BITS = ("stochastic: the same random bits as one device (the loss draws per example, "
+             "from keys split with the batch's rows)")
+WHOLE_BATCH = ("the loss draws its masks for the whole batch at once (one key of the batch, or a "
+               "key fixed inside it), so microbatches draw other masks than one device does")
+
+
+def _stochastic(plan: PipelinePlan, verdict: PipelineVerdict, separable: bool, reason: str,
+                steps: int, options) -> tuple:
+    """The verdict of a loss that draws random numbers: ``(exact, reason, json, off_report)``.
+    Where the whole batch draws what the microbatches draw (keys per example), the usual
+    verdict against the same bits; where it does not, no one-device reference draws the
+    pipeline's bits, so exactness is judged with dropout off (``loss_fn(...,
+    deterministic=True)``, planned and run again), or not claimed."""
+    on = {q: dict(verdict.worst[q]) for q in QUANTITIES + ("optimizer",)}
+    info = {"same_bits": separable, "compared_with": None, "dropout_on": on}
+    if separable:
+        info["compared_with"] = "the same random bits"
+        return _exact(verdict), f"{SAME_BITS}; {reason}", info, None
+    on_ok = _exact(verdict)
+    worst = max(QUANTITIES + ("optimizer",), key=lambda q: verdict.worst[q]["ratio"])
+    w = verdict.worst[worst]
+    mine = ("the pipeline computes exactly its microbatches' own draws (within the noise)"
+            if on_ok else f"the pipeline does not compute its microbatches' own draws either: "
+            f"max |Δ{worst}| {w['diff']:.3g} > bound {w['bound']:.3g}")
+    if plan.dropout_off is None:
+        return False, (f"stochastic: not claimed exact: {WHOLE_BATCH}; pass one key per "
+                       f"example (jax.random.split(key, B)) or give loss_fn a '{OFF_FLAG}' "
+                       f"keyword; {mine}"), info, None
+    _progress(f"stochastic: planning and checking the step again with {OFF_FLAG}=True")
+    off_plan = plan.dropout_off()
+    if draws_random(off_plan.split.closed):
+        return False, (f"stochastic: not claimed exact: {WHOLE_BATCH}, and loss_fn(..., "
+                       f"{OFF_FLAG}=True) still draws random numbers; {mine}"), info, None
+    off = run_pipeline(off_plan, steps, options, stage_memory=False)
+    info["compared_with"] = "dropout off"
+    return off.exact and on_ok, (f"stochastic: compared with dropout off (loss_fn(..., "
+                                 f"{OFF_FLAG}=True)): {off.reason}; with dropout on, {WHOLE_BATCH}"
+                                 f"; {mine}"), info, off
+
+
+def _exact(verdict: PipelineVerdict) -> bool:
+    """Every quantity and the optimizer within its bound."""
+    return all(verdict.within(q) for q in QUANTITIES + ("optimizer",))

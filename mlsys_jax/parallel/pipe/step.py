@@ -4,12 +4,15 @@
 traces ``loss_fn`` on one microbatch, finds its units, splits them into stages (balanced by the
 cost model, or at the user's split points), lays out parameters and optimizer state per stage
 and builds the SPMD program. :class:`PipelinePlan` then runs steps from any one-device state
-(parameters and optax state in the user's own trees) and returns them in the same trees.
+(parameters and optax state in the user's own trees) and returns them in the same trees. A
+loss that draws random numbers and takes a ``deterministic`` keyword also gets
+``dropout_off``: the same step planned with ``deterministic=True`` (``stochastic.py``).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import jax
@@ -29,6 +32,7 @@ from mlsys_jax.parallel.pipe.placement import StageLeaves
 from mlsys_jax.parallel.pipe.program import PipelineProgram
 from mlsys_jax.parallel.pipe.split import Split, build_split
 from mlsys_jax.parallel.pipe.stagefn import estimated_time_us
+from mlsys_jax.parallel.pipe.stochastic import draws_random, off_switch, shared_leaves
 from mlsys_jax.parallel.pipe.units import Units, find_units
 from mlsys_jax.parallel.schedules import SCHEDULES, PipelineSchedule, make_schedule
 from mlsys_jax.parallel.shard.inputs import combine, split_params
@@ -58,6 +62,7 @@ class PipelinePlan:
     hw: str
     split_given: bool
     compiled: dict = field(default_factory=dict)
+    dropout_off: Callable | None = None   # () -> the same step planned with deterministic=True
 
     @property
     def stages(self) -> int:
@@ -77,7 +82,7 @@ class PipelinePlan:
         """The same split and layouts under another schedule (a new program)."""
         sched = make_schedule(schedule, self.stages, self.microbatches)
         program = PipelineProgram(self.split, self.leaves, self.popt, sched, self.program.mesh,
-                                  self.remat)
+                                  self.remat, shared=self.program.shared)
         return dataclasses.replace(self, schedule=sched, program=program, compiled={})
 
     def place(self, trainable, opt_state) -> tuple:
@@ -144,11 +149,11 @@ def check_counts(batch, data: int, stages: int, microbatches, schedule: str) -> 
                          f"stages: the pipeline never fills; use --microbatches M with M >= "
                          f"{stages} (M = {4 * stages} gives a bubble of "
                          f"{(stages - 1) / (5 * stages - 1):.0%})")
-    leaves = jax.tree.leaves(batch)
+    leaves = [x for x, one in zip(jax.tree.leaves(batch), shared_leaves(batch)) if not one]
     rows = {x.shape[0] if getattr(x, "ndim", 0) else None for x in leaves}
     if not leaves or len(rows) != 1 or None in rows:
-        raise MlsysError("batch: every leaf needs the same leading batch axis; return e.g. "
-                         "{'x': x[B, ...], 'y': y[B]}")
+        raise MlsysError("batch: every leaf needs the same leading batch axis (a PRNG key "
+                         "aside); return e.g. {'x': x[B, ...], 'y': y[B]}")
     n = rows.pop()
     if n % (data * microbatches):
         raise MlsysError(f"the batch of {n} rows does not split into data={data} x "
@@ -167,7 +172,8 @@ def trace_microbatch(loss, trainable, batch, rows: int):
     def flat_loss(*a):
         return loss(jax.tree.unflatten(treedef, a[:n]), jax.tree.unflatten(bdef, a[n:]))
     structs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in flat] + \
-        [jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype) for x in blv]
+        [jax.ShapeDtypeStruct(x.shape if one else (rows,) + tuple(x.shape[1:]), x.dtype)
+         for x, one in zip(blv, shared_leaves(batch))]
     try:
         closed = jax.make_jaxpr(flat_loss)(*structs)
     except Exception as e:  # the user's code may raise anything while tracing
@@ -216,7 +222,13 @@ def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     popt = PartitionedOptimizer(optimizer, treedef, leaves)
     sched = make_schedule(schedule, stages, microbatches)
     mesh = make_mesh(shape)
-    program = PipelineProgram(cut, leaves, popt, sched, mesh, remat)
+    program = PipelineProgram(cut, leaves, popt, sched, mesh, remat,
+                              shared=shared_leaves(batch))
     times = [estimated_time_us(cut, s, hw) for s in range(stages)]
+    off = off_switch(loss_fn) if draws_random(closed) else None
+    replan = None if off is None else partial(
+        plan_pipeline, off, params, batch, optimizer, mesh_shape, microbatches,
+        schedule=schedule, split=split, remat=remat, hw=hw)
     return PipelinePlan(loss, trainable, treedef, paths, batch, optimizer, shape, sched, remat,
-                        units, stage_of_unit, cut, leaves, popt, program, costs, times, hw, given)
+                        units, stage_of_unit, cut, leaves, popt, program, costs, times, hw, given,
+                        dropout_off=replan)

@@ -23,6 +23,10 @@ device's optimizer makes of gradients anywhere within that bound (each element m
 bound both ways) plus their own rounding. Separately, the pipeline's new parameters must equal
 what optax makes of the pipeline's own gradients on one device, within ``FLOOR_EPS`` eps: the
 optimizer ran on the whole tree.
+
+A loss that draws random numbers (dropout) is judged against B alone, with noise from B, C and a
+twin that draws the float32 program's bits (``stochastic.py``): A may draw other masks, and the
+spread between two draws is never noise.
 """
 from __future__ import annotations
 
@@ -34,35 +38,43 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mlsys_jax.compat import x64_enabled
 from mlsys_jax.ir.precision import ulp, widened
 from mlsys_jax.parallel.shard.compare import holds_only, leaf_rms_diffs, leaf_rms_scales
 from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
 from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
+from mlsys_jax.parallel.pipe.stochastic import RANDOM_PRIMITIVES, same_bits_widened
 
 
 QUANTITIES = ("loss", "grads", "params")
 NOISE_MARGIN = 4.0
 RMS_MARGIN = 2.0
 FLOOR_EPS = 4.0
-RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 _BATCH_STATS = re.compile(r"batch_stats|batchnorm|batch_norm", re.IGNORECASE)
 
 
-def references(loss, groups: int, microbatch_loss=None):
+def references(loss, groups: int, microbatch_loss=None, shared=()):
     """``f(trainable, batch) -> {A, B, C: (loss, grads), "terms": (loss, grads)}``; ``terms``
     holds the largest |loss| and, per leaf, |gradient| of a single microbatch (the scale of what
     the sums add). ``microbatch_loss`` (the loss on one microbatch, e.g. its traced jaxpr as a
-    function: the user's Python is not traced again) serves B and C. The optimizer is applied to
-    A, B and C by one separately compiled update."""
+    function: the user's Python is not traced again) serves B and C; ``shared``: per batch leaf,
+    whether every microbatch reads it whole (one PRNG key, ``stochastic.shared_leaves``). The
+    optimizer is applied to A, B and C by one separately compiled update."""
     vg, vg_mb = jax.value_and_grad(loss), jax.value_and_grad(microbatch_loss or loss)
 
     def f(t, batch):
-        mbs = jax.tree.map(lambda x: x.reshape((groups, x.shape[0] // groups) + x.shape[1:]),
-                           batch)
-        bv, bg = jax.vmap(vg_mb, in_axes=(None, 0))(t, mbs)
+        leaves, tree = jax.tree.flatten(batch)
+        one = tuple(shared) or (False,) * len(leaves)
+        mbs = [x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
+               for x, o in zip(leaves, one) if not o]
 
-        def body(acc, mb):  # one microbatch at a time, as a pipeline stage computes it
-            return jax.tree.map(jnp.add, acc, vg_mb(t, mb)), None
+        def whole(rows):   # a microbatch's leaves: its rows, and the shared leaves whole
+            it = iter(rows)
+            return tree.unflatten([x if o else next(it) for x, o in zip(leaves, one)])
+        bv, bg = jax.vmap(lambda rows: vg_mb(t, whole(rows)))(mbs)
+
+        def body(acc, rows):  # one microbatch at a time, as a pipeline stage computes it
+            return jax.tree.map(jnp.add, acc, vg_mb(t, whole(rows))), None
         a = vg(t, batch)
         total, _ = lax.scan(body, jax.tree.map(jnp.zeros_like, a), mbs, reverse=True)
         terms = (jnp.max(jnp.abs(bv)), jax.tree.map(lambda x: jnp.max(jnp.abs(x)), bg))
@@ -84,15 +96,22 @@ class Float64Twin:
     separable. A gradient that is mathematically zero (an attention key bias: softmax ignores a
     shift of every score) is pure rounding in float32, on one device and on the mesh alike; only
     this shows it. And float32's A - B mixes rounding (a whole batch's contraction against
-    microbatch ones) with non-separability; float64's A - B is the non-separability alone."""
+    microbatch ones) with non-separability; float64's A - B is the non-separability alone.
+    ``stochastic``: the loss draws random numbers, and the twin draws the float32 program's
+    bits (``stochastic.same_bits_widened``), never float64's own."""
 
-    def __init__(self, loss, trainable, batch, groups: int, options=None, narrow=None):
+    def __init__(self, loss, trainable, batch, groups: int, options=None, narrow=None,
+                 stochastic: bool = False, shared=()):
         self.fn, self.note, self.widened = None, None, False
+        x64 = x64_enabled()   # the setting the program was traced under (its random draws')
         with jax.enable_x64(True):
             try:
-                if narrow:   # bfloat16 arithmetic stays bfloat16 at float64 parameters
+                if stochastic:   # re-traced in float64 it would draw other bits (stochastic.py)
+                    loss, self.widened = same_bits_widened(loss, trainable, batch, x64=x64), True
+                elif narrow:   # bfloat16 arithmetic stays bfloat16 at float64 parameters
                     loss, self.widened = widened(loss, trainable, batch), True
-                lowered = jax.jit(references(loss, groups)).lower(_as64(trainable), _as64(batch))
+                lowered = jax.jit(references(loss, groups, shared=shared)).lower(
+                    _as64(trainable), _as64(batch))
                 wide = all(jnp.dtype(a.dtype) == jnp.float64 for a in jax.tree.leaves(
                     lowered.out_info))
                 self.fn = lowered.compile(options) if wide else None
@@ -183,12 +202,15 @@ def _pairwise(trees: list, diffs=leaf_diffs) -> list:
 
 
 def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update,
-               narrow: NarrowLeaves | None = None) -> bool:
+               narrow: NarrowLeaves | None = None, *, stochastic: bool = False) -> bool:
     """Record one teacher-forced step (``refs[k]``: loss, grads, params, opt_state of the
     one-device computations A, B, C; ``refs["terms"]``: their scale; ``refs["A64"]`` and
     ``refs["B64"]``, if there is a float64 twin: its loss and gradients); ``own_update(grads)``
     is the one-device optimizer's new parameters from the step's state; ``narrow``: the leaves
-    computed in bfloat16 or float16 (:class:`NarrowLeaves`). Returns whether the loss was
+    computed in bfloat16 or float16 (:class:`NarrowLeaves`); ``stochastic``: the loss draws
+    random numbers, so only the microbatched B, C (and B64) are known to draw the pipeline's
+    bits: the reference is B and the noise leaves A out, separable or not (a spread between
+    two draws is no rounding noise; ``stochastic.py``). Returns whether the loss was
     separable."""
     A, B, C = (dict(zip(("loss", "grads", "params", "opt_state"), refs[k])) for k in "ABC")
     scale = {"loss": leaf_magnitudes(refs["terms"][0]),
@@ -204,14 +226,15 @@ def judge_step(verdict: PipelineVerdict, refs: dict, got: dict, own_update,
     separable = all(d <= b for q in ab for d, b in zip(ab[q], sep_bounds[q]))
     for q in ab:
         verdict.record("separability", ab[q], noise_bc[q], sep_bounds[q])
-    ref = A if separable else B
+    whole = separable and not stochastic   # A draws the pipeline's bits only if separable
+    ref = A if whole else B
     bounds = {}
     for q in ("loss", "grads"):
         # the noise: the largest difference between any two equivalent one-device computations
         # of what the pipeline computes (A, B, C and the twin's A64 = B64 when separable; B, C
         # and B64 when not): float64's are how far each float32 result is from the exact one
-        same = [B[q], C[q]] + ([A[q]] if separable else [])
-        noise = _pairwise(same + ([refs["A64" if separable else "B64"][q]] if "B64" in refs
+        same = [B[q], C[q]] + ([A[q]] if whole else [])
+        noise = _pairwise(same + ([refs["A64" if whole else "B64"][q]] if "B64" in refs
                                   else []))
         if narrow is not None:   # (a narrow leaf's distance from float64 is not noise)
             noise = [n if not d else m for n, m, d in zip(noise, _pairwise(same),
@@ -270,8 +293,9 @@ def causes(closed, paths) -> list[str]:
 
     prims, out = primitive_counts(closed), []
     if any(p in prims for p in RANDOM_PRIMITIVES):
-        out.append("the loss draws random numbers from a key fixed inside it (e.g. dropout): "
-                   "every microbatch draws the mask for its own rows from that same key")
+        out.append("the loss draws its random numbers (e.g. dropout) for the whole batch at "
+                   "once, from a key fixed inside it or one key of the batch: a microbatch "
+                   "draws other masks than its rows get in the whole batch")
     stats = [jax.tree_util.keystr(p) for p in paths if _BATCH_STATS.search(
         jax.tree_util.keystr(p))]
     if stats:
