@@ -7,9 +7,10 @@ stderr) — and the gradient is taken with respect to ``params`` only. The plan 
 compiled program (``remat.Frontier``): the budget is XLA's temp bytes (``PCT%`` of no remat's,
 ``700MB``, ``min`` for the least any plan reaches); of the plans that fit, the fastest measured.
 Printed: the plan (saved and recomputed values), its predicted peak, the compiled temp bytes and
-FLOPs, the step time ratio to no remat (measured side by side), the gradients' max |Δ| against
-``jax.grad``, and JAX's built-in policies timed in the same rounds beside the fastest plan within
-each policy's temp bytes (``--no-policies`` skips them). Progress goes to stderr (``--quiet``
+FLOPs, the step time ratio to no remat (measured side by side, in rounds that stop once the choice
+is settled: how many and why is printed), the gradients' max |Δ| against ``jax.grad``, and JAX's
+built-in policies compiled, those that save temp bytes timed in the same rounds beside the fastest
+plan within each policy's temp bytes (``--no-policies`` skips them). Progress goes to stderr (``--quiet``
 silences it). The user's model runs under JAX's defaults (float32), as in their own code.
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ def add_arguments(p) -> None:
                    help="the same timelines as Chrome trace counter tracks (open in "
                         "ui.perfetto.dev or chrome://tracing)")
     p.add_argument("--repeats", type=int, default=7, metavar="N",
-                   help="timing rounds at most (default 7; fewer when steps are long)")
+                   help="timing rounds at most (default 7; fewer when steps are long, and "
+                        "they stop once the choice is settled)")
     p.add_argument("--no-policies", action="store_true",
                    help="skip compiling and timing JAX's built-in policies")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -139,6 +141,8 @@ def print_text(target: str, out) -> None:
                f"{out.compile_seconds:.1f} s; of those that fit, the fastest measured"))
     if out.choice:
         print(wrap(f"chosen: {out.choice}"))
+    if out.timing_note:
+        print(wrap(f"timed: {out.timing_note}"))
     if p.recomputed and not p.scan_policy:
         labels = getattr(out, "labels", None)
         print(wrap(f"saved: {_names(out.shapes, p.saved, labels=labels)}", first="  ",
@@ -176,7 +180,8 @@ def print_text(target: str, out) -> None:
     if matched:
         rows = [{"policy": m["policy"], "policy temp bytes": m["policy_temp_bytes"],
                  "policy FLOPs": int(m["policy_flops"]),
-                 "policy step ratio": m["policy_step_time_ratio"],
+                 "policy step ratio": ("not timed" if m["policy_step_time_ratio"] is None
+                                       else m["policy_step_time_ratio"]),
                  "plan temp bytes": m["plan_temp_bytes"],
                  "plan step ratio": m["plan_step_time_ratio"],
                  "not dominated": m["not_dominated"], "why": m["why"]} for m in matched]

@@ -22,6 +22,7 @@ from dataclasses import replace
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.remat.milp import Plan, plan_key
+from mlsys_jax.remat.planner import rounds
 from mlsys_jax.remat.planner.apply import flat_applied
 from mlsys_jax.remat.planner.budget import parse_budget, percent
 from mlsys_jax.remat.planner.flat import flatten_loss
@@ -59,6 +60,7 @@ class Frontier:
         self.compiled, self.labels, self.timings = {}, {}, {}   # by plan_key
         self.last_times = {}              # label -> Timing of the last timing session
         self.choice = ""                  # how the last choice between timed plans was made
+        self.timing_note = ""             # the last timing session's rounds, and why they ended
         self.measured: list[Plan] = []
         progress.stage(f"compiling no remat, jax.grad of the loss ({self.graph.n_eqns} "
                        "equations)")
@@ -206,12 +208,26 @@ class Frontier:
         return max(1.0, (t1 - t0) / (p1 - p0))
 
     # ----------------------------------------------------------------- measuring time
-    def time(self, plans, extra=()) -> dict:
+    def time(self, plans, extra=(), *, sequential: bool = False) -> dict:
         """Time ``plans`` (and ``extra`` programs, e.g. built-in policies) beside no remat in one
-        session; records each plan's paired ratio to no remat; returns label -> Timing."""
+        session; records each plan's paired ratio to no remat; returns label -> Timing.
+        ``sequential``: rounds stop once the choice among ``plans`` and each policy's verdict are
+        settled (``rounds.decide``; at least ``rounds.MIN_ROUNDS`` when there is a contest);
+        ``timing_note`` says how many rounds ran and why they stopped."""
         progs = [self.program(p) for p in plans] + list(extra)
-        ratios, times = self.programs.time(progs, self.repeats, self.timing_budget_s)
+        decide, least = None, 2
+        if sequential:
+            ref = self.programs.reference.label
+            timed = {self.labels[plan_key(p)]: p.compiled_temp_bytes for p in plans
+                     if plan_key(p) != plan_key(self.no_remat)}
+            rivals = {q.label: q.temp_bytes for q in extra}
+            decide = lambda times: rounds.decide(times, ref, timed, rivals)  # noqa: E731
+            least = rounds.MIN_ROUNDS if rounds.contested(timed, rivals) else 2
+        ratios, times = self.programs.time(progs, self.repeats, self.timing_budget_s,
+                                           decide=decide, least=least)
         self.last_times = times
+        n = self.programs.rounds
+        self.timing_note = f"{n} round{'s' * (n != 1)}; stopped: {self.programs.stopped}"
         for p in plans:
             self.timings[plan_key(p)] = ratios[self.labels[plan_key(p)]]
         return times
@@ -276,12 +292,12 @@ class Frontier:
             self.compile_least()
             least = self.choose(None)
             if plan_key(least) not in self.timings:
-                self.time([least])
+                self.time([least], sequential=True)
             return least
         fits = self.search(b)
         untimed = [p for p in fits[:self.n_timed()] if plan_key(p) not in self.timings]
         if untimed:
-            self.time(untimed)
+            self.time(untimed, sequential=True)
         return self.choose(b)
 
     def refusal(self, budget: int) -> MlsysError:

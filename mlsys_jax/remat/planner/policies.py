@@ -9,6 +9,11 @@ timed in the same interleaved rounds as no remat and the plans, and each is set 
 fastest timed plan within its compiled temp bytes: the plan is reported as good as the policy
 only if it is at least as small and not slower in every round (paired per round: the measured
 noise), and as worse when it is slower in every round. FLOPs are shown, not judged.
+
+The report (``distinct``) compiles the policies for their figures first (``Programs.compile``'s
+``quick``) and times only those that could matter: a policy that compiles to no remat's temp
+bytes or more saves nothing (on XLA:CPU most do), and of policies with the same temp bytes only
+the one with the fewest compiled FLOPs is timed; the rest are listed with the reason, not timed.
 """
 from __future__ import annotations
 
@@ -22,15 +27,39 @@ BUILTIN_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
                     "dots_with_no_batch_dims_saveable", "checkpoint_dots")
 
 
-def policy_programs(frontier: Frontier) -> dict:
-    """name -> the compiled ``Program`` of ``jax.checkpoint(loss_fn, policy=name)``."""
+def policy_programs(frontier: Frontier, *, quick: bool = False) -> dict:
+    """name -> the compiled ``Program`` of ``jax.checkpoint(loss_fn, policy=name)`` (``quick``:
+    compiled for XLA's figures only; ``Programs.full`` compiles one to be timed)."""
     flat, out = frontier.flat, {}
-    frontier.progress.stage(f"compiling JAX's {len(BUILTIN_POLICIES)} built-in policies")
+    what = " for their temp bytes" if quick else ""
+    frontier.progress.stage(f"compiling JAX's {len(BUILTIN_POLICIES)} built-in policies{what}")
     for k, name in enumerate(BUILTIN_POLICIES, 1):
         frontier.progress.item(k, len(BUILTIN_POLICIES), name)
         policy = getattr(jax.checkpoint_policies, name)
-        out[name] = frontier.programs.compile(name, jax.checkpoint(flat.fn, policy=policy))
+        out[name] = frontier.programs.compile(name, jax.checkpoint(flat.fn, policy=policy),
+                                              quick=quick)
     return out
+
+
+def distinct(frontier: Frontier, built: dict) -> tuple[dict, dict]:
+    """(name -> Program worth timing, name -> why another is not timed): no fewer temp bytes than
+    no remat's saves nothing; the same temp bytes as another policy, with no fewer FLOPs (the
+    first in ``BUILTIN_POLICIES`` order on a tie), is that one's point of the frontier again."""
+    base = frontier.no_remat.compiled_temp_bytes
+    timed, skipped = {}, {}
+    for name, prog in built.items():
+        if prog.temp_bytes >= base:
+            same = "the same temp bytes as" if prog.temp_bytes == base else "more temp bytes than"
+            skipped[name] = f"compiles to {same} no remat: not timed"
+            continue
+        twin = next((n for n, q in built.items() if n != name and q.temp_bytes ==
+                     prog.temp_bytes and (q.flops, BUILTIN_POLICIES.index(n)) <
+                     (prog.flops, BUILTIN_POLICIES.index(name))), None)
+        if twin is not None:
+            skipped[name] = f"compiles to the same temp bytes as {twin}: not timed"
+        else:
+            timed[name] = prog
+    return timed, skipped
 
 
 def verdict(plan_over_policy: timing.Ratio | None) -> tuple[bool | None, str]:
@@ -55,24 +84,30 @@ def versus_policies(frontier: Frontier, plans=None, repeats: int | None = None) 
     return compare_policies(frontier, built, frontier.time(plans, extra=built.values()), plans)
 
 
-def compare_policies(frontier: Frontier, built: dict, times: dict, plans) -> dict:
+def compare_policies(frontier: Frontier, built: dict, times: dict, plans,
+                     skipped: dict | None = None) -> dict:
     """The policies ``built`` (name -> Program) beside the fastest of ``plans`` within each one's
-    compiled temp bytes, from one timing session's ``times`` (label -> Timing).
+    compiled temp bytes, from one timing session's ``times`` (label -> Timing); those in
+    ``skipped`` (name -> why, ``distinct``) were not timed and get no verdict, only the reason.
 
     Returns ``{"policies": [...], "plans": [...], "matched": [...]}`` with compiled temp bytes,
     compiled FLOPs and step time ratios (to no remat, paired) for every program (``plans``: each
     of ``plans``, dominated ones included; ``Frontier.points`` is the frontier).
     """
-    base = times[frontier.programs.reference.label]
+    base, skipped = times[frontier.programs.reference.label], skipped or {}
     policies = [{"name": name, "compiled_temp_bytes": prog.temp_bytes,
                  "compiled_flops": prog.flops,
-                 "step_time_ratio": timing.ratio(times[name], base).median}
+                 "step_time_ratio": None if name in skipped else
+                 timing.ratio(times[name], base).median}
                 for name, prog in built.items()]
     points = [{"plan": p, "compiled_temp_bytes": p.compiled_temp_bytes,
                "compiled_flops": p.compiled_flops, "step_time_ratio": frontier.step_time_ratio(p)}
               for p in sorted(plans, key=lambda p: p.compiled_temp_bytes)]
     matched = []
     for pol in policies:
+        if pol["name"] in skipped:
+            matched.append(_not_timed(pol, skipped[pol["name"]]))
+            continue
         fits = [q for q in points if q["compiled_temp_bytes"] <= pol["compiled_temp_bytes"]]
         q = min(fits, key=lambda q: q["step_time_ratio"], default=None)
         ratio = q and timing.ratio(times[frontier.labels[plan_key(q["plan"])]], times[pol["name"]])
@@ -88,3 +123,12 @@ def compare_policies(frontier: Frontier, built: dict, times: dict, plans) -> dic
             "plan_recomputed": q and len(q["plan"].recomputed),
             "not_dominated": ok, "why": why})
     return {"policies": policies, "plans": points, "matched": matched}
+
+
+def _not_timed(pol: dict, why: str) -> dict:
+    """The ``matched`` row of a policy that was not timed: its figures and the reason."""
+    return {"policy": pol["name"], "plan": None, "policy_temp_bytes": pol["compiled_temp_bytes"],
+            "policy_flops": pol["compiled_flops"], "policy_step_time_ratio": None,
+            "plan_temp_bytes": None, "plan_flops": None, "plan_step_time_ratio": None,
+            "plan_over_policy_step_time_ratio": None, "plan_recomputed": None,
+            "not_dominated": None, "why": why}

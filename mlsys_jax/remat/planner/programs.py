@@ -3,22 +3,28 @@ and the timing.
 
 ``Programs.compile`` lowers ``jax.grad`` of a function (parameters only), fingerprints the lowered
 module and compiles it only if no program with the same module was compiled already (two built-in
-policies can be one program: ``checkpoint_dots`` is ``dots_saveable``). The reference's first
-call warms the process up and keeps its gradients; ``time`` measures step times side by side:
-interleaved rounds in a shuffled order, every program as often per round, as paired ratios to the
-reference (``timing.compare``, ``timing.ratio``). Each program runs once untimed first (a cold
-first call would count against it beside the warmed reference); its first timed result is
-compared with the reference's gradients right away and dropped, so no second set of gradients is
-held beside the steps' buffers.
-Rounds are as many as fit a time budget (at least two, so there is a spread; at most
-``repeats``): at GPT-2 size on 2 cores one step takes longer than its compile.
+policies can be one program: ``checkpoint_dots`` is ``dots_saveable``). ``quick=True`` compiles
+for XLA's figures only (temp bytes, FLOPs), with LLVM's optimizations off (``QUICK``): XLA's HLO
+passes and buffer assignment are the same, so are the figures, and the compile takes about half
+the time; a quick program that is then timed is compiled again in full first (``full``).
+The reference's first call warms the process up and keeps its gradients; ``time`` measures step
+times side by side: interleaved rounds in a shuffled order, every program as often per round, as
+paired ratios to the reference (``timing.compare``, ``timing.ratio``). Each program runs once
+untimed first (a cold first call would count against it beside the warmed reference; the
+reference's warm-up is its first call), and that call's gradients are compared with the
+reference's right away and dropped, so no second set of gradients is held beside the steps'
+buffers. Rounds run one at a time until the caller's ``decide`` says the outcome is settled
+(``rounds.decide``), at most as many as fit a time budget or ``repeats``: at GPT-2 size on 2
+cores one step takes longer than its compile.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 import os
+import random
 import re
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,6 +39,9 @@ from mlsys_jax.remat.planner.flat import FlatLoss
 MIN_ROUND_S = 0.02      # a round of one program runs it at least this long (calls are batched)
 BEST_OF = 3             # where rounds are cheap, each keeps the fastest of 3 batches (load only
 #                         ever slows a batch down: timing.compare's best_of)
+# XLA options of a compile for figures only: LLVM's optimization off (the HLO passes, and so the
+# buffers and FLOPs XLA reports, are those of a full compile; tests/remat/test_rounds.py checks)
+QUICK = {"xla_backend_optimization_level": 0}
 
 
 @dataclass
@@ -49,6 +58,8 @@ class Program:
     grads_max_rel_diff: float | None = None
     same_as: str | None = None          # the label of the program it is (same module)
     compile_s: float = 0.0              # lowering and compiling (0: the same module compiled)
+    quick: bool = False                 # compiled for its figures only (QUICK): not to be timed
+    lowered: object = field(repr=False, default=None)   # kept while quick, to compile in full
 
 
 def _fingerprint(lowered) -> str:
@@ -80,13 +91,16 @@ class Programs:
         self._reference_grads = None    # paths of the reference's gradients (.npy, per leaf)
         self._folder = None
         self.zero_grad_leaves = 0       # leaves whose reference gradient is exactly zero
+        self._warm: set = set()         # ids of the executables called once already
+        self.rounds, self.stopped = 0, ""   # the last timing session's rounds, and why it ended
 
     @property
     def args(self) -> tuple:
         return self.flat.diff, self.flat.batch
 
-    def compile(self, label: str, fn) -> Program:
-        """``jax.jit(jax.grad(fn))`` for the parameters only, compiled unless already compiled."""
+    def compile(self, label: str, fn, *, quick: bool = False) -> Program:
+        """``jax.jit(jax.grad(fn))`` for the parameters only, compiled unless already compiled
+        (``quick``: for its figures only, ``QUICK``)."""
         if label in self.by_label:
             return self.by_label[label]
         t0 = time.perf_counter()
@@ -94,22 +108,46 @@ class Programs:
         lowered = traced.lower()
         key = _fingerprint(lowered)
         same = self._by_print.get(key)
-        if same is not None:
+        if same is not None and (quick or not same.quick):
             prog = Program(label, key, same.temp_bytes, same.flops, same.executable,
-                           same_as=same.label)
+                           same_as=same.label, quick=same.quick, lowered=same.lowered)
         else:
-            exe = lowered.compile()
-            flops = (exe.cost_analysis() or {}).get("flops", float("nan"))
-            if self.flops_per_trip:
-                from mlsys_jax.cost.xla import xla_flops_per_trip
-
-                flops = xla_flops_per_trip(traced.jaxpr, flops)
-            prog = Program(label, key, int(exe.memory_analysis().temp_size_in_bytes),
-                           float(flops), exe, compile_s=time.perf_counter() - t0)
+            prog = Program(label, key, 0, 0.0, quick=quick, lowered=lowered if quick else None)
+            self._build(prog, lowered, traced.jaxpr, t0)
             self._by_print[key] = prog
         self.by_label[label] = prog
         if self.reference is None:
             self.reference = prog
+        return prog
+
+    def _build(self, prog: Program, lowered, jaxpr, t0: float) -> None:
+        """Compile ``lowered`` (``QUICK`` when ``prog.quick``) and read XLA's figures."""
+        exe = lowered.compile(QUICK if prog.quick else None)
+        prog.executable = exe
+        flops = (exe.cost_analysis() or {}).get("flops", float("nan"))
+        if self.flops_per_trip:
+            from mlsys_jax.cost.xla import xla_flops_per_trip
+
+            flops = xla_flops_per_trip(jaxpr, flops)
+        prog.temp_bytes = int(exe.memory_analysis().temp_size_in_bytes)
+        prog.flops, prog.compile_s = float(flops), time.perf_counter() - t0
+
+    def full(self, prog: Program) -> Program:
+        """``prog`` compiled in full, for timing (the same program when it is already); the
+        programs that are its module follow."""
+        if not prog.quick:
+            return prog
+        src = self._by_print[prog.fingerprint]
+        if src.quick:
+            t0 = time.perf_counter()
+            exe = src.lowered.compile()
+            src.executable, src.quick, src.lowered = exe, False, None
+            src.temp_bytes = int(exe.memory_analysis().temp_size_in_bytes)
+            src.compile_s += time.perf_counter() - t0
+        for p in self.by_label.values():
+            if p.fingerprint == src.fingerprint and p is not src:
+                p.executable, p.quick, p.lowered, p.temp_bytes = (src.executable, False, None,
+                                                                  src.temp_bytes)
         return prog
 
     def run_reference(self) -> float:
@@ -131,6 +169,7 @@ class Programs:
                 self._reference_grads.append(path)
             del grads
             ref.grads_max_abs_diff = ref.grads_max_rel_diff = 0.0
+            self._warm.add(id(ref.executable))
         return ref.first_call_s
 
     def check(self, prog: Program, grads) -> None:
@@ -138,37 +177,70 @@ class Programs:
         reference = [np.load(path, mmap_mode="r") for path in self._reference_grads]
         prog.grads_max_abs_diff, prog.grads_max_rel_diff = grad_difference(grads, reference)
 
-    def time(self, progs: list[Program], repeats: int = 7, budget_s: float = 10.0
-             ) -> tuple[dict, dict]:
+    def time(self, progs: list[Program], repeats: int = 7, budget_s: float = 10.0, *,
+             decide=None, least: int = 2) -> tuple[dict, dict]:
         """Time ``progs`` and the reference side by side. Returns (label -> step time over the
-        reference's, paired: ``timing.Ratio``; label -> ``timing.Timing``), with as many rounds
-        as fit ``budget_s`` (2 ≤ rounds ≤ ``repeats``; one if ``repeats`` is 1), after one
-        untimed call each. A program's first timed batch is also its gradient check."""
-        progs = [self.reference] + [p for p in progs if p is not self.reference]
+        reference's, paired: ``timing.Ratio``; label -> ``timing.Timing``). After one untimed
+        call each (its gradients checked), rounds run one at a time: from the ``least``-th on,
+        ``decide(times)`` (label -> Timing so far) may end the session with its reason; at most
+        as many as fit ``budget_s`` (never fewer than ``least``) and ``repeats``. ``rounds`` and
+        ``stopped`` say how many ran and why they stopped."""
+        progs = [self.reference] + [self.full(p) for p in progs if p is not self.reference]
         distinct = list({id(p.executable): p for p in progs}.values())
-        self.progress.stage(f"timing {len(distinct)} programs side by side (their first timed "
-                            "calls also check the gradients against no remat's)")
+        self.progress.stage(f"timing {len(distinct)} programs side by side (a warm-up call each "
+                            "also checks its gradients against no remat's)")
         step_s = self.run_reference()            # an estimate for every program (a first call)
         number = max(1, math.ceil(MIN_ROUND_S / max(step_s, 1e-9)))
         round_s = number * step_s * len(distinct)
         best_of = BEST_OF if round_s * BEST_OF * 2 <= budget_s else 1
-        rounds = int(min(repeats, max(2, budget_s // (round_s * best_of)))) if repeats > 1 else 1
-        self.progress.item(1, 1, f"a warm-up call each, then {rounds} interleaved rounds, "
-                                 f"about {(1 + rounds * best_of) * round_s:.0f} s")
-        args, by_label = self.args, {p.label: p for p in distinct}
-
-        def first(label, grads):
-            if by_label[label] is not self.reference:
-                self.check(by_label[label], grads)
+        fit = int(max(least, budget_s // (round_s * best_of)))
+        most = min(repeats, fit) if repeats > 1 else 1
+        span = f"{most}" if min(least, most) == most else f"{least} to {most}"
+        self.progress.item(1, 1, f"a warm-up call each, then {span} interleaved rounds (fewer "
+                                 f"once the outcome is settled), about {round_s * best_of:.2g} "
+                                 "s a round")
+        self._warm_up(distinct)
+        args, samples = self.args, {p.label: [] for p in distinct}
         fns = {p.label: (lambda e=p.executable: e(*args)) for p in distinct}
-        times = timing.compare(fns, repeats=rounds, warmup=1, best_of=best_of,
-                               number={label: number for label in fns}, shuffle=True,
-                               first_result=first)
-        for p in progs:                          # programs that are another's module
+        order, rng, why = list(fns.items()), random.Random(0), None
+        for n in range(1, most + 1):
+            rng.shuffle(order)
+            got = timing.compare(dict(order), repeats=1, warmup=0, best_of=best_of,
+                                 number=number, shuffle=True)
+            for label, t in got.items():
+                samples[label].append(t.samples[0])
+            times = self._expand(progs, distinct, samples, number)
+            if decide is not None and n >= max(least, 2):
+                why = decide(times)
+                if why:
+                    break
+        self.rounds = n
+        self.stopped = why or (f"the most asked for (repeats {repeats})" if most == repeats else
+                               f"the most that fit the timing budget ({budget_s:g} s, about "
+                               f"{round_s * best_of:.2g} s a round)")
+        base = times[self.reference.label]
+        return {label: timing.ratio(t, base) for label, t in times.items()}, times
+
+    def _warm_up(self, distinct: list[Program]) -> None:
+        """One untimed call of each program not called yet; its gradients are checked."""
+        for p in distinct:
+            if id(p.executable) in self._warm:
+                continue
+            grads = jax.block_until_ready(p.executable(*self.args))
+            self._warm.add(id(p.executable))
+            if p is not self.reference:
+                self.check(p, grads)
+            del grads
+
+    def _expand(self, progs, distinct, samples: dict, number: int) -> dict:
+        """label -> Timing for every program of ``progs`` (those that are another's module share
+        its samples and its gradient check)."""
+        times = {}
+        for p in progs:
             src = next(q for q in distinct if q.executable is p.executable)
             p.grads_max_abs_diff, p.grads_max_rel_diff = (src.grads_max_abs_diff,
                                                           src.grads_max_rel_diff)
-        times = {p.label: times[next(q.label for q in distinct
-                                     if q.executable is p.executable)] for p in progs}
-        base = times[self.reference.label]
-        return {label: timing.ratio(t, base) for label, t in times.items()}, times
+            s = samples[src.label]
+            times[p.label] = timing.Timing(statistics.median(s), min(s), max(s), len(s), number,
+                                           tuple(s))
+        return times

@@ -2,7 +2,8 @@
 
 ``Frontier.plan`` answers with the plan alone; a report (the ``remat`` command, a notebook) also
 wants what the answer was chosen among — each compiled program's temp bytes and step time — and
-JAX's built-in policies compiled and timed in the same rounds. Doing that needs the frontier's
+JAX's built-in policies compiled (those that could matter timed in the same rounds, which stop
+once the outcome is settled: ``planner.rounds``). Doing that needs the frontier's
 steps in a different order (the policies join the plans' timing session), so it lives here, in
 the library, once: ``plan_report`` returns a ``PlanReport`` and callers only format it. On
 ``ShapeDtypeStruct`` parameters and batch nothing can run, so the same call plans on shapes
@@ -54,6 +55,7 @@ class PlanReport:
     versus: dict                    # policies.compare_policies (empty lists: --no-policies)
     timelines: dict                 # "no remat" (and "the plan") -> the planner's memory model
     choice: str = ""                # how the plan was chosen among the timed ones (the noise)
+    timing_note: str = ""           # how many timing rounds ran, and why they stopped
     labels: dict = field(default_factory=dict)  # value name -> module/primitive (value_names)
 
     def ratio(self, p: Plan):
@@ -74,7 +76,7 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
     beside no remat and, with ``policies``, JAX's built-in policies in the same rounds. On
     shapes (``ir.abstract.is_abstract``) nothing runs: ``planner.shapes.plan_on_shapes``."""
     from mlsys_jax.ir.abstract import is_abstract
-    from mlsys_jax.remat.planner.policies import compare_policies, policy_programs
+    from mlsys_jax.remat.planner.policies import compare_policies, distinct, policy_programs
     from mlsys_jax.remat.planner.value_names import value_names
 
     if not isinstance(repeats, int) or repeats < 1:
@@ -92,10 +94,11 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
         candidates = fr.search(nbytes)[:fr.n_timed()]
         if not candidates:
             raise fr.refusal(nbytes)
-    built = policy_programs(fr) if policies else {}
-    times = fr.time(candidates, extra=built.values())
+    built = policy_programs(fr, quick=True) if policies else {}
+    worth, skipped = distinct(fr, built)               # policies that save nothing: not timed
+    times = fr.time(candidates, extra=worth.values(), sequential=True)
     chosen = fr.choose(nbytes)
-    versus = compare_policies(fr, built, times, candidates)
+    versus = compare_policies(fr, built, times, candidates, skipped)
     prog = fr.program(chosen)
     timelines = {"no remat": fr.problem.timeline(fr.no_remat)}
     if chosen.recomputed and not chosen.scan_policy:      # the MILP's model: its plans only
@@ -109,4 +112,4 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
                                                       for q in fr.measured),
         zero_grad_leaves=fr.programs.zero_grad_leaves, n_grad_leaves=len(fr.flat.diff),
         shapes=dict(zip(fr.graph.names, fr.graph.shapes)), versus=versus, timelines=timelines,
-        choice=fr.choice, labels=value_names(fr.graph, params))
+        choice=fr.choice, timing_note=fr.timing_note, labels=value_names(fr.graph, params))
