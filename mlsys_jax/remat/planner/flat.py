@@ -5,16 +5,24 @@ activation function, a Python float field) are static and closed over, as ``eqx.
 treats them; an integer, boolean or PRNG-key array in ``params`` is an error (it has no gradient:
 move it to the batch). The batch may hold any arrays (integer labels, boolean masks); it is never
 differentiated.
+
+The loss is traced once here (``FlatLoss.closed``); ``FlatLoss.replay`` evaluates that trace, so
+the programs compiled from it — no remat, JAX's policies — do not run the user's Python again
+(re-tracing flax's modules takes seconds at GPT-2's size). Re-binding every equation
+of the trace lowers to the same module as tracing the user's function (the equations are the
+same, ``checkpoint_name``'s ``name`` equations and ``jit`` calls included):
+tests/remat/test_replay.py checks the fingerprints.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlsys_jax.compat import jaxpr_as_fun
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.ir.differentiable import check_grad_traces
 
@@ -32,6 +40,8 @@ class FlatLoss:
     batch: list              # the batch's array leaves
     unflatten: Callable      # diff leaves -> the params pytree (static leaves restored)
     split: Callable          # (params, batch) -> (diff, batch leaves), same structure as here
+    closed: object = None    # the loss traced over (*diff, *batch): a ClosedJaxpr
+    replay: Callable = None  # fn's equivalent from ``closed``: the user's Python does not run
 
 
 def flatten_loss(loss_fn, params, batch, api: str = "remat") -> FlatLoss:
@@ -75,7 +85,17 @@ def flatten_loss(loss_fn, params, batch, api: str = "remat") -> FlatLoss:
     flat = FlatLoss(fn, [values[i] for i in diff_at], [blist[i] for i in b_at], unflatten, split)
     closed = _check_scalar_loss(flat, api)
     check_grad_traces(flat.fn, (flat.diff, flat.batch), what="loss_fn", closed=closed)
-    return flat
+    return replace(flat, closed=closed, replay=replayed(closed))
+
+
+def replayed(closed) -> Callable:
+    """``fn(diff, batch_leaves)`` evaluating the traced loss ``closed``: one function per trace,
+    so ``jax.checkpoint`` (which caches its trace by function) traces it once for every policy."""
+    run = jaxpr_as_fun(closed)
+
+    def replay(diff, batch_leaves):
+        return run(*diff, *batch_leaves)[0]
+    return replay
 
 
 def _check_scalar_loss(flat: FlatLoss, api: str):

@@ -11,15 +11,19 @@ expect to land just under the budget (compiled temp bytes calibrated on the pred
 regula falsi between the bracket's ends, a slope of at least one byte per byte above the least
 plan), until one lands within ``NEAR`` under it. Of the plans that fit, the ``TIMED`` nearest the
 budget (the nearest alone when steps are long) are timed beside no remat and the fastest is the
-answer. ``ladder`` compiles plans at fixed predicted budgets up front instead (the whole
-frontier: benchmarks, tests). ``points`` is the frontier of timed plans: none is larger and
-slower than another.
+answer. Where at most one plan will be timed (steps longer than ``LONG_STEP_S``: GPT-2 small on
+a CPU; on shapes none is), plans are compiled for XLA's figures only (``programs.QUICK``: the
+same temp bytes and FLOPs in about half the time) and the timed one in full after: a search
+compiles up to 2 + ``MAX_PROBES`` plans, so that saves compiles; with two timed it may not pay. ``ladder``
+compiles plans at fixed predicted budgets up front instead (the whole frontier: benchmarks,
+tests). ``points`` is the frontier of timed plans: none is larger and slower than another.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from mlsys_jax.errors import MlsysError
+from mlsys_jax.ir.abstract import is_abstract
 from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.remat.milp import Plan, plan_key
 from mlsys_jax.remat.planner import rounds
@@ -54,6 +58,7 @@ class Frontier:
         self.progress, self.repeats, self.timing_budget_s = progress, repeats, timing_budget_s
         progress.stage("tracing the loss and linearizing each equation")
         self.flat = flatten_loss(loss_fn, params, batch, "plan")
+        self.abstract = is_abstract((params, batch))      # on shapes: nothing runs
         self.graph = loss_graph(self.flat)
         self.problem = SegmentedProblem(self.graph, time_limit_s)
         self.programs = Programs(self.flat, progress, flops_per_trip=flops_per_trip)
@@ -64,7 +69,7 @@ class Frontier:
         self.measured: list[Plan] = []
         progress.stage(f"compiling no remat, jax.grad of the loss ({self.graph.n_eqns} "
                        "equations)")
-        base = self.programs.compile("no remat", self.flat.fn)
+        base = self.programs.compile("no remat", self.flat.replay)    # the loss traced once
         self.no_remat = self._record(self.problem.solve(self.problem.store_all_bytes), base,
                                      "no remat")
         self.timings[plan_key(self.no_remat)] = None      # the reference: ratio 1 by definition
@@ -94,8 +99,13 @@ class Frontier:
                 f"{len(p.recomputed)} values recomputed in {len(p.segments)} segments, "
                 f"predicted peak {p.predicted_peak_bytes}")
         self.progress.item(len(self.measured), len(self.measured), f"compiling {label}: {what}")
-        prog = self.programs.compile(label, flat_applied(self.graph, p))
+        prog = self.programs.compile(label, flat_applied(self.graph, p), quick=self._quick())
         return self._record(p, prog, label)
+
+    def _quick(self) -> bool:
+        """Whether to compile plans for their figures only: on shapes (nothing is timed), or when
+        only one plan will be timed (``n_timed``; ``Programs.time`` compiles it in full)."""
+        return self.abstract or self.n_timed() == 1
 
     def _ladder(self, ladder) -> None:
         lo, hi = self.problem.min_peak_budget_bytes, self.problem.store_all_bytes

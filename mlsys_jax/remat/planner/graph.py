@@ -158,7 +158,8 @@ class LossGraph:
 def _inlined(flat: FlatLoss) -> ClosedJaxpr:
     from mlsys_jax.passes import inline, run   # same layer: the verified inlining pass
 
-    closed = jax.make_jaxpr(flat.fn)(flat.diff, flat.batch)
+    closed = flat.closed if flat.closed is not None else \
+        jax.make_jaxpr(flat.fn)(flat.diff, flat.batch)
     if closed.effects:
         effects = ", ".join(map(str, closed.effects))
         raise MlsysError(f"remat: loss_fn has side effects ({effects}); recomputation would "

@@ -29,15 +29,21 @@ BUILTIN_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
 
 def policy_programs(frontier: Frontier, *, quick: bool = False) -> dict:
     """name -> the compiled ``Program`` of ``jax.checkpoint(loss_fn, policy=name)`` (``quick``:
-    compiled for XLA's figures only; ``Programs.full`` compiles one to be timed)."""
-    flat, out = frontier.flat, {}
+    compiled for XLA's figures only; ``Programs.full`` compiles one to be timed). The loss is
+    the one traced already (``FlatLoss.replay``): the user's Python does not run again, and the
+    module is the same (``name`` equations included, which names policies read)."""
+    programs, out, seen = frontier.programs, {}, {}
     what = " for their temp bytes" if quick else ""
     frontier.progress.stage(f"compiling JAX's {len(BUILTIN_POLICIES)} built-in policies{what}")
     for k, name in enumerate(BUILTIN_POLICIES, 1):
         frontier.progress.item(k, len(BUILTIN_POLICIES), name)
         policy = getattr(jax.checkpoint_policies, name)
-        out[name] = frontier.programs.compile(name, jax.checkpoint(flat.fn, policy=policy),
-                                              quick=quick)
+        if policy in seen:      # another name of one policy (checkpoint_dots is dots_saveable)
+            out[name] = programs.alias(name, out[seen[policy]])
+            continue
+        seen[policy] = name
+        out[name] = programs.compile(name, jax.checkpoint(frontier.flat.replay, policy=policy),
+                                     quick=quick)
     return out
 
 

@@ -120,6 +120,14 @@ class Programs:
             self.reference = prog
         return prog
 
+    def alias(self, label: str, prog: Program) -> Program:
+        """``prog`` under another ``label`` (the same function: nothing traced or compiled)."""
+        if label not in self.by_label:
+            self.by_label[label] = Program(label, prog.fingerprint, prog.temp_bytes, prog.flops,
+                                           prog.executable, same_as=prog.same_as or prog.label,
+                                           quick=prog.quick, lowered=prog.lowered)
+        return self.by_label[label]
+
     def _build(self, prog: Program, lowered, jaxpr, t0: float) -> None:
         """Compile ``lowered`` (``QUICK`` when ``prog.quick``) and read XLA's figures."""
         exe = lowered.compile(QUICK if prog.quick else None)
