@@ -17,6 +17,13 @@
    its pick is timed beside every graph the search's moves reach in two steps from the default
    pipeline's result (and the original): ``here_search_picks_fastest`` = 1 when the pick is the
    fastest, within 5% (a tie is a tie).
+4. Models it was not tuned on (``_here_models_unseen.py``: haiku's ResNet18 in training mode,
+   an equinox MLP-Mixer, a flax nnx CNN, a Keras ConvNeXt-like net with depthwise 7 × 7
+   convolutions; outside ``--quick`` haiku's ResNet18 at 224 px, whose last stage XLA runs as
+   one YNNPACK graph), the same paired figures as 1. under ``here_unseen_*`` (target
+   0.67–1.5), with the ``cpu`` roofline's estimate over the measured time beside them.
+5. A cold ``inspect --hw here`` over a process that builds, compiles and calls the model once
+   (``_here_cold.py``, target ≤ 1.5).
 """
 from __future__ import annotations
 
@@ -93,16 +100,31 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
             "roofline_us": cost.estimate(closed, hw="cpu").time_us}
 
 
-def whole_models(quick: bool, cache_dir: Path) -> tuple[dict, list]:
+def _tuned() -> list:
+    """(name, factory) of the models the model was tuned on (``MODELS``)."""
+    return [(name, _factory(file, factory, kwargs), in_quick)
+            for name, file, factory, kwargs, in_quick in MODELS]
+
+
+def _unseen() -> list:
+    """(name, factory) of models from libraries and architectures it was not tuned on
+    (``_here_models_unseen.py``): their figures are ``here_unseen_*``."""
+    from benchmarks._here_models_unseen import MODELS as UNSEEN, QUICK
+
+    return [(name, factory, name in QUICK) for name, factory in UNSEEN.items()]
+
+
+def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple[dict, list]:
     model = OperatorModel(cache_dir / "operators.json", budget_s=600.0)
     rounds = 5 if quick else 9
+    prefix = "here_unseen_" if unseen else "here_"
     figures, notes, worst = {}, [], []
-    for name, file, factory, kwargs, in_quick in MODELS:
+    for name, make, in_quick in (_unseen() if unseen else _tuned()):
         if quick and not in_quick:
             continue
         print(f"[bench passes] here: {name}", file=sys.stderr, flush=True)
         with jax.enable_x64(False):  # users' models, under JAX's defaults
-            f, args = _factory(file, factory, kwargs)()
+            f, args = make()
             closed = ir.trace(f, *args)
             inputs = ir.partition(tuple(args), scalars=False)[0]
             t0 = time.perf_counter()
@@ -111,8 +133,11 @@ def whole_models(quick: bool, cache_dir: Path) -> tuple[dict, list]:
         r, ks = acc["paired"], acc["kernel_ratios"]
         within = sum(0.5 <= x <= 2.0 for x in ks) / len(ks) if ks else 0.0
         worst.append(max(ks + [1 / x for x in ks], default=1.0))
-        figures.setdefault("here_predicted_over_measured_ratio", {})[name] = r.to_dict()
-        figures.setdefault("here_kernels_within_2x_fraction", {})[name] = within
+        figures.setdefault(f"{prefix}predicted_over_measured_ratio", {})[name] = r.to_dict()
+        figures.setdefault(f"{prefix}kernels_within_2x_fraction", {})[name] = within
+        if unseen:
+            figures.setdefault("here_unseen_cpu_roofline_over_measured_ratio", {})[name] = (
+                acc["roofline_us"] / acc["measured"].median_us)
         unpaired = acc["predicted_us"] / acc["measured"].median_us
         far = acc["furthest"]
         furthest = ("" if far is None else
@@ -131,7 +156,7 @@ def whole_models(quick: bool, cache_dir: Path) -> tuple[dict, list]:
             f"cache; kernels' cached time over alone in the rounds {min(ks):.3g}–{max(ks):.3g}, "
             f"{within:.0%} within 0.5–2×{furthest}{least} ({seconds:.0f} s)")
         print(f"[bench passes] {notes[-1]}", file=sys.stderr, flush=True)
-    figures["here_kernel_worst_ratio"] = max(worst, default=1.0)
+    figures[f"{prefix}kernel_worst_ratio"] = max(worst, default=1.0)
     return figures, notes
 
 
@@ -225,8 +250,12 @@ def search_picks(quick: bool, cache_dir: Path) -> tuple[dict, list]:
 def run(quick: bool = False) -> tuple[dict, list]:
     figures, notes = {}, []
     with tempfile.TemporaryDirectory(prefix="mlsys-jax-here-") as tmp:
-        for part in (whole_models(quick, Path(tmp)), search_picks(quick, Path(tmp)),
-                     cache_reuse(quick, Path(tmp))):
+        from benchmarks._here_cold import cold_ratio
+
+        for part in (whole_models(quick, Path(tmp)),
+                     whole_models(quick, Path(tmp), unseen=True),
+                     search_picks(quick, Path(tmp)), cache_reuse(quick, Path(tmp)),
+                     cold_ratio(rounds=3 if quick else 5)):
             figures.update(part[0])
             notes += part[1]
     return figures, notes

@@ -6,6 +6,8 @@ from __future__ import annotations
 from mlsys_jax.errors import MlsysError
 
 WORST = 3  # kernels named by the efficiency line
+FAR_BELOW = 3.0  # --hw cpu: a roofline estimate this many times under a probe gets the hint
+PROBE_S = 0.3    # the probe's time: a few calls of the compiled function
 
 
 def add_budget_argument(p) -> None:
@@ -39,6 +41,8 @@ def check_here_options(args) -> None:
 
         model = operator_model()
         model.budget_s, model.spent_s = MEASURE_BUDGET_S if budget is None else budget, 0.0
+        model.shown = None  # both sets measured unless the command says which one it shows
+        model.side = None
 
 
 def kernel_fields(report, k) -> dict:
@@ -62,15 +66,16 @@ def efficiency_line(report) -> str:
     rated = sorted((k for k in report.kernels if k.efficiency is not None),
                    key=lambda k: k.efficiency, reverse=True)
     counts = {m: sum(k.model == m for k in report.kernels) for m in ("measured", "cached",
-                                                                     "roofline")}
+                                                                     "derived", "roofline")}
+    derived = f"{counts['derived']} derived, " if counts["derived"] else ""
     parts = [f"kernels: {counts['measured']} measured now, {counts['cached']} from the cache, "
-             f"{counts['roofline']} on the roofline; dispatch of the call "
+             f"{derived}{counts['roofline']} on the roofline; dispatch of the call "
              f"{report.overhead_us:.3g} µs"]
     if rated:
         names = ", ".join(f"{k.name} ({', '.join(k.in_shapes)}) ×{k.efficiency:.3g} "
                           f"({k.run_us:.4g} vs {k.bound_us:.3g} µs)" for k in rated[:WORST])
         parts.append(f"measured time over roofline time: least efficient {names}")
-    why = sorted({k.why for k in report.kernels if k.why})
+    why = sorted({k.why for k in report.kernels if k.why and k.model == "roofline"})
     if why:
         parts.append("on the roofline because: " + "; ".join(why))
     return ". ".join(parts)
@@ -95,3 +100,49 @@ def prediction_line(label: str, model_name: str, predicted_us: float, timing) ->
     return (f"{label}: predicted {predicted_us:.4g} µs ({model_name}), measured "
             f"{timing.summary()} under jax.jit: predicted/measured "
             f"{predicted_us / timing.median_us:.3g}")
+
+
+def quick_probe_us(compiled, inputs, *, budget_s: float = PROBE_S) -> float:
+    """µs of one call of ``compiled`` (``inspect``'s program, compiled for XLA's figures) on the
+    function's inputs: the fastest of a few calls after a warm one, within ``budget_s`` — a
+    probe, not a measurement (``--measure`` is one)."""
+    import time
+
+    import jax
+
+    jax.block_until_ready(compiled(*inputs))
+    best, start = float("inf"), time.perf_counter()
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*inputs))
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return best * 1e6
+
+
+def roofline_hint(report, probe_us: float | None, *, measured: bool = False) -> str:
+    """On ``--hw cpu``: when the roofline estimate is far below what this machine took (a quick
+    probe, or ``--measure``), say that it is a bound and that ``--hw here`` predicts this
+    machine; empty otherwise."""
+    if report.hardware.name != "cpu" or not probe_us or report.time_us <= 0:
+        return ""
+    times = probe_us / report.time_us
+    if times < FAR_BELOW:
+        return ""
+    how = ("what --measure timed here" if measured else
+           "what a quick probe took here (the fastest of a few jit calls)")
+    return (f"the cpu roofline ({report.time_us:.4g} µs) is a bound, {times:.3g}× below {how}: "
+            f"{probe_us:.4g} µs; --hw here predicts this machine (each kernel compiled and "
+            f"timed here, cached)")
+
+
+def fused_contractions_line(counts: list) -> str:
+    """``--hw here``: XLA runs some contractions together in one kernel (a YNNPACK graph of
+    convolutions, their elementwise work and a reduction) where the model times each alone —
+    what the prediction cannot see, said with the counts."""
+    sizes = ", ".join(str(n) for n in counts)
+    return (f"XLA compiled {sum(counts)} contractions into {len(counts)} kernel(s) of several "
+            f"each ({sizes}: a YNNPACK graph fusion), where this model times each contraction "
+            f"as a kernel of its own: those kernels' times here can be far from XLA's (measure "
+            f"the whole function with --measure)")

@@ -115,6 +115,7 @@ class Kernel:
     why: str = ""            # on a measured model, why this kernel kept the roofline
     bound_us: float = 0.0    # max(flops / peak, bytes / bandwidth), without launch
     run_us: float | None = None  # measured alone, less its own call's dispatch
+    index: tuple = field(default=(), compare=False, repr=False)  # its ops' places in the op view
 
     @property
     def efficiency(self) -> float | None:
@@ -149,7 +150,9 @@ def kernels(closed, fused: bool = False, dtype=None, hw="h100") -> list[Kernel]:
     groups = group(ops, hardware.fusion if fused else "none")
     users = consumers(view)
     index = {id(e): i for i, e in enumerate(view.eqns)}
-    return [_kernel(g, cost_dtype, users, index) for g in groups]
+    place = {id(op): i for i, op in enumerate(ops)}  # the same in both groupings of one graph
+    return [replace(_kernel(g, cost_dtype, users, index), index=tuple(place[id(op)] for op in g))
+            for g in groups]
 
 
 def _kernel(group: list[Op], cost_dtype, users, index) -> Kernel:

@@ -80,6 +80,12 @@ def xla_flops_per_trip(closed: ClosedJaxpr, flops_once: float) -> float:
     return flops_once + _per_trip_extra(closed.jaxpr)
 
 
+def compile_on_shapes(closed: ClosedJaxpr):
+    """``closed`` compiled with ``jax.jit`` on its avals (nothing allocated): the program
+    :func:`xla_figures` reads, and that ``inspect --hw cpu`` may also call once as a probe."""
+    return _lowered(closed).compile()
+
+
 def xla_figures(closed: ClosedJaxpr, compiled=None) -> XlaFigures:
     """Compile ``closed`` on its avals (or take ``compiled``, the same program compiled with its
     shardings) and read XLA's figures. Nothing of the arguments' size is allocated."""
@@ -93,3 +99,24 @@ def xla_figures(closed: ClosedJaxpr, compiled=None) -> XlaFigures:
         xla_output_bytes=int(memory.output_size_in_bytes),
         xla_temp_bytes=int(memory.temp_size_in_bytes),
         xla_alias_bytes=int(memory.alias_size_in_bytes))
+
+
+def fused_contractions(compiled) -> list[int]:
+    """The contractions (convolutions, dots) of each kernel of the compiled program that runs
+    more than one (a YNNPACK graph fusion may take a chain of convolutions with their
+    elementwise work and a final reduction, where our fusion model keeps each one a kernel of
+    its own): their counts, largest first; empty when XLA keeps them apart."""
+    import re
+
+    counts, name = {}, None
+    calls = []
+    for line in compiled.as_text().splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+        if head:
+            name = head.group(1)
+            counts[name] = 0
+        elif name is not None and re.search(r"= [^=]*\b(convolution|dot)\(", line):
+            counts[name] += 1
+        if " fusion(" in line:
+            calls += re.findall(r"calls=%([\w.\-]+)", line)
+    return sorted((counts.get(c, 0) for c in calls if counts.get(c, 0) > 1), reverse=True)

@@ -1,5 +1,6 @@
 """``--hw here`` on a third-party model as shipped (Keras' MobileNetV2: convolutions, depthwise
-ones, BatchNorm) and the flax transformer (matmuls, attention), at small sizes: every kernel of the
+ones, BatchNorm), the flax transformer (matmuls, attention) and the models it was not tuned on
+(a Keras ConvNeXt-like net, an equinox MLP-Mixer, an nnx CNN), at small sizes: every kernel of the
 fused model runs alone, and a second model object reads them all back from the cache for a second
 trace. Prediction accuracy on haiku's ResNet18 and Keras' MobileNetV2, and a second process
 reading the cache, are benchmark figures (``bench passes``)."""
@@ -7,6 +8,8 @@ import pytest
 
 import flax_transformer
 import inference_nets
+import jax
+from benchmarks import _here_models_unseen as unseen
 from mlsys_jax import cost, ir
 from mlsys_jax.cost.here import OperatorModel, here_hardware
 from mlsys_jax.cost.here.dispatch import DispatchCost
@@ -14,6 +17,11 @@ from mlsys_jax.cost.here.dispatch import DispatchCost
 FACTORIES = {
     "keras_mobilenet": lambda: inference_nets.keras_mobilenet(batch=1, size=32, classes=10),
     "flax_transformer": flax_transformer.inspect,
+    # models the model was not tuned on (benchmarks/_here_models_unseen.py), small
+    "keras_convnext": lambda: unseen.keras_convnext(batch=1, size=32, dims=(8, 16),
+                                                    depths=(1, 1)),
+    "equinox_mlp_mixer": lambda: unseen.equinox_mlp_mixer(batch=2, size=16, dim=16, blocks=1),
+    "nnx_cnn": lambda: unseen.nnx_cnn(batch=2, size=16, widths=(8, 16)),
 }
 
 
@@ -32,11 +40,13 @@ def model_at(path) -> OperatorModel:
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_every_kernel_runs_alone_and_is_read_back_under_the_same_key(name, tmp_path):
-    f, args = FACTORIES[name]()
-    first = cost.estimate(ir.trace(f, *args), hw=here_hardware(model_at(tmp_path / "ops.json")))
-    assert [k.why for k in first.kernels if k.model == "roofline"] == []
-    assert len(first.kernels) > 5
-    later = model_at(tmp_path / "ops.json")
-    again = cost.estimate(ir.trace(f, *args), hw=here_hardware(later))  # a new jaxpr
+    with jax.enable_x64(False):  # users' models, under JAX's defaults
+        f, args = FACTORIES[name]()
+        first = cost.estimate(ir.trace(f, *args),
+                              hw=here_hardware(model_at(tmp_path / "ops.json")))
+        assert [k.why for k in first.kernels if k.model == "roofline"] == []
+        assert len(first.kernels) > 5
+        later = model_at(tmp_path / "ops.json")
+        again = cost.estimate(ir.trace(f, *args), hw=here_hardware(later))  # a new jaxpr
     assert later.measured_now == 0 and {k.model for k in again.kernels} == {"cached"}
     assert again.time_us == pytest.approx(first.time_us)

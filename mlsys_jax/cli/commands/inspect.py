@@ -112,6 +112,8 @@ class InspectRun:
     equations: int
     variables: dict = None  # jaxpr Var -> cli.variables.Variable: the model's arrays
     xla_error: str = ""     # why XLA's figures are missing when the compile failed
+    probe_us: float | None = None  # --hw cpu: one call of the compiled function, timed here
+    fused_contractions: list = None  # --hw here: contractions of XLA's multi-contraction kernels
 
     def to_json(self) -> dict:
         """The ``--json`` object."""
@@ -124,6 +126,11 @@ class InspectRun:
             out["total"].update(self.xla.as_dict())
         if self.xla_error:
             out["xla_error"] = self.xla_error
+        if self.fused_contractions is not None:
+            out["xla_fused_contractions"] = self.fused_contractions
+        if self.probe_us:
+            out["probe"] = {"us": self.probe_us,
+                            "predicted_over_probe": self.report.time_us / self.probe_us}
         if self.variables:
             out["variables"] = variables_json(self.variables)
         return {**out, **({"measured": self.measured[0]} if self.measured else {})}
@@ -154,7 +161,10 @@ def compute(user, args, progress=None) -> InspectRun:
     progress.stage(f"tracing {user.name}")
     closed = user.trace(grad=args.grad)
     progress.stage("costing the graph: both estimates, per module")
+    side = _compile_beside_kernels(closed, args, on_shapes)
     both = estimates(closed, args.hw, args.dtype)
+    if side is not None:
+        side.owner.side = None
     report = both.default if args.fused is None else both.fused if args.fused else both.unfused
     weights, variables = graph_variables(user, closed)
     state = frozenset(var for var, v in variables.items() if v.kind == STATE)
@@ -162,12 +172,14 @@ def compute(user, args, progress=None) -> InspectRun:
     if args.measure:
         progress.stage("timing the function under jax.jit")
     measured = measure_whole(closed, user, args, report)
-    xla, xla_error = None, ""
+    xla, xla_error, probe, fused = None, "", None, None
     if on_shapes or args.xla:
         progress.stage("compiling with XLA for its cost and memory analysis (--no-xla skips)")
-        xla, xla_error = _xla(closed)
+        probing = report.hardware.name == "cpu" and not on_shapes and not measured
+        xla, xla_error, probe, fused = _xla(closed, user.inputs() if probing else None, side,
+                                            report.measured)
     return InspectRun(closed, both, report, summary, measured, xla, on_shapes,
-                      _count_equations(closed), variables, xla_error)
+                      _count_equations(closed), variables, xla_error, probe, fused)
 
 
 def main(args) -> int:
@@ -197,14 +209,16 @@ def main(args) -> int:
         from mlsys_jax.cli.exports import write_inspect
 
         write_inspect(args, user.name, done, lambda: _print_tables(
-            args, closed, done.both, report, summary, done.equations, done.measured, done.xla))
+            args, closed, done.both, report, summary, done.equations, done.measured, done.xla,
+            probe_us=done.probe_us, fused=done.fused_contractions))
     if args.json:
         print(json.dumps(done.to_json(), indent=1))
         return 0
     if args.jaxpr:
         print(closed)
     _print_tables(args, closed, done.both, report, summary, done.equations, done.measured,
-                  done.xla, xla_error=done.xla_error)
+                  done.xla, xla_error=done.xla_error, probe_us=done.probe_us,
+                  fused=done.fused_contractions)
     for path, what in ((args.dot, "DOT"), (args.plot, "roofline plot"), (args.trace, "trace"),
                        (args.html, "HTML page")):
         if path:
@@ -213,7 +227,8 @@ def main(args) -> int:
 
 
 def _print_tables(args, closed, both, report, summary, equations: int, measured, xla, *,
-                  xla_error: str = "") -> None:
+                  xla_error: str = "", probe_us: float | None = None,
+                  fused: list | None = None) -> None:
     from mlsys_jax.cli.headline import compiler_note, flop_convention
     from mlsys_jax.cli.measured import table_columns
     from mlsys_jax.cli.shapes import beside_table, why_line
@@ -238,15 +253,34 @@ def _print_tables(args, closed, both, report, summary, equations: int, measured,
     why = why_line(both.unfused.total_flops, xla, summary, closed) if xla else None
     if why:
         print(wrap(why, first=""))
-    print(wrap(f"estimate: {both.line()}", first=""))
+    print(wrap(f"estimate: {estimate_line(both)}", first=""))
     print(wrap(compiler_note(hw), first=""))
-    print_measured(report, measured)
+    print_measured(report, measured, probe_us)
+    if fused:
+        from mlsys_jax.cli.measured import fused_contractions_line
+
+        print(wrap(fused_contractions_line(fused), first=""))
     if report.unknown:
         print(wrap("unknown primitives (no cost rule, counted as 0 FLOPs): "
                    f"{', '.join(report.unknown)}", first=""))
     if report.uncounted_loops:
         print(wrap(f"FLOPs are a lower bound: {report.uncounted_loops} while loop(s) of unknown "
                    "trip count (the program does not fix it), each body counted once", first=""))
+
+
+def estimate_line(both) -> str:
+    """Both estimates in one line; on a measured model, how each set got its times: the table's
+    set is measured, the other derived from it where the cache does not have its kernels."""
+    if both.unfused.hardware.timer is None:
+        return both.line()
+    parts = []
+    for label, r in (("one call per op (eager)", both.unfused),
+                     ("XLA's fused kernels", both.fused)):
+        n, derived = len(r.kernels), sum(k.model == "derived" for k in r.kernels)
+        how = (f"measured: {n - derived} of {n} kernels, {derived} derived from the table's"
+               if derived else "measured")
+        parts.append(f"{label}, {how}: {len(r.kernels)} kernels, {r.time_us:.4g} µs")
+    return " · ".join(parts)
 
 
 def _print_modules(args, both, summary, equations: int, where: str) -> None:
@@ -304,17 +338,41 @@ def _on_shapes(user, args) -> bool:
     return True
 
 
-def _xla(closed) -> tuple:
-    """XLA's figures of the function, compiled on its avals (nothing allocated), and '' — or
-    None and why, when XLA cannot compile it here (the figures are a cross-check: the rest of
-    the report stands without them)."""
-    from mlsys_jax.cost.xla import xla_figures
+def _compile_beside_kernels(closed, args, on_shapes: bool):
+    """On ``--hw here`` with XLA's figures asked for: the whole program's compile handed to the
+    measured model, to run beside its first kernel compiles (a ``SideWork``, with ``owner``)."""
+    if args.hw.strip().lower() != "here" or on_shapes or not args.xla:
+        return None
+    from mlsys_jax.cost.here.operators import SideWork, operator_model
+    from mlsys_jax.cost.xla import compile_on_shapes
+
+    side = SideWork(lambda: compile_on_shapes(closed))
+    side.owner = operator_model()
+    side.owner.side = side
+    return side
+
+
+def _xla(closed, inputs=None, side=None, measured: bool = False) -> tuple:
+    """XLA's figures of the function, compiled on its avals (nothing allocated; ``side``: that
+    compile, started beside the measured model's kernels), '', given ``inputs`` a quick probe
+    of the compiled program on them (µs, else None), and on a ``measured`` model the kernels
+    where XLA runs several contractions as one (else None) — or None and why, when XLA cannot
+    compile it here (the figures are a cross-check: the rest of the report stands without
+    them)."""
+    from mlsys_jax.cli.measured import quick_probe_us
+    from mlsys_jax.cost.xla import compile_on_shapes, fused_contractions, xla_figures
 
     try:
-        return xla_figures(closed), ""
+        compiled = side.result() if side is not None else compile_on_shapes(closed)
+        figures = xla_figures(closed, compiled)
     except Exception as e:  # noqa: BLE001 - XLA's error, reported in one line beside the tables
         text = str(e).strip().splitlines()
-        return None, f"{type(e).__name__}: {text[0] if text else ''}"
+        return None, f"{type(e).__name__}: {text[0] if text else ''}", None, None
+    try:
+        probe = None if inputs is None else quick_probe_us(compiled, inputs)
+    except Exception:  # noqa: BLE001 - the probe only decides whether a hint is printed
+        probe = None
+    return figures, "", probe, fused_contractions(compiled) if measured else None
 
 
 def _count_equations(closed) -> int:
@@ -348,6 +406,10 @@ def check_measure_options(args) -> None:
     if args.rounds < 1:
         raise MlsysError(f"--rounds must be a positive integer, got {args.rounds}")
     check_here_options(args)
+    if args.hw.strip().lower() == "here":  # measure the set the table shows, derive the other
+        from mlsys_jax.cost.here.operators import operator_model
+
+        operator_model().shown = True if args.fused is None else args.fused
 
 
 def measure_whole(closed, user, args, report):
@@ -361,9 +423,9 @@ def measure_whole(closed, user, args, report):
     return measured_dict(report.time_us, t), t
 
 
-def print_measured(report, measured) -> None:
+def print_measured(report, measured, probe_us: float | None = None) -> None:
     from mlsys_jax.cli.headline import other_machine_note
-    from mlsys_jax.cli.measured import efficiency_line, prediction_line
+    from mlsys_jax.cli.measured import efficiency_line, prediction_line, roofline_hint
     from mlsys_jax.tables import wrap
 
     line = efficiency_line(report)
@@ -374,6 +436,10 @@ def print_measured(report, measured) -> None:
         print(wrap(prediction_line("whole function", f"{hw}, the table's estimate",
                                    report.time_us, measured[1]) + other_machine_note(hw),
                    first=""))
+    hint = (roofline_hint(report, measured[1].median_us, measured=True) if measured
+            else roofline_hint(report, probe_us))
+    if hint:
+        print(wrap(hint, first=""))
 
 
 def _input_dtypes(closed) -> list[str]:

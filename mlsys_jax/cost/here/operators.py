@@ -14,8 +14,10 @@ callback, a collective), keep the roofline and say why.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,7 +28,8 @@ from mlsys_jax.cost.here.dispatch import DispatchCost, measure_dispatch
 from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
 from mlsys_jax.cost.here.programs import constants, kernel_program
 
-CHUNK = 8  # kernels compiled, then timed side by side, at a time: the budget is checked between
+CHUNK = 16  # kernels compiled, then timed side by side, at a time: the budget is checked between
+COMPILE_THREADS = 4  # kernels of a chunk compiled at once
 
 
 def _usable(key: str, value) -> bool:
@@ -54,7 +57,7 @@ class OperatorModel:
     """Measured kernel times of this machine, cached on disk, and the budget to measure more."""
 
     def __init__(self, path=None, budget_s: float = MEASURE_BUDGET_S, repeats: int = 5,
-                 min_time_s: float = 0.005, dispatch_repeats: int = 9, progress: bool = True):
+                 min_time_s: float = 0.005, dispatch_repeats: int = 5, progress: bool = True):
         self.identity = cache.identity()
         self.path = Path(path) if path else (cache.cache_dir() /
                                              f"operators-{cache.identity_key(self.identity)}.json")
@@ -63,6 +66,10 @@ class OperatorModel:
         self.progress = progress
         self.entries = _checked(cache.load(self.path, self.identity), self.path)
         self.measured_now = 0  # kernels this process measured (the rest came from the cache)
+        # the set a command shows (True: fused, False: unfused, None: both are measured); the
+        # other set reads the cache and derives the rest from the shown set's kernels
+        self.shown: bool | None = None
+        self.side: SideWork | None = None  # a compile to run beside the first kernel compiles
 
     # -- the figures ------------------------------------------------------------------------
     def dispatch(self) -> DispatchCost | None:
@@ -78,9 +85,10 @@ class OperatorModel:
         self._save({"dispatch": found.to_dict()})
         return found
 
-    def kernel_times(self, programs: list) -> dict:
+    def kernel_times(self, programs: list, *, measure: bool = True) -> dict:
         """key -> (µs alone, "measured" | "cached") for the programs that have a time; new ones
-        are measured within the budget, fused groups as XLA compiles them."""
+        are measured within the budget (unless not ``measure``), fused groups as XLA compiles
+        them."""
         out, todo = {}, {}
         for p in programs:
             hit = self.entries.get("kernel:" + p.key)
@@ -88,7 +96,7 @@ class OperatorModel:
                 out[p.key] = (hit["us"], "cached")
             elif not p.unmeasurable:
                 todo.setdefault(p.key, p)
-        if todo:
+        if todo and measure:
             out.update(self._measure(list(todo.values())))
         return out
 
@@ -102,11 +110,7 @@ class OperatorModel:
         while pending and not over():
             chunk, pending = pending[:CHUNK], pending[CHUNK:]
             calls, labels = {}, {}
-            for i, p in enumerate(chunk):
-                if over():
-                    pending = chunk[i:] + pending
-                    break
-                call = self._compiled(p)
+            for p, call in zip(chunk, self._compile_all(chunk)):
                 if call is None:
                     failed += 1
                 else:
@@ -131,19 +135,19 @@ class OperatorModel:
                       "(marked in the table)")
         return out
 
-    def _compiled(self, p):
-        """``p`` compiled, warmed and bound to seeded arguments (a zero-argument call), or None
-        when XLA cannot run the group alone (it then keeps the roofline, with the reason)."""
-        import jax
-
-        fn, args = jax.jit(p.fn), p.example_arguments(seed=0)
-        try:
-            jax.block_until_ready(fn(*args))
-        except Exception as e:  # noqa: BLE001 — whatever XLA raises, the kernel is not timed
-            first = (str(e).strip().splitlines() or [""])[0][:120]
-            self._save({"failed:" + p.key: f"could not run alone: {type(e).__name__}: {first}"})
-            return None
-        return partial(fn, *args)
+    def _compile_all(self, chunk: list) -> list:
+        """Each program of ``chunk`` compiled and warmed (:func:`_compiled`), several at once:
+        XLA compiles outside the GIL, and on a cold first run compiling is most of the time.
+        Failures are stored with their reason (they keep the roofline)."""
+        side, self.side = self.side, None
+        workers = max(1, min(len(chunk) + (side is not None), os.cpu_count() or 1,
+                             COMPILE_THREADS))
+        with ThreadPoolExecutor(workers) as pool:  # joined (the side work too) before timing
+            if side is not None:
+                side.future = pool.submit(side.fn)
+            done = list(pool.map(_compiled, chunk))
+        self._save({"failed:" + p.key: why for p, (_, why) in zip(chunk, done) if why})
+        return [call for call, _ in done]
 
     def _save(self, entries: dict) -> None:
         self.entries.update(entries)
@@ -155,9 +159,23 @@ class OperatorModel:
 
     # -- the model --------------------------------------------------------------------------
     def fill(self, closed, kernels: list, fused: bool, hw) -> tuple[list, float]:
-        """``kernels`` with their times here, and the program's dispatch overhead (µs)."""
+        """``kernels`` with their times here, and the program's dispatch overhead (µs). When a
+        command shows the other set (``shown``), nothing of this one is measured: its kernels
+        come from the cache, else are derived from the shown set's (:func:`derive`)."""
         programs = self.programs(closed, kernels)
-        return self.assemble(closed, kernels, programs, self.kernel_times(programs), fused, hw)
+        measure = self.shown is None or self.shown == fused
+        times = self.kernel_times(programs, measure=measure)
+        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw)
+        if measure or all(k.model != "roofline" for k in filled):
+            return filled, overhead
+        from mlsys_jax.cost.model import kernels as group_kernels
+
+        other = group_kernels(closed, fused=not fused, hw=hw)
+        measured, _ = self.fill(closed, other, not fused, hw)
+        # kernels both sets share (a contraction alone) are in the cache now
+        times = self.kernel_times(programs, measure=False)
+        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw)
+        return derive(filled, programs, measured, fused, self.dispatch()), overhead
 
     @staticmethod
     def programs(closed, kernels: list) -> list:
@@ -191,6 +209,64 @@ class OperatorModel:
         jaxpr = closed.jaxpr
         overhead = d.call(len(jaxpr.invars), len(jaxpr.outvars)) if fused else 0.0
         return filled, overhead
+
+
+class SideWork:
+    """A compile the command needs anyway (``inspect``'s whole program, for XLA's figures), run
+    beside the first chunk's kernel compiles — a cold run is mostly compiling — and finished
+    before any kernel is timed; run when asked for if no kernel needed compiling."""
+
+    def __init__(self, fn):
+        self.fn, self.future = fn, None
+
+    def result(self):
+        """The work's result (its exception raised here, as if called now)."""
+        return self.future.result() if self.future is not None else self.fn()
+
+
+def _compiled(p) -> tuple:
+    """``(call, "")``: ``p`` compiled, warmed and bound to seeded arguments (a zero-argument
+    call); or ``(None, why)`` when XLA cannot run the group alone (it then keeps the roofline,
+    with the reason)."""
+    import jax
+
+    fn, args = jax.jit(p.fn), p.example_arguments(seed=0)
+    try:
+        jax.block_until_ready(fn(*args))
+    except Exception as e:  # noqa: BLE001 — whatever XLA raises, the kernel is not timed
+        first = (str(e).strip().splitlines() or [""])[0][:120]
+        return None, f"could not run alone: {type(e).__name__}: {first}"
+    return partial(fn, *args), ""
+
+
+def derive(kernels: list, programs: list, shown: list, fused: bool, d) -> list:
+    """The kernels of the set not shown that have no time of their own, from the shown set's
+    (``shown``, the other grouping of the same op view): an op alone gets its fused kernel's
+    run time in proportion to its roofline bound, plus its own call; a fused kernel the run
+    times of its ops, plus the per-kernel overhead. Marked ``derived``; the rest unchanged."""
+    at = {i: k for k in shown for i in k.index}
+    out = []
+    for k, p in zip(kernels, programs):
+        sources = list({id(at[i]): at[i] for i in k.index if i in at}.values())
+        if k.model != "roofline" or p.unmeasurable or d is None or \
+                not sources or any(s.run_us is None for s in sources):
+            why = ("not measured: the table shows the other set, which has no time for it"
+                   if k.model == "roofline" and k.why.startswith("not measured") else k.why)
+            out.append(replace(k, why=why))
+            continue
+        if fused:
+            run, extra = sum(s.run_us for s in sources), d.per_kernel_us
+        else:
+            (src,) = sources
+            members = [s for s in kernels if set(s.index) <= set(src.index)]
+            total = sum(s.bound_us for s in members)
+            share = k.bound_us / total if total else 1 / max(len(members), 1)
+            run, extra = src.run_us * share, d.call(p.n_inputs, p.n_outputs)
+        out.append(replace(k, time_us=run + extra, run_us=run, model="derived",
+                           why=f"derived from the {'unfused' if fused else 'fused'} kernels "
+                               f"measured (the table's); {'--fused' if fused else '--unfused'} "
+                               "measures these"))
+    return out
 
 
 def _bound_us(k, hw) -> tuple[float, str]:
