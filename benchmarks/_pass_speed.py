@@ -116,3 +116,86 @@ def validation_cost(generated_program, block, quick: bool) -> tuple[dict, list]:
              f"{b['validated'].summary()}, unvalidated {b['unvalidated'].summary()}, "
              f"×{r_block.median:.3g} [{r_block.low:.3g}–{r_block.high:.3g}]"]
     return figures, notes
+
+
+# ---- whole models: the verified pipeline against XLA's compile, validated against unvalidated ---
+
+MODELS = {  # name -> (example file, full tier's factory, quick tier's)
+    "resnet50": ("flax_resnet50.py", "inspect", "inspect_tiny"),
+    "gpt2_small": ("flax_gpt2.py", "inspect", "inspect_tiny"),
+}
+
+
+def _inference_graph(file: str, factory: str):
+    """A factory's ``(apply, (params, x))`` traced with the parameters as constants, as
+    ``optimize`` traces it (an inference graph: every fold has constants to fold)."""
+    from functools import partial
+    from pathlib import Path
+
+    import jax
+
+    from benchmarks._cpu_model import _example
+    from mlsys_jax import ir
+
+    with jax.enable_x64(False):  # a user's model, under JAX's defaults
+        apply, (params, *args) = getattr(_example(Path(__file__).resolve().parents[1] / "examples"
+                                                  / file), factory)()
+        return ir.trace(partial(apply, params), *args)
+
+
+def model_validation_cost(compile_fn, quick: bool) -> tuple[dict, list]:
+    """On ResNet-50 at 224 (quick: the same code, one block per stage, at 32) and GPT-2 small
+    (quick: its tiny configuration), parameters folded in as constants: the default pipeline
+    verified, with every rewrite validated on its region and without, paired rounds (wall time,
+    after one warm-up run each, so the eager kernels are compiled); on ResNet-50 also XLA
+    compiling the same graph in the same rounds (a fresh function each time: no cache), and the
+    validated pipeline with every region validated compiled and batched
+    (``passes/validate_compiled.py``, its pair programs compiled in the warm-up). The first
+    validated run of the process (cold: its kernels compiled) is timed once."""
+    from mlsys_jax.passes import validate, validate_compiled
+
+    pipeline = default_pipeline()
+    repeats = 3 if quick else 5
+    figures, notes = {}, []
+    for name, (file, full, tiny) in MODELS.items():
+        try:
+            closed = _inference_graph(file, tiny if quick else full)
+        except ImportError as e:  # flax: the 'ecosystem' extra
+            notes.append(f"{name}: skipped ({e})")
+            continue
+
+        def validated(after, closed=closed):
+            with validate.compiled(after):
+                return P.run(pipeline, closed, verify=True, cost=False)
+        cold = timing.time_once(lambda: validated(0))  # noqa: B023 (called in this iteration)
+        fns = {"validated": lambda: validated(0),  # noqa: B023
+               "unvalidated": lambda: P.run(pipeline, closed, verify=True, cost=False,  # noqa: B023
+                                            validate=False)}
+        fns["compiled"] = lambda: validated(1)  # noqa: B023
+        if name == "resnet50":
+            fns["xla_compile"] = lambda: compile_fn(closed)  # noqa: B023
+        before = dict(validate_compiled.STATS)
+        t = timing.compare(fns, repeats=repeats, warmup=1, number=1)
+        stats = {k: validate_compiled.STATS[k] - before[k] for k in before}
+        r = timing.ratio(t["validated"], t["unvalidated"])
+        rc = timing.ratio(t["compiled"], t["unvalidated"])
+        figures[f"{name}_validated_over_unvalidated_ratio"] = r.to_dict()
+        figures[f"{name}_compiled_validation_over_unvalidated_ratio"] = rc.to_dict()
+        eqns, rewrites = len(closed.jaxpr.eqns), len(validated(0).rewrites)
+        line = (f"{name} ({file}:{tiny if quick else full}, {eqns} equations, {rewrites} "
+                f"rewrites): the default pipeline verified, validated {t['validated'].summary()}, "
+                f"unvalidated {t['unvalidated'].summary()}: ×{r.median:.3g} [{r.low:.3g}–"
+                f"{r.high:.3g}] (paired rounds, target ≤ 1.5×); the first validated run of the "
+                f"process {cold * 1e6:.4g} µs; every region validated compiled and batched "
+                f"{t['compiled'].summary()}: ×{rc.median:.3g} [{rc.low:.3g}–{rc.high:.3g}] "
+                f"({stats['reused']} runs of {stats['compiled']} pair programs)")
+        if name == "resnet50":
+            c = timing.ratio(t["validated"], t["xla_compile"])
+            cc = timing.ratio(t["compiled"], t["xla_compile"])
+            figures["verified_pipeline_over_xla_compile_ratio"] = c.to_dict()
+            figures["verified_pipeline_compiled_validation_over_xla_compile_ratio"] = cc.to_dict()
+            line += (f"; XLA compiling the same graph {t['xla_compile'].summary()}: the validated "
+                     f"pipeline ×{c.median:.3g} [{c.low:.3g}–{c.high:.3g}] of it, compiled "
+                     f"validation ×{cc.median:.3g} [{cc.low:.3g}–{cc.high:.3g}] (target ≤ 1)")
+        notes.append(line)
+    return figures, notes

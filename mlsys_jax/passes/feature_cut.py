@@ -211,12 +211,30 @@ def unwrap(x):
     return x.t if isinstance(x, TracedValue) else x
 
 
-def bind_traced(eqn, args) -> list | None:
-    """``eqn`` bound on ``args`` while a replacement is traced (:func:`coverage`), its outputs
-    wrapped (:class:`TracedValue`); None when nothing is traced here."""
+def bind_traced(eqn, args, widen: bool = False) -> list | None:
+    """``eqn`` bound on ``args`` while a replacement is traced (:func:`coverage`) or a region
+    and its replacement are (``passes/validate_compiled.py``), its outputs wrapped
+    (:class:`TracedValue`); ``widen``: in float64, as the eager evaluation widens it
+    (``ir.widen``); None when nothing is traced here."""
     if not _TRACING.get() or not any(isinstance(a, (TracedValue, Tracer)) for a in args):
         return None
-    return [wrap(o) for o in bind_equation(eqn, [unwrap(a) for a in args])]
+    args = [unwrap(a) for a in args]
+    if not widen:
+        return [wrap(o) for o in bind_equation(eqn, args)]
+    from mlsys_jax.ir.evaluate import eval_equation
+    from mlsys_jax.ir.widen import bind_widened_blocks, widen_value
+
+    outs = bind_widened_blocks(eqn, args)
+    if outs is None:
+        outs = eval_equation(eqn, [widen_value(a) for a in args], True)
+    return [wrap(o) for o in outs]
+
+
+@contextlib.contextmanager
+def tracing():
+    """Inside, :func:`bind_traced` binds equations on tracers (the replacement or region traced)."""
+    with _tracing():
+        yield
 
 
 @contextlib.contextmanager

@@ -24,6 +24,11 @@ verdict); regions whose linear site's weights are large, on a cut of its output 
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
 (``feature_cut.coverage``; else the region is validated whole).
 
+A region shape validated often in one process (``COMPILED``; ``validate_compiled.COMPILE_AFTER``
+times) is validated compiled: the region and its replacement one XLA program, run on every draw
+in one call and shared by the regions of the same structure (``passes/validate_compiled.py``);
+what fails there is judged again eagerly, whose verdict and reason stand.
+
 A rewrite that fails is not applied; the rule logs a refusal with the measured reason. ``run``
 validates by default (``passes.run(..., validate=False)`` turns it off for speed measurements); a
 pass called directly, like a pipeline called directly, runs without the checks.
@@ -51,7 +56,7 @@ from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import bind_widened_blocks, is_float, literal_value, widen_value
-from mlsys_jax.passes import feature_cut
+from mlsys_jax.passes import feature_cut, validate_compiled
 
 RTOL_F64 = 1e-9            # per element, float64: a wrong rewrite is off by O(1)
 ROUNDING_SHARE = 1e-6      # of the original's own rounding error (program dtype vs float64)
@@ -65,6 +70,21 @@ PRECISION_MARGIN = 2.0
 # region runs whole, on the kernels its program's own evaluation compiled already.
 ONE_ROW_ABOVE = 1 << 15
 _ON = contextvars.ContextVar("mlsys_jax_validate", default=False)
+# After how many validations of a region's shape in this process it is validated compiled and
+# batched (``passes/validate_compiled.py``; failures are judged again eagerly): None, the
+# module's ``COMPILE_AFTER``; 0, never (every region eagerly, the reference the compiled path is
+# tested against); 1, from the first (:func:`compiled`).
+COMPILED = contextvars.ContextVar("mlsys_jax_validate_compiled", default=None)
+
+
+@contextlib.contextmanager
+def compiled(after: int | None = 1):
+    """Inside, a region shape is validated compiled once seen ``after`` times (0: never)."""
+    token = COMPILED.set(after)
+    try:
+        yield
+    finally:
+        COMPILED.reset(token)
 
 
 @contextlib.contextmanager
@@ -210,7 +230,7 @@ def approximate(eqn, args, widen: bool) -> list:
     (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen`` (``args``
     widened here, a contraction's large weights a block at a time: ``ir.widen``); bound on
     tracers where the replacement is traced for its constants (``feature_cut.coverage``)."""
-    traced = feature_cut.bind_traced(eqn, args)
+    traced = feature_cut.bind_traced(eqn, args, widen)
     if traced is not None:
         return traced
     if widen:
@@ -372,6 +392,54 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
     narrow = floats and _narrow(region)
     low = _low_precision(region) if narrow else None
     given = _given(region, with_removed=True, cut=cut)
+    if cut is None and COMPILED.get() != 0 and _compiled_pass(region, replacement, shapes, given,
+                                                         floats=floats, narrow=narrow, low=low):
+        return None
+    return _validate_eagerly(region, replacement, shapes, given, cut, floats=floats,
+                             narrow=narrow, low=low)
+
+
+def _compiled_pass(region: Region, replacement: Callable, shapes: list, given: dict, *,
+                   floats: bool, narrow: bool, low) -> bool:
+    """The region and its replacement compiled and run on every draw at once
+    (``passes/validate_compiled.py``) pass every test of :func:`_validate_eagerly` but the other
+    meanings of a removed constant; False — judged again eagerly, whose verdict and reason stand —
+    where they do not, or cannot run so."""
+    if not validate_compiled.worth_compiling(region, shapes, COMPILED.get()):
+        validate_compiled.STATS["deferred"] += 1
+        return False
+    try:
+        runs = validate_compiled.run(region, replacement, shapes, given, narrow=narrow,
+                                     count=DRAWS, draw=draw, run_eqns=_run)
+    except Unshrinkable:
+        raise  # the same rebinding refuses it eagerly
+    except validate_compiled.NotCompiled:
+        validate_compiled.STATS["eager"] += 1
+        return False
+    for i, (before, after, before64, after64) in enumerate(runs):
+        for k, (a, b) in enumerate(zip(before, after)):
+            if a.shape != b.shape or (_finite(k, i, a, b) if is_float(a.dtype)
+                                      else _exact(k, i, a, b)):
+                return False
+        if not floats:
+            continue
+        if not narrow:
+            before64, after64 = before, after
+        for k, (a, b, ap) in enumerate(zip(before64, after64, before)):
+            if is_float(ap.dtype) and _close64(k, i, a.astype(np.float64),
+                                               b.astype(np.float64), ap):
+                return False
+        if low is not None and i < DRAWS - 1 and any(
+                is_float(ap.dtype) and _as_precise(k, i, r, ap, bp, low)
+                for k, (r, ap, bp) in enumerate(zip(before64, before, after))):
+            return False
+    return True
+
+
+def _validate_eagerly(region: Region, replacement: Callable, shapes: list, given: dict, cut,
+                      *, floats: bool, narrow: bool, low) -> str | None:
+    """Each draw evaluated op by op (NumPy where it has the primitive, else XLA's kernels), in
+    the program's dtypes and in float64: the verdict, and the measured reason of a refusal."""
     others = None  # the other meanings of a region on constants alone (below): once, if needed
     if cut is not None:
         shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
