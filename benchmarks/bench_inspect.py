@@ -133,7 +133,7 @@ def run(quick: bool = False) -> dict:
     figures, notes = {}, []
     for model in MODELS:
         print(f"  bench inspect: {model} at {mib} MiB", file=sys.stderr, flush=True)
-        more, more_notes = _memory_and_time(f"{model}_{mib}mib", mib * MIB, 3 if quick else 5)
+        more, more_notes = _memory_and_time(f"{model}_{mib}mib", mib * MIB, 1 if quick else 5)
         figures.update({f"{model}_{mib}mib.{k}": v for k, v in more.items()})
         notes += more_notes
     for name in ("optimize_rss_over_param_bytes_ratio", "optimize_rss_over_target_ratio",

@@ -132,21 +132,27 @@ def run(quick: bool = False) -> dict:
     import equinox_gpt
     import flax_llama
 
-    psi = flax_llama.parameter_count(flax_llama.LLAMA_8B)
-    figures = {"llama8b_inspect": _inspect_figures(LLAMA, "inspect_8b", psi),
-               "equinox1b_inspect": _inspect_figures(
-                   EQX, "inspect_1b", equinox_gpt.parameter_count(equinox_gpt.GPT_1B))}
-    fsdp, run64 = _shard("train_8b", "data=64", 64)
-    plain = timed([sys.executable, "-c", _PLAIN_FSDP, LLAMA, "train_8b", "64"])
+    # The quick tier: the same figures on a ~60M Llama over 8 devices (ratios of a kind; the
+    # 8B's wall times and RSS are the full tier's).
+    size, config, devices = ("small", flax_llama.SMALL, 8) if quick else (
+        "8b", flax_llama.LLAMA_8B, 64)
+    tag = f"llama{size}" if size == "8b" else f"llama_{size}"
+    psi = flax_llama.parameter_count(config)
+    figures = {f"{tag}_inspect": _inspect_figures(LLAMA, f"inspect_{size}", psi)}
+    if not quick:
+        figures["equinox1b_inspect"] = _inspect_figures(
+            EQX, "inspect_1b", equinox_gpt.parameter_count(equinox_gpt.GPT_1B))
+    fsdp, run64 = _shard(f"train_{size}", f"data={devices}", devices)
+    plain = timed([sys.executable, "-c", _PLAIN_FSDP, LLAMA, f"train_{size}", str(devices)])
     d = fsdp["per_device"]
-    figures["llama8b_fsdp64"] = {
-        "params_and_adam_over_12psi_per_64_ratio":
-            (d["param_bytes"] + d["optimizer_bytes"]) / (12 * psi / 64),
-        "grads_over_4psi_per_64_ratio": d["grad_bytes"] / (4 * psi / 64),
+    figures[f"{tag}_fsdp{devices}"] = {
+        f"params_and_adam_over_12psi_per_{devices}_ratio":
+            (d["param_bytes"] + d["optimizer_bytes"]) / (12 * psi / devices),
+        f"grads_over_4psi_per_{devices}_ratio": d["grad_bytes"] / (4 * psi / devices),
         "xla_argument_over_plain_fsdp_ratio": d["xla_argument_bytes"] / int(plain["stdout"]),
         "wall_s": run64["wall_s"], "peak_rss_gb": run64["rss_bytes"] / 1e9,
         "collective_kinds": len([r for r in fsdp["collectives"] if r["count"]])}
-    figures["llama8b_remat_50pct"] = _remat("loss_8b_no_remat")
+    figures[f"{tag}_remat_50pct"] = _remat(f"loss_{size}_no_remat")
     if not quick:
         tp, run88 = _shard("train_8b", "data=8,model=8", 64)
         d = tp["per_device"]
@@ -158,12 +164,12 @@ def run(quick: bool = False) -> dict:
             "collective_kinds": len([r for r in tp["collectives"] if r["count"]])}
     if not quick:
         figures["gpt2_small_shapes_equal_arrays"] = _gpt2_equal()
-    notes = [f"Llama-style 8B: {psi:,} parameters (Llama-3-8B's shape), batch "
-             f"{flax_llama.LLAMA_8B.batch}×{flax_llama.LLAMA_8B.seq} tokens; equinox GPT 1B: "
-             f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters",
+    notes = [f"Llama-style {size}: {psi:,} parameters, batch {config.batch}×{config.seq} "
+             f"tokens" + ("" if quick else "; equinox GPT 1B: "
+                         f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters"),
              "each command is a process of its own beside a plain JAX process that builds the "
              "abstract model and compiles the same gradient (inspect) or an FSDP step splitting "
-             "every leaf 64 ways (shard), or compiles the loss's gradient (remat, on the 8B "
+             f"every leaf {devices} ways (shard), or compiles the loss's gradient (remat, on the "
              "model whose blocks are not checkpointed: the plan's temp bytes are over that "
              "gradient's); peak RSS of each process alone",
              f"this machine: {os.cpu_count()} cores"]

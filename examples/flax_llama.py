@@ -44,6 +44,9 @@ LLAMA_8B = Config(layers=32, d_model=4096, heads=32, kv_heads=8, hidden=14336, v
                   seq=2048, batch=64)
 LLAMA_8B_NO_REMAT = replace(LLAMA_8B, remat_blocks=False)   # for `remat` to plan
 TINY = Config(layers=2, d_model=64, heads=4, kv_heads=2, hidden=128, vocab=256, seq=16, batch=4)
+# ~60M parameters, on shapes: the benchmarks' quick tier (the 8B's figures in seconds, not minutes)
+SMALL = Config(layers=4, d_model=512, heads=8, kv_heads=4, hidden=1536, vocab=32000, seq=256,
+               batch=16)
 
 
 def parameter_count(c: Config) -> int:
@@ -195,6 +198,18 @@ def train_8b():
 def loss_8b_no_remat():
     """The 8B loss with its blocks not checkpointed: what ``remat`` plans for."""
     return loss(LLAMA_8B_NO_REMAT, abstract=True)
+
+
+def inspect_small():
+    return inspect(SMALL, abstract=True)
+
+
+def train_small():
+    return train(SMALL, abstract=True)
+
+
+def loss_small_no_remat():
+    return loss(replace(SMALL, remat_blocks=False), abstract=True)
 
 
 def loss_tiny_no_remat():
