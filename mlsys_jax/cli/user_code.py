@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import signal
 import sys
@@ -43,10 +44,13 @@ _STARTED_BY_USER: weakref.WeakSet = weakref.WeakSet()  # threads user code start
 
 @contextlib.contextmanager
 def time_bound(seconds: float | None):
-    """Bound every :func:`run` inside the block by ``seconds`` (None: the default bound)."""
+    """Bound every :func:`run` inside the block by ``seconds`` (None: the default bound). The
+    block is a command's work on the user's code, so a check in that code failing as its
+    program runs is reported there as the user's failure (:func:`runtime_failures`)."""
     token = _BOUND.set(seconds)
     try:
-        yield
+        with runtime_failures():
+            yield
     finally:
         _BOUND.reset(token)
 
@@ -146,6 +150,148 @@ def _thread_failed(args) -> None:
     print(f"mlsys-jax: note: {where} (started by your code or a library) raised "
           f"{args.exc_type.__name__}{': ' + text.splitlines()[0] if text else ''}",
           file=sys.stderr)
+
+
+# ---- the user's program failing as it runs ------------------------------------------------------
+
+# the loggers through which JAX reports a Python callback that raised inside a running program
+_CALLBACK_LOGGERS = ("jax._src.callback", "jax._src.debugging")
+_LIBRARIES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
+              f"{os.sep}lib{os.sep}python3")
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# what mlsys-jax was doing with the program, by the innermost of its modules on the stack
+_RUNNING = {
+    "value_check.py": "the value check runs it on fresh inputs drawn like the example's "
+                      "(same shapes, each array's mean and spread), which need not satisfy the "
+                      "check: make the function accept them (map inputs into its domain, e.g. "
+                      "jnp.abs or jnp.clip, before checking) or check only what any input meets",
+}
+_RUNNING_DEFAULT = ("make the check hold for the inputs the factory returns, or drop it from "
+                    "the function given to mlsys-jax")
+
+
+class _CallbackFailures(logging.Filter):
+    """Keeps the exception of a Python callback that raised inside a running program (JAX logs
+    it with its traceback, then XLA raises a JaxRuntimeError carrying only its text) and drops
+    the log record: the failure is reported once, in the command's one line."""
+
+    def __init__(self):
+        super().__init__()
+        self.caught: list = []
+
+    def filter(self, record) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.caught.append(record.exc_info[1])
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def runtime_failures():
+    """Inside the block, the user's program failing as it runs — a check in it (``eqx.error_if``,
+    a ``jax.debug.callback`` or ``pure_callback`` that raises) rejecting the inputs it is run on —
+    raises one :class:`MlsysError` naming the user's line and the check's message (exit 2), not
+    XLA's multi-line error and exit 70."""
+    catcher = _CallbackFailures()
+    loggers = [logging.getLogger(name) for name in _CALLBACK_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(catcher)
+    try:
+        yield
+    except MlsysError:
+        raise
+    except Exception as e:  # noqa: BLE001 - classified: the user's failure, or re-raised as is
+        failure = _runtime_failure(e, catcher.caught)
+        if failure is None:
+            raise
+        raise failure from None
+    finally:
+        for logger in loggers:
+            logger.removeFilter(catcher)
+
+
+# JAX's errors that say the user's program cannot be staged as written, whoever compiles it
+_UNSTAGEABLE = {
+    "checkify.check which was not functionalized":
+        "a checkify check must be functionalized by checkify.checkify around the whole function "
+        "mlsys-jax is given (or left out of it): jax.jit of your function fails the same way",
+}
+
+
+def _runtime_failure(e: Exception, caught: list) -> MlsysError | None:
+    """The user's failure when ``e`` is XLA reporting that a callback in the program raised,
+    or JAX refusing to stage a check as the user wrote it."""
+    text = str(e)
+    for words, fix in _UNSTAGEABLE.items():
+        if words in text:
+            cause = e.__cause__
+            line = _user_frame(cause.__traceback__) if cause is not None else None
+            return MlsysError(f"your function cannot be compiled{f' at {line}' if line else ''}: "
+                              f"{_first_words(e)}; {fix}")
+    if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or "allback" not in text:
+        return None
+    original = next((c for c in reversed(caught) if str(c).split("\n")[0] in text), None)
+    message = _first_words(original) if original is not None else _callback_message(text)
+    line = _equinox_line(text) or (_user_frame(original.__traceback__) if original else None)
+    at = f" at {line}" if line else ""
+    return MlsysError(f"a check in your code failed{at} when mlsys-jax ran it: {message}; "
+                      f"{_running(e)}")
+
+
+def _first_words(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__.lstrip('_')}: {text.splitlines()[0] if text else ''}"
+
+
+def _callback_message(text: str) -> str:
+    """The exception's last line in the callback's traceback XLA passes on as text."""
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith(" ")]
+    found = [x for x in lines if ": " in x and not x.startswith(("INTERNAL", "Traceback"))]
+    return found[0].lstrip("_") if found else lines[0][:200]
+
+
+def _is_users(path: str) -> bool:
+    full = os.path.abspath(path)
+    return not full.startswith(_OURS) and not any(part in full for part in _LIBRARIES) \
+        and not path.startswith("<")
+
+
+def _user_frame(tb) -> str | None:
+    """``file.py:line`` of the innermost frame of a traceback in the user's own files."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _is_users(code.co_filename):
+            found = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
+
+
+def _equinox_line(text: str) -> str | None:
+    """Where ``eqx.error_if`` was called, when the failure is its check: equinox keeps the
+    Python stack of that call beside the message (``equinox._jit.last_error_info``)."""
+    import re
+
+    jit = sys.modules.get("equinox._jit")
+    info = getattr(jit, "last_error_info", None)
+    if not info or str(info[0]) not in text:
+        return None
+    for piece in info[1]:           # innermost frame first
+        got = re.search(r'File "([^"]+)", line (\d+)', piece) if isinstance(piece, str) else None
+        if got and _is_users(got.group(1)):
+            return f"{os.path.basename(got.group(1))}:{got.group(2)}"
+    return None
+
+
+def _running(e: BaseException) -> str:
+    """What mlsys-jax was running the program for, and the fix, from where it failed."""
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if os.path.abspath(name).startswith(_OURS) and os.path.basename(name) in _RUNNING:
+            found = os.path.basename(name)
+        tb = tb.tb_next
+    return _RUNNING.get(found, _RUNNING_DEFAULT)
 
 
 def _as_user_failure(e: BaseException, doing: str, failed: str) -> MlsysError:

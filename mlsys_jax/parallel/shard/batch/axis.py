@@ -169,6 +169,8 @@ class BatchWalk:
 
 
 _JAX_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib))
+# files that only bind a library's primitive: the line that called them says more
+_BINDERS = (os.path.join("equinox", "_unvmap.py"),)
 _OURS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))) + os.sep  # mlsys_jax/
 
@@ -181,7 +183,7 @@ def where_of(eqn) -> str:
     tb = getattr(eqn.source_info, "traceback", None)
     for frame in getattr(tb, "frames", ()) or ():
         name = os.path.abspath(frame.file_name)
-        if name.startswith(_JAX_FILES) or name.startswith(_OURS):
+        if name.startswith(_JAX_FILES) or name.startswith(_OURS) or name.endswith(_BINDERS):
             continue
         line = f"{os.path.basename(name)}:{frame.line_num}"
         break

@@ -17,6 +17,7 @@ from mlsys_jax.compat import Literal, dce_jaxpr_consts, new_jaxpr
 from mlsys_jax.ir import bodies
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.parallel.shard.batch.axis import KINDS
+from mlsys_jax.parallel.shard.batch.flags import FLAGS
 
 _COMPARE = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "ne": "!=", "eq": "=="}
 _PASS = ("convert_element_type", "copy", "copy_p")
@@ -149,10 +150,28 @@ def cause(kind: str, group: list, folded: int, stats: Statistics | None, sums: l
                 f"(closed over or made there; {first.describe()}): one device draws one mask for "
                 f"the whole batch, data parallelism one per shard; {_fold_text(folded)}")
     if kind == "unfollowed":
-        prims = sorted({m.primitive for m in group})
-        return (f"the dataflow walk could not follow the batch axis through {', '.join(prims)} "
-                f"({first.describe()}): the gradients decide")
+        return _unfollowed(group)
     return f"{KINDS[kind]}: {first.describe()}{more}"
+
+
+def _unfollowed(group: list) -> str:
+    """What the walk could not decide: batch-wide flags (equinox's ``unvmap_any``, which steer
+    a loop or a check for the whole batch) apart from primitives it has no rule for."""
+    flags = [m for m in group if m.primitive in FLAGS]
+    rest = [m for m in group if m.primitive not in FLAGS]
+    parts = []
+    if rest:
+        prims = sorted({m.primitive for m in rest})
+        parts.append(f"the dataflow walk could not follow the batch axis through "
+                     f"{', '.join(prims)} ({rest[0].describe()})")
+    if flags:
+        prims = sorted({m.primitive for m in flags})
+        n = f"{len(flags)} batch-wide flags" if len(flags) > 1 else "a batch-wide flag"
+        parts.append(f"{n} ({', '.join(prims)} over the examples; the first at {flags[0].path}"
+                     f"{', ' + flags[0].where if flags[0].where else ''}) steer loops or checks "
+                     "for the whole batch, and the examples stay apart only if each one's values "
+                     "come out as they would alone, which the dataflow does not show")
+    return "; ".join(parts) + ": the gradients decide"
 
 
 def why_equal(mixing: list, stats: Statistics | None, sums: list) -> str:
@@ -172,6 +191,19 @@ def why_equal(mixing: list, stats: Statistics | None, sums: list) -> str:
     return "; ".join(dict.fromkeys(reasons))
 
 
+def _unexplained(grads, unfollowed: list) -> str:
+    """The gradients differ and no equation the walk followed mixes examples. Where it stopped
+    (a primitive without a rule) everything after is unexamined, so the mixing is there or after
+    it: said so, never "no equation mixes examples" beside the equation just named."""
+    differ = (f"the whole batch's gradients and the shards' differ by {grads.diff:.3g} "
+              f"(noise {grads.noise:.3g})")
+    if unfollowed:
+        where = ", ".join(f"{m.primitive} at {m.path}" for m in unfollowed)
+        return (f"{differ}: the examples are mixed at or after the equations the walk could not "
+                f"follow ({where})")
+    return f"{differ} although the dataflow walk found no equation that mixes examples"
+
+
 def causes_of(walk, equal_here: bool, summed: bool, grads, folded: int,
               stats: Statistics | None) -> tuple[list, list, str]:
     """``(causes, notes, why equal here)`` of a separability verdict: one sentence per reason
@@ -186,8 +218,7 @@ def causes_of(walk, equal_here: bool, summed: bool, grads, folded: int,
                       "its gradient is 1/N of one device's; divide the loss by the batch size")
     causes += [cause(k, g, folded, stats, walk.sums) for k, g in _group(unsynced).items()]
     if not equal_here and not real and not summed:
-        causes.append(f"the whole batch's gradients and the shards' differ by {grads.diff:.3g} "
-                      f"(noise {grads.noise:.3g}) although no equation mixes examples")
+        causes.append(_unexplained(grads, [m for m in unsynced if m.kind == "unfollowed"]))
     notes = []
     if equal_here and not real and not summed and causes:   # the gradients settled it
         notes, causes = causes, []

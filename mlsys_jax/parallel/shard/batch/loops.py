@@ -67,6 +67,18 @@ def _accumulates(jaxpr, i: int, carries: set) -> bool:
     return not _var_deps(jaxpr).get(other, set()) & carries
 
 
+def _per_example(eqn, pred) -> bool:
+    """The loop's predicate holds one flag per example along dimension 0 of every carry: the
+    shape ``vmap`` gives a ``while_loop`` whose condition depends on the example. XLA's lowering
+    then updates only the carries of examples whose flag is set (a select per trip), so each
+    example runs its own trips."""
+    if not isinstance(pred, Rows) or pred.dim != 0 or pred.inner != 1:
+        return False
+    shape = _shape(eqn.outvars[0]) if eqn.outvars else ()
+    lead = _shape(eqn.params["cond_jaxpr"].jaxpr.outvars[0])
+    return len(lead) == 1 and all(_shape(v)[:1] == lead for v in eqn.outvars) and bool(shape)
+
+
 class Loops:
     """Mixin of :class:`rules.Rules` (``self.walk``, ``self.call``)."""
 
@@ -207,10 +219,31 @@ class Loops:
 
         def run(c):
             pred = self.call(cj.jaxpr, cj.consts, cconsts + c, f"{path}/while.cond_jaxpr/")[0]
+            if _per_example(eqn, pred):
+                out = self.call(bj.jaxpr, bj.consts, bconsts + c, f"{path}/while.body_jaxpr/")
+                return [self._held(eqn, path, a, b) for a, b in zip(c, out)], []
             if not isinstance(pred, Free):
                 return [self.walk.record("control", eqn, path, "a loop's trip count depends on "
                                          "the batch")] * len(c), []
             return self.call(bj.jaxpr, bj.consts, bconsts + c, f"{path}/while.body_jaxpr/"), []
         carry, _ = self._fixpoint(eqn, path, run, list(carry))
         return carry
+
+    def _held(self, eqn, path: str, old, new):
+        """A carry of a loop with one predicate per example: ``select(pred, new, old)`` along the
+        batch axis, so it holds examples whatever the states of ``old`` and ``new``."""
+        rows = Rows(0)
+        for s in (old, new):
+            if isinstance(s, Mixed):
+                return s
+            if isinstance(s, Free) and 0 in s.varying:
+                return self.walk.record("position", eqn, path, "a loop carry starts from values "
+                                        "that vary along the batch axis but do not come from the "
+                                        "batch")
+            if isinstance(s, Rows) and s != rows:
+                return self.walk.record("pairs", eqn, path, "a loop with one predicate per "
+                                        "example carries examples along another axis")
+            if not isinstance(s, (Rows, Free)):
+                return self.statistic(eqn, path, s, s.synced, rows)
+        return rows
 

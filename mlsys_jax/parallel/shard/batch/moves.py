@@ -5,13 +5,20 @@ they cut, pick or pad along the batch axis. Loops and branches are ``loops.py``.
 from __future__ import annotations
 
 from dataclasses import replace
+from numbers import Integral
 
-from mlsys_jax.parallel.shard.batch.axis import Free, Rows, Stat, Summed
+from mlsys_jax.parallel.shard.batch.axis import Free, Mixed, Rows, Stat, Summed
 from mlsys_jax.parallel.shard.batch.loops import Loops
 
 
 def _shape(v) -> tuple:
     return tuple(getattr(v.aval, "shape", ()))
+
+
+def _reduced_free(s: Free, axes: tuple) -> Free:
+    """A free value with dimensions ``axes`` reduced away: the others renumbered."""
+    return Free(frozenset(d - sum(a < d for a in axes) for d in s.varying if d not in axes),
+                s.random)
 
 
 def _rows_at(ins: list):
@@ -166,10 +173,21 @@ class Moves(Loops):
         return Free(frozenset(range(len(_shape(eqn.outvars[0])))), True)
 
     def p_psum(self, eqn, ins, path):
+        """A collective over named axes, and over positional ones: ``vmap(..., axis_name=)``
+        turns a collective over the vmapped name into the same primitive over an array
+        dimension (equinox's BatchNorm: ``psum`` with ``axes=(0,)``), a reduction like
+        ``reduce_sum``/``reduce_max``, which sums the examples when it runs along the batch."""
+        positional = tuple(int(a) for a in eqn.params["axes"] if isinstance(a, Integral))
+        if positional:
+            linear = eqn.primitive.name in ("psum", "psum_invariant")
+            ins = [_reduced_free(s, positional) if isinstance(s, Free) else
+                   self.reduce(eqn, s, path, linear=linear, axes=positional) for s in ins]
         axes = tuple(a for a in eqn.params["axes"] if isinstance(a, str))
         out = []
         for s in ins:
-            if isinstance(s, (Summed, Stat)) and axes and set(axes) <= set(self.synced):
+            if isinstance(s, Mixed):
+                out.append(s)
+            elif isinstance(s, (Summed, Stat)) and axes and set(axes) <= set(self.synced):
                 out.append(replace(s, synced=True))
             elif isinstance(s, Rows):
                 out.append(self.walk.record("unfollowed", eqn, path, "a collective sums "
@@ -179,14 +197,5 @@ class Moves(Loops):
         return out
 
     p_pmax = p_pmin = p_psum_invariant = p_psum
-
-    def p_scatter_add(self, eqn, ins, path):
-        operand, indices, updates = ins
-        if all(isinstance(s, Free) for s in (operand, indices)) and isinstance(updates, Free):
-            return Free(operand.varying | updates.varying)
-        return self.walk.record("unfollowed", eqn, path, "no batch-axis rule for a scatter of "
-                                "examples")
-
-    p_scatter = p_scatter_mul = p_scatter_min = p_scatter_max = p_scatter_add
 
 

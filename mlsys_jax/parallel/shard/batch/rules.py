@@ -15,7 +15,9 @@ from mlsys_jax.ir import primitives as prims
 from mlsys_jax.parallel.shard.batch.axis import (BatchWalk, Free, Mixed, Rows, Stat, Summed,
                                                  call_body, free_of, state_of)
 from mlsys_jax.parallel.shard.batch import uniform
+from mlsys_jax.parallel.shard.batch.flags import Flags
 from mlsys_jax.parallel.shard.batch.moves import Moves
+from mlsys_jax.parallel.shard.batch.scatter import Scatters
 from mlsys_jax.parallel.shard.matmul_dims import out_dim
 
 # Value-preserving or additive: a linear function of a batch-wide sum stays one.
@@ -37,7 +39,7 @@ def _all_dims(v) -> frozenset:
     return frozenset(d for d, s in enumerate(_shape(v)) if s > 1)
 
 
-class Rules(Moves):
+class Rules(Moves, Scatters, Flags):
     """Applies the rules over a jaxpr and its nested bodies, recording into ``walk``."""
 
     def __init__(self, walk, synced_axes: tuple):
@@ -184,8 +186,10 @@ class Rules(Moves):
         return Stat(first.origin, synced, "nonlinear", eqn, path)
 
     # ---- reductions and the shape of the batch ----------------------------------------------
-    def reduce(self, eqn, s, path: str, linear: bool):
-        axes = tuple(eqn.params["axes"])
+    def reduce(self, eqn, s, path: str, linear: bool, axes=None):
+        """``s`` reduced over ``axes`` (the equation's own by default): a batch-wide sum when
+        linear and along the batch, a recorded reduction when not linear."""
+        axes = tuple(eqn.params["axes"]) if axes is None else axes
         if isinstance(s, (Summed, Stat)):
             return s if linear or isinstance(s, Stat) else Stat(
                 s.origin, s.synced, "nonlinear", eqn, path)
