@@ -11,6 +11,9 @@ rather than a median. What the analysis says and the figures check:
 * A user's flax transformer under ``mlsys-jax shard`` (``jax.jit`` + ``NamedSharding``): DP,
   ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``parallel/shard/collectives.py``),
   kind by kind.
+* The same command's wall time on GPT-2 over a plain ``jax.jit`` + ``NamedSharding`` script of
+  the same steps (``shard_gpt2_over_plain``: GPT-2 small, a small configuration in ``--quick``;
+  ``_shard_speed.py``).
 * The same command on a GPT-2-small-shaped flax model (``--mesh data=4,model=2 --zero 3``): its
   peak RSS over the training state, and beside it the parts that are no state of the run (the
   sharded step's working memory on all simulated devices, the factory alone), so the peak less
@@ -144,6 +147,26 @@ def _gpt2_small(figures: dict, notes: list) -> None:
                  f"programs' code, which XLA:CPU does not report)")
 
 
+def _shard_over_plain(figures: dict, notes: list, quick: bool) -> None:
+    """``mlsys-jax shard`` on GPT-2 (small; a small configuration in ``--quick``) over a plain
+    ``NamedSharding`` script of the same steps, whole processes back to back
+    (``_shard_speed.py``)."""
+    from benchmarks import _shard_speed as ss
+
+    r = ss.over_plain(quick)
+    figures["shard_gpt2_over_plain_ratio"] = r["ratio"]
+    size = ("GPT-2's code at 2 layers, d_model 128, vocabulary 4096, sequence 64, batch 8" if quick
+            else "GPT-2 small, 124 M parameters, sequence 128, batch 8")
+    mesh = ",".join(f"{k}={v}" for k, v in ss.MESH.items())
+    notes.append(f"shard_gpt2_over_plain: mlsys-jax shard {r['target']} --mesh {mesh} --zero "
+                 f"{ss.ZERO} --steps {ss.STEPS} ({size}; exact: {r['exact']}, semantics "
+                 f"{r['semantics']}) {r['shard_s']:.0f} s, whole process, over a plain jax.jit + "
+                 f"NamedSharding script of the same {ss.STEPS} steps on the same layout "
+                 f"({' and '.join(f'{s:.0f}' for s in r['plain_s'])} s before and after it, "
+                 "whole process less the seconds it spent deriving the layout's specs); no "
+                 "--time, so shard runs no timing rounds")
+
+
 def run(quick: bool = False) -> dict:
     global N
     N = 4 if jax.device_count() % 4 == 0 else 2
@@ -181,6 +204,8 @@ def run(quick: bool = False) -> dict:
     notes += pipeline["notes"]
     if not quick and importlib.util.find_spec("flax") is not None:
         _gpt2_small(figures, notes)
+    if importlib.util.find_spec("flax") is not None:
+        _shard_over_plain(figures, notes, quick)
     user = _user_transformer()
     if user is None:
         notes.append("flax transformer (mlsys-jax shard) skipped: flax is not installed "

@@ -18,7 +18,8 @@ FORM = "(loss_fn, params, batch, optimizer[, rules])"
 FLAGS = {"mesh": Say("mesh", "pairs"), "zero": Say("zero"), "steps": Say("steps"),
          "layout": Say("layout"), "processes": Say("processes"),
          "axis-rules": Say("axis_rules"), "axis-name": Say("axis_names", "pairs"),
-         "quick-compile": Say("quick_compile", "bool"), "microbatches": Say("microbatches"),
+         "quick-compile": Say("quick_compile", "bool"), "time": Say("time", "bool"),
+         "microbatches": Say("microbatches"),
          "schedule": Say("schedule"), "split": Say("split"), "remat": Say("remat", "bool"),
          "abstract": Say("abstract", "bool"), "json": Say("to_json()", "literal"),
          "plot": Say("plot", "literal")}
@@ -85,7 +86,7 @@ class ShardResult(ApiResult):
 
 def shard(target, *values, mesh: dict | None = None, zero: int | None = None, steps: int = 3,
           layout: str | None = None, processes: int = 1, axis_rules=None,
-          axis_names: dict | None = None, quick_compile: bool = False,
+          axis_names: dict | None = None, quick_compile: bool = False, time: bool = False,
           microbatches: int | None = None, schedule: str = "1f1b", split=None,
           remat: bool = False, abstract: bool = False, progress: bool = True) -> ShardResult:
     """Run a training step sharded over ``mesh`` and on one device, and say whether they agree.
@@ -109,7 +110,7 @@ def shard(target, *values, mesh: dict | None = None, zero: int | None = None, st
         options = dict(mesh=mesh_text(mesh) if mesh else None, layout=layout, zero=zero,
                        steps=steps, processes=processes, axis_rules=_axis_rules(axis_rules),
                        axis_name=[f"{k}={v}" for k, v in (axis_names or {}).items()],
-                       quick_compile=quick_compile, microbatches=microbatches,
+                       quick_compile=quick_compile, time=time, microbatches=microbatches,
                        schedule=schedule, split=",".join(split) if isinstance(
                            split, (list, tuple)) else split, remat=remat, abstract=abstract)
         import jax

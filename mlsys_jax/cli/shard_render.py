@@ -32,8 +32,9 @@ def render(target: str, out: dict, devices: int) -> str:
     if out["zero_unsplit"]:
         lines.append(wrap("ZeRO keeps these replicated over data (no dimension it divides): "
                           + ", ".join(out["zero_unsplit"]), first=""))
-    if out["step_time_ratio"] is not None:
-        lines.append(f"step time sharded / one device: {fmt(out['step_time_ratio'])}")
+    lines.append(f"step time sharded / one device: {fmt(out['step_time_ratio'])}"
+                 if out["step_time_ratio"] is not None else
+                 "step time: not measured (--time to measure it)")
     lines += [wrap(f"note: {n}", first="") for n in out["notes"]]
     if "processes" in out:
         pr = out["processes"]

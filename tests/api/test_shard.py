@@ -36,6 +36,7 @@ def test_a_factory_here_gives_the_commands_json(capsys):
     assert head[0].startswith(f"shard {STEPS}:linear: mesh={{'data': 4}}, ZeRO-1, 2 steps")
     assert head[1].startswith("exact: yes - ")
     assert "collectives of the compiled step" in ours.table()
+    assert "step time: not measured (time=True to measure it)" in ours.table()
 
 
 def test_values_and_a_function_object_give_the_same_verdict():

@@ -38,7 +38,7 @@ def shard(capsys, *argv):
 
 def test_json_has_every_figure(capsys):
     code, out, _ = shard(capsys, f"{EXAMPLES}/flax_mlp.py:train", "--mesh", "data=4",
-                         "--zero", "1", "--json", "--quick-compile")
+                         "--zero", "1", "--json", "--quick-compile", "--time")
     got = json.loads(out)
     assert code == 0 and KEYS <= set(got) and got["exact"] is True
     assert got["mesh"] == {"data": 4} and got["zero"] == 1 and got["steps"] == 3
@@ -55,6 +55,13 @@ def test_text_report_says_why_batchnorm_is_not_exact(capsys):
     assert code == 0
     assert "exact: NO - not separable over the batch" in out and "BatchNorm" in out
     assert "collectives of the compiled step" in out and "per-device bytes" in out
+    assert "step time: not measured (--time to measure it)" in out   # no timing round ran
+
+
+def test_time_needs_a_run_on_a_data_model_mesh(capsys, bad_file):
+    code, _, err = shard(capsys, f"{bad_file}:odd_batch", "--mesh", "pipe=2", "--time")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--time: the pipeline path" in err and "drop --time" in err
 
 
 def test_two_processes_equal_one(capsys):

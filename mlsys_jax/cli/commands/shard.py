@@ -8,6 +8,8 @@ command prints whether it is exact (and why not), the differences beside the noi
 equivalent one-device computation, per-device bytes beside ZeRO's formula, the collectives beside
 their formulas and which parameters the model axis splits. ``--processes P`` also runs the sharded
 steps across P local processes (``jax.distributed``, gloo) and compares them with this run.
+``--time`` also times the sharded step against one device's; without it no timing round runs
+(the verdict needs no wall-clock) and the report says the time was not measured.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.stages import STAGE_NUMBERS, STAGES
 
 FORM = "(loss_fn, params, batch, optimizer[, rules])"
+TIME_REPEATS = 5   # --time: paired rounds of the sharded step and one device's
 HELP = "your training step on a simulated mesh (DP, ZeRO, TP, PP) against one device"
 
 
@@ -46,6 +49,9 @@ def add_arguments(q) -> None:
                    help="logical axis rules for the model's annotations, e.g. mlp=model,embed=")
     q.add_argument("--axis-name", action="append", default=[], metavar="NAME=data",
                    help="bind an axis name the model uses (BatchNorm(axis_name=...)) to data")
+    q.add_argument("--time", action="store_true",
+                   help="also time the sharded step against one device's (off by default: "
+                        "the verdict needs no timing)")
     q.add_argument("--quick-compile", action="store_true",
                    help="compile every program of the run without XLA's backend optimisation "
                         "(faster for small models; all programs alike)")
@@ -106,7 +112,16 @@ def _check_devices(mesh: dict, processes: int) -> None:
 
 
 def _mesh_and_layout(args) -> dict:
-    """The mesh from ``--mesh``, or from ``--layout`` (which also sets the ZeRO stage)."""
+    """The mesh from ``--mesh``, or from ``--layout`` (which also sets the ZeRO stage); a
+    pipeline mesh refuses ``--time`` (that path reports its executed schedule)."""
+    mesh = _read_mesh(args)
+    if "pipe" in mesh and getattr(args, "time", False):
+        raise MlsysError("--time: the pipeline path (--mesh ...,pipe=P) reports its executed "
+                         "schedule, not wall-clock; drop --time")
+    return mesh
+
+
+def _read_mesh(args) -> dict:
     args.layout_data = None
     if args.layout is None:
         if args.mesh is None:
@@ -206,6 +221,8 @@ def compute(args, mesh: dict) -> tuple[dict, bool]:
                 _check_disk(params, args.steps, record)
             options = ShardOptions(zero=args.zero, steps=args.steps, record=record,
                                    xla_options=_compile_options(args),
+                                   time_repeats=TIME_REPEATS if getattr(args, "time", False)
+                                   else 0,
                                    progress=getattr(args, "progress", True), **extra)
             report = simulate(loss_fn, params, batch, optimizer, mesh, options, rules=rules)
         out = report.to_json()
@@ -238,6 +255,8 @@ def _on_shapes(args, mesh: dict, factory: tuple, extra: dict) -> dict:
 
     if args.processes > 1:
         shapes.refuse_values("--processes", "it compares runs of the step across processes")
+    if getattr(args, "time", False):
+        shapes.refuse_values("--time", "it times runs of the step")
     if not args.json:
         print(shapes.notice())
     loss_fn, params, batch, optimizer, rules = factory

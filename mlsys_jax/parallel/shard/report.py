@@ -112,9 +112,11 @@ def verdict(setup, sep, sem, forced: dict) -> tuple[bool, bool, str]:
                             f"optimizer update equal one device's whole-batch step within the "
                             f"noise of an equivalent one-device computation (gradients {grads}), "
                             "step by step")
+    where = (f"at {sep.points} points" if sep is not None and sep.points > 1 else
+             "at the given parameters on the example batch")
     how = ("one data shard" if sep is None else
            f"separable loss (no equation mixes examples but the final mean; whole-batch and "
-           f"per-shard gradients agree at {sep.points} points)")
+           f"per-shard gradients agree {where})")
     return True, True, (f"{how}; loss, gradients and optimizer update equal one device's within "
                         f"the noise of an equivalent one-device computation (gradients {grads}), "
                         "step by step" + (f"; {narrow}" if narrow else ""))

@@ -25,6 +25,7 @@ per-shard losses, each shard's PRNG keys folded with its index (:func:`per_shard
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -116,7 +117,7 @@ def per_shard_losses(loss: Callable, trainable, batch, n: int,
         for x, a in zip(leaves, _axes(batch, axes))])
     closed = jax.make_jaxpr(loss)(trainable, one)
     key_consts = [i for i, c in enumerate(closed.consts) if _is_key(c)]
-    const_vars = set(closed.jaxpr.constvars)
+    const_vars = _from_constants(closed.jaxpr)
     makers = [e for e in closed.jaxpr.eqns if e.primitive.name in _KEY_MAKERS
               and all(isinstance(v, Literal) or v in const_vars for v in e.invars)]
 
@@ -140,6 +141,17 @@ def per_shard_losses(loss: Callable, trainable, batch, n: int,
         return jax.vmap(shard_loss, in_axes=(0, None, 0))(index, t, shards)
     f.shard_loss = shard_loss   # one shard's loss: shard_loss(index, trainable, shard)
     return f, len(key_consts) + len(makers)
+
+
+def _from_constants(jaxpr) -> set:
+    """The top-level values computed from the loss's constants and literals alone: a key made
+    from them is fixed inside the loss (Keras' SeedGenerator: ``random_wrap(state * 1 + 0)``
+    of a non-trainable variable closed over), so each shard's copy is folded with its index."""
+    out = set(jaxpr.constvars)
+    for eqn in jaxpr.eqns:
+        if all(isinstance(v, Literal) or v in out for v in eqn.invars):
+            out.update(eqn.outvars)
+    return out
 
 
 def perturbed(trainable, seed: int, size: float = 0.05):
@@ -181,26 +193,28 @@ def reversed_rows(batch, axes=None):
 
 
 def check_separable(closed, batch_invars: set, programs: dict, trainable, batch, n: int, *,
-                    eps: float, folded: int, synced_axes=(), explain=None) -> Separability:
+                    eps: float, folded: int, synced_axes=(), explain=None, walk=None,
+                    points: int = 4) -> Separability:
     """The verdict for a loss traced as ``closed`` at the whole batch.
 
     ``programs``: compiled ``value_and_grad`` programs ``{"whole": f(t, b), "shards": f(t, b)}``
     (the mean of the per-shard losses, as the mesh computes them); ``folded``: how many PRNG keys
     the per-shard losses fold; ``synced_axes``: axis names bound to the data axis; ``explain``:
-    a ``batch_explain.Statistics`` that evaluates batch-wide sums per shard, for the reasons.
+    a ``batch_explain.Statistics`` that evaluates batch-wide sums per shard, for the reasons;
+    ``walk``: ``follow_batch``'s result, when the caller has it; ``points``: how many of the
+    points (given parameters and batch first) the numbers are checked at.
     """
     rows = jax.tree.leaves(batch)[0].shape[0]
-    walk = follow_batch(closed, batch_invars, rows, synced_axes)
+    walk = walk or follow_batch(closed, batch_invars, rows, synced_axes)
     axes = tuple(walk.axes.get(v, 0) for v in closed.jaxpr.invars if v in batch_invars)
     whole_fn, shards_fn = programs["whole"], programs["shards"]
     grads, losses = Judgement(), Judgement()
     # rows reversed are not the same mathematics when the loss depends on the rows' order (a
     # cumsum or a scan along the batch, rows sliced, masks following the positions)
     ordered = any(m.kind in _ORDERED for m in walk.mixing)
-    moved = perturbed(trainable, 2)
-    points = [(trainable, batch), (trainable, shuffled(batch, 1, axes)), (moved, batch),
-              (moved, shuffled(batch, 3, axes))]
-    for i, (t, b) in enumerate(points):
+    count = 0
+    for i, (t, b) in enumerate(itertools.islice(_points(trainable, batch, axes), points)):
+        count += 1
         lw, gw = whole_fn(t, b)
         ls, gs = shards_fn(t, b)
         if i == 0:   # the yardstick: the same batch with its rows in reverse order
@@ -221,8 +235,18 @@ def check_separable(closed, batch_invars: set, programs: dict, trainable, batch,
     causes, notes, why = batch_explain.causes_of(walk, equal_here, summed, grads, folded, explain)
     real = [m for m in walk.mixing if not m.synced and m.kind != "unfollowed"]
     return Separability(equal_here and not real and not summed, equal_here, summed,
-                        tuple(walk.mixing), tuple(causes), why, whole, mean, grads, len(points),
+                        tuple(walk.mixing), tuple(causes), why, whole, mean, grads, count,
                         folded, synced=any(m.synced for m in walk.mixing), notes=tuple(notes))
+
+
+def _points(trainable, batch, axes):
+    """The check's points: the given parameters on the example batch and on a shuffled copy,
+    then seeded perturbed parameters on both (drawn only when reached)."""
+    yield trainable, batch
+    yield trainable, shuffled(batch, 1, axes)
+    moved = perturbed(trainable, 2)
+    yield moved, batch
+    yield moved, shuffled(batch, 3, axes)
 
 
 def _equal_scaled(gw, gs, n: int, eps: float, noise: list) -> bool:

@@ -45,10 +45,14 @@ class OneDevicePrograms(dict):
         return self[name]
 
 
-def one_device(setup, options, progress=None, check: bool = True) -> dict:
+def one_device(setup, options, progress=None, check: bool = True,
+               everywhere: bool = True, stash: bool = False) -> dict:
     """The one-device programs and the separability verdict (unless not ``check``), the same for
     every mesh of one data size: ``{"programs", "separability", "losses", "folded",
-    "positional"}``."""
+    "positional", "stash"}``. ``everywhere``: the numbers at every point of the check; else only
+    where the dataflow leaves the verdict open (:func:`_separability`). ``stash``: keep the
+    whole batch's and the shards' results at the given parameters on disk for the run's first
+    step (``run.Stash``; else ``"stash"`` is None)."""
     from mlsys_jax.parallel.shard.batch.rules import follow_batch
 
     losses, folded = semantics.one_device_losses(setup)
@@ -56,21 +60,95 @@ def one_device(setup, options, progress=None, check: bool = True) -> dict:
     programs = OneDevicePrograms(losses, t, b, n, options)
     programs["advance"] = step.update(setup.optimizer, t, setup.layout.opt_shapes, options)
     programs["init"] = jax.jit(setup.optimizer.init)
-    # the whole batch's loss, from the program the run compiles anyway, before anything compares it
-    inputs.check_finite_loss(setup.loss, t, b, value=programs["whole"](t, b)[0])
+    # the whole batch's loss, from the program the run compiles anyway, before anything compares
+    # it; its gradients there are the separability check's first point
+    first = programs["whole"](t, b)
+    inputs.check_finite_loss(setup.loss, t, b, value=first[0])
+    kept = run.Stash(t, 2) if stash else None
+    if kept is not None:
+        kept.put("whole", first)
     rows = jax.tree.leaves(b)[0].shape[0]
     synced = (setup.axis_name,) if setup.axis_name else ()
-    positional = any(m.kind == "position" for m in follow_batch(
-        setup.closed, setup.batch_invars, rows, synced).mixing)
+    walk = follow_batch(setup.closed, setup.batch_invars, rows, synced)
+    positional = any(m.kind == "position" for m in walk.mixing)
     sep = None
     if n > 1 and check:
-        (progress or SILENT).stage("checking separability: whole-batch and per-shard "
-                                   "gradients at 4 points")
-        sep = separability.check_separable(setup.closed, setup.batch_invars, programs, t, b, n,
-                                           eps=setup.eps, folded=folded, synced_axes=synced,
-                                           explain=_statistics(setup))
+        sep = _separability(setup, programs, walk, folded, first, progress or SILENT, everywhere,
+                            kept)
+    del first
     return {"programs": programs, "separability": sep, "losses": losses, "folded": folded,
-            "positional": positional}
+            "positional": positional, "stash": kept}
+
+
+def _separability(setup, programs, walk, folded: int, first, progress, everywhere: bool,
+                  stash=None):
+    """The verdict, numbers at as few points as the dataflow allows. Where the walk followed the
+    batch axis through every equation, the structure settles whether the loss is separable — an
+    equation that mixes examples is named (a BatchNorm statistic used per example), or none is —
+    and one point confirms it: the whole batch against the shards at the given parameters (a
+    loss that sums instead of averaging, or mixing the walk missed, shows there). Every point is
+    checked where the walk could not follow an equation, or where it names one but the first
+    point agrees (whether the loss is equal on this batch takes them all). The shards' result
+    at the first point goes to ``stash`` for the run's first step."""
+    t, b, n = setup.trainable, setup.batch, setup.data_size
+    args = (setup.closed, setup.batch_invars)
+    kw = dict(eps=setup.eps, folded=folded, walk=walk, explain=_Deferred(setup),
+              synced_axes=(setup.axis_name,) if setup.axis_name else ())
+    at_first = {"whole": _Kept(programs["whole"], t, b, first),
+                "shards": _Stashed(programs["shards"], t, b, stash)}
+    followed = not any(m.kind == "unfollowed" and not m.synced for m in walk.mixing)
+    if followed and not everywhere:
+        progress.stage("checking separability: the dataflow, confirmed by whole-batch and "
+                       "per-shard gradients at the given parameters")
+        sep = separability.check_separable(*args, at_first, t, b, n, points=1, **kw)
+        if sep.separable or not sep.equal_here:
+            return sep
+    progress.stage("checking separability: whole-batch and per-shard gradients at 4 points")
+    return separability.check_separable(*args, at_first, t, b, n, **kw)
+
+
+class _Kept:
+    """A compiled program whose result at one ``(trainable, batch)`` pair was computed already:
+    handed out once for that very pair (then dropped), computed for any other."""
+
+    def __init__(self, program, t, b, result):
+        self.program, self.args, self.result = program, (t, b), result
+
+    def __call__(self, t, b):
+        if self.result is not None and t is self.args[0] and b is self.args[1]:
+            out, self.result = self.result, None
+            return out
+        return self.program(t, b)
+
+
+class _Stashed:
+    """A compiled program whose result at one ``(trainable, batch)`` pair also goes to a
+    ``run.Stash`` (as ``"shards"``)."""
+
+    def __init__(self, program, t, b, stash):
+        self.program, self.args, self.stash = program, (t, b), stash
+
+    def __call__(self, t, b):
+        out = self.program(t, b)
+        if self.stash is not None and t is self.args[0] and b is self.args[1]:
+            self.stash.put("shards", out)
+        return out
+
+
+class _Deferred:
+    """The loss's batch-wide sums evaluated per shard (``batch.explain.Statistics``), built when
+    a verdict's sentences first ask for them (a trace of the loss at one shard's shapes): most
+    verdicts never do."""
+
+    def __init__(self, setup):
+        self._setup, self._built = setup, None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._built is None:
+            self._built = _statistics(self._setup)
+        return getattr(self._built, name)
 
 
 def _statistics(setup) -> Statistics:
@@ -122,35 +200,27 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
 
 
 def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache, progress):
-    zero, steps, separable, judge = o.zero, o.steps, o.separable, o.judge
-    xla_options, record = o.xla_options, o.record
+    zero, steps, separable, judge, xla_options = o.zero, o.steps, o.separable, o.judge, \
+        o.xla_options
     setup = prepare(loss_fn, params, batch, optimizer, mesh_shape, zero, rules=rules,
                     axis_rules=o.axis_rules, axis_names=o.axis_names)
     progress.stage("traced the loss and laid out the state")
     cache = {} if cache is None else cache
     key = ("one device", setup.data_size, str(xla_options), separable)
     if key not in cache:
-        cache[key] = one_device(setup, xla_options, progress, check=separable is None)
+        cache[key] = one_device(setup, xla_options, progress, check=separable is None,
+                                everywhere=False, stash=True)
     ref = cache[key]
-    sep = ref["separability"]
-    sem = semantics.choose(setup, separable if sep is None else sep.separable, ref["losses"],
-                           ref["folded"], ref["positional"])
-    if not judge:
-        sem = dataclasses.replace(sem, reference="whole", twin="whole")
-    step.release_memory()
-    progress.stage("compiling the sharded step")
-    mesh_step = step.compile_sharded(setup, sem.mesh, xla_options, donate=True)
-    _check_memory(setup, mesh_step)
+    try:
+        sep, sem, mesh_step, measured, figures = _run(setup, ref, o, progress)
+    finally:
+        if ref["stash"] is not None:   # taken by the run's first step, or never
+            ref["stash"].close()
     programs = ref["programs"]
-    progress.stage(f"running {steps} steps, sharded and on one device")
-    figures = run.run(setup, sem, programs, mesh_step, steps, o.keep_params,
-                      record if isinstance(record, run.Recorder) else run.Recorder(record))
     forced = figures.forced
     progress.stage("reading the compiled step's bytes and collectives")
     exact, here, reason = report.verdict(setup, sep, sem, forced)
     lay = setup.layout
-    step_jaxpr = jax.make_jaxpr(step.make_step(sem.mesh, setup.optimizer, lay))(
-        setup.trainable, lay.opt_shapes, setup.batch)
     split = setup.split
     out = ShardReport(
         mesh=dict(lay.mesh.shape), zero=lay.stage, steps=steps, exact=exact, reason=reason,
@@ -159,7 +229,7 @@ def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache,
         bound_ratio={q: j.ratio for q, j in forced.items()},
         magnitude={q: j.scale for q, j in forced.items()},
         noise={q: j.noise for q, j in forced.items()},
-        per_device_bytes=memory_report(lay, mesh_step, step_jaxpr), collectives=[],
+        per_device_bytes=measured, collectives=[],
         per_device=per_device(lay, mesh_step),
         step_time_ratio=None, semantics=sem.kind, equal_on_this_batch=here,
         separability=sep.summary() if sep is not None else {},
@@ -178,6 +248,29 @@ def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache,
         progress.stage("timing the steps")
         _time(out, setup, programs, mesh_step, o.time_repeats)
     return out
+
+
+def _run(setup, ref: dict, o: ShardOptions, progress) -> tuple:
+    """What the mesh computes, its step compiled and run: ``(separability, semantics, compiled
+    step, its bytes, run.RunFigures)``."""
+    sep, record = ref["separability"], o.record
+    sem = semantics.choose(setup, o.separable if sep is None else sep.separable, ref["losses"],
+                           ref["folded"], ref["positional"])
+    if not o.judge:
+        sem = dataclasses.replace(sem, reference="whole", twin="whole")
+    step.release_memory()
+    progress.stage("compiling the sharded step")
+    traced: list = []
+    mesh_step = step.compile_sharded(setup, sem.mesh, o.xla_options, donate=True, traced=traced)
+    _check_memory(setup, mesh_step)
+    # the step's bytes from the trace its compile made (read now: the trace is not held through
+    # the run)
+    measured = memory_report(setup.layout, mesh_step, traced.pop())
+    progress.stage(f"running {o.steps} steps, sharded and on one device")
+    figures = run.run(setup, sem, ref["programs"], mesh_step, o.steps, o.keep_params,
+                      record if isinstance(record, run.Recorder) else run.Recorder(record),
+                      ref["stash"])
+    return sep, sem, mesh_step, measured, figures
 
 
 def _check_memory(setup, mesh_step) -> None:

@@ -31,16 +31,20 @@ def make_step(loss: Callable, optimizer: optax.GradientTransformation, layout=No
 
 
 def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
-                    donate: bool = False):
+                    donate: bool = False, traced: list | None = None):
     """The sharded step of ``setup``'s layout, differentiating ``mesh_loss``; with ``donate``
     the new parameters and optimizer state take the buffers of the old ones (the step's
-    caller must not use its inputs again)."""
+    caller must not use its inputs again). ``traced``: a list that receives the step's
+    ClosedJaxpr, the trace this compile made (a second trace of the step costs as much)."""
     lay = setup.layout
     fn = jax.jit(make_step(mesh_loss, setup.optimizer, lay),
                  in_shardings=(lay.params, lay.opt_state, lay.batch),
                  out_shardings=(lay.params, lay.opt_state, lay.replicated, lay.grads),
                  donate_argnums=(0, 1) if donate else ())
-    return fn.lower(setup.trainable, lay.opt_shapes, setup.batch).compile(options)
+    trace = fn.trace(setup.trainable, lay.opt_shapes, setup.batch)
+    if traced is not None:
+        traced.append(trace.jaxpr)
+    return trace.lower().compile(options)
 
 
 def value_and_grad(loss: Callable, trainable, batch, options: dict | None = None):
