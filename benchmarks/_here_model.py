@@ -131,7 +131,7 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
             acc = paired_accuracy(closed, inputs, model, rounds)
             seconds = time.perf_counter() - t0
         r, ks = acc["paired"], acc["kernel_ratios"]
-        within = sum(0.5 <= x <= 2.0 for x in ks) / len(ks) if ks else 0.0
+        within = sum(0.5 <= x <= 2.0 for x in ks) / len(ks) if ks else None  # none timed alone
         worst.append(max(ks + [1 / x for x in ks], default=1.0))
         figures.setdefault(f"{prefix}predicted_over_measured_ratio", {})[name] = r.to_dict()
         figures.setdefault(f"{prefix}kernels_within_2x_fraction", {})[name] = within
@@ -153,8 +153,10 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
             f"(the 'cpu' roofline: {acc['roofline_us']:.4g} µs), jax.jit "
             f"{acc['measured'].summary()}: predicted/measured {r.median:.3g} [p10–p90 "
             f"{r.low:.3g}–{r.high:.3g}] paired over {rounds} rounds, {unpaired:.3g} from the "
-            f"cache; kernels' cached time over alone in the rounds {min(ks):.3g}–{max(ks):.3g}, "
-            f"{within:.0%} within 0.5–2×{furthest}{least} ({seconds:.0f} s)")
+            f"cache; " + (f"kernels' cached time over alone in the rounds {min(ks):.3g}–"
+                          f"{max(ks):.3g}, {within:.0%} within 0.5–2×" if ks else
+                          "no kernel timed alone in the rounds") +
+            f"{furthest}{least} ({seconds:.0f} s)")
         print(f"[bench passes] {notes[-1]}", file=sys.stderr, flush=True)
     figures[f"{prefix}kernel_worst_ratio"] = max(worst, default=1.0)
     return figures, notes
