@@ -101,20 +101,10 @@ def keras_efficientnet(n: int = 4, size: int = 64, classes: int = 10):
     BatchNormalization normalises by the batch's own statistics), at ``size`` pixels — the
     model whose separability its BatchNorm settles (``--mesh data=2``)."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
-    import jax
     import keras
-    import optax
 
-    keras.utils.set_random_seed(0)
-    model = keras.applications.EfficientNetV2B0(input_shape=(size, size, 3), weights=None,
-                                                classes=classes, classifier_activation=None)
-    trainable = [v.value for v in model.trainable_variables]
-    frozen = [v.value for v in model.non_trainable_variables]
-    kx, ky = jax.random.split(jax.random.key(1))
-    batch = {"x": jax.random.normal(kx, (n, size, size, 3)),
-             "y": jax.random.randint(ky, (n,), 0, classes)}
+    sys.path.insert(0, str(ROOT / "examples"))
+    from keras_mobilenet import train_application
 
-    def loss_fn(trainable, batch):
-        logits, _ = model.stateless_call(trainable, frozen, batch["x"], training=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-    return loss_fn, trainable, batch, optax.adam(1e-3)
+    return train_application(keras.applications.EfficientNetV2B0, n=n, size=size,
+                             classes=classes)

@@ -18,13 +18,18 @@ import optax  # noqa: E402
 def train(n: int = 8, size: int = 32, classes: int = 10, alpha: float = 0.35):
     """``(loss_fn, trainable variables, batch, optimizer)`` for a narrow MobileNetV2 on
     ``size``-pixel images (32 is the smallest Keras accepts)."""
+    return train_application(keras.applications.MobileNetV2, n=n, size=size, classes=classes,
+                             alpha=alpha)
+
+
+def train_application(application, *, n: int, size: int, classes: int, **options):
+    """The same training loss for any ``keras.applications`` constructor (``options`` go to it)."""
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"set KERAS_BACKEND=jax before keras is imported (it is "
                            f"{keras.backend.backend()!r})")
     keras.utils.set_random_seed(0)
-    model = keras.applications.MobileNetV2(input_shape=(size, size, 3), alpha=alpha,
-                                           weights=None, classes=classes,
-                                           classifier_activation=None)
+    model = application(input_shape=(size, size, 3), weights=None, classes=classes,
+                        classifier_activation=None, **options)
     trainable = [v.value for v in model.trainable_variables]
     frozen = [v.value for v in model.non_trainable_variables]
     kx, ky = jax.random.split(jax.random.key(1))

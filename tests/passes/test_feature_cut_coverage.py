@@ -19,20 +19,14 @@ from mlsys_jax.passes import feature_cut, registry
 from mlsys_jax.passes.rewrite import fold
 from mlsys_jax.passes.rewrite.mutate import during
 from mlsys_jax.passes.value_check import check_values
+from tests.passes.cut_fixtures import float32_and_a_small_cut, normal_f32  # noqa: F401
 
 CIN, COUT, BROKEN, OFF = 32, 1024, 1000, 1e-5
 RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(autouse=True)
-def float32_and_a_small_cut(monkeypatch):
-    monkeypatch.setattr(feature_cut, "CUT_ABOVE", 1 << 16)
-    with jax.enable_x64(False):
-        yield
-
-
 def _f32(shape, scale=1.0, offset=0.0):
-    return jnp.asarray(offset + scale * RNG.standard_normal(shape), jnp.float32)
+    return normal_f32(RNG, shape, scale, offset)
 
 
 def _bn(y):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax import lax
 
 from mlsys_jax import ir, passes as P
@@ -20,21 +19,15 @@ from mlsys_jax.passes.rules import fold_conv_bn as rule
 from mlsys_jax.passes.rewrite import fold
 from mlsys_jax.passes.rewrite.level import Level
 from mlsys_jax.passes.value_check import check_values
+from tests.passes.cut_fixtures import float32_and_a_small_cut, normal_f32  # noqa: F401
 
 CIN, COUT = 32, 1024  # a 128 KiB float32 kernel
 RNG = np.random.default_rng(0)
 NOT_KEPT = next(j for j in range(COUT) if j not in set(feature_cut.keep(COUT).tolist()))
 
 
-@pytest.fixture(autouse=True)
-def float32_and_a_small_cut(monkeypatch):
-    monkeypatch.setattr(feature_cut, "CUT_ABOVE", 1 << 16)
-    with jax.enable_x64(False):
-        yield
-
-
 def _f32(shape, scale=1.0, offset=0.0):
-    return jnp.asarray(offset + scale * RNG.standard_normal(shape), jnp.float32)
+    return normal_f32(RNG, shape, scale, offset)
 
 
 def _conv_bn(groups=1):
