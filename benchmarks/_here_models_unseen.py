@@ -172,8 +172,7 @@ MODELS = {"haiku_resnet18_train_64px": haiku_resnet18_train,
           "nnx_cnn_32px": nnx_cnn,
           "keras_convnext_64px": keras_convnext,
           "haiku_resnet18_224px": haiku_resnet18_224px}
-QUICK = ("haiku_resnet18_train_64px", "equinox_mlp_mixer_32px", "nnx_cnn_32px",
-         "keras_convnext_64px")
+QUICK = ("haiku_resnet18_train_64px",)  # bench --quick: one; the full tier has all four
 LIBRARIES = {"haiku_resnet18_train_64px": "haiku", "equinox_mlp_mixer_32px": "equinox",
              "nnx_cnn_32px": "flax nnx", "keras_convnext_64px": "keras",
              "haiku_resnet18_224px": "haiku"}
