@@ -227,7 +227,8 @@ def run(setup, sem, programs, mesh, steps: int, keep_params: bool = False,
     record = record or Recorder(None)
     trajectory = Trajectory(setup, steps)
     try:
-        _forced(setup, sem, programs, mesh, steps, figures, record, trajectory, stash)
+        _forced(setup, sem, programs, mesh, steps, figures, record=record, trajectory=trajectory,
+                stash=stash)
         release_memory()
         mt = _free(setup, programs, mesh, steps, figures.free, record, trajectory)
     finally:
@@ -237,7 +238,7 @@ def run(setup, sem, programs, mesh, steps: int, keep_params: bool = False,
     return figures
 
 
-def _forced(setup, sem, programs, mesh, steps: int, figures: RunFigures, record,
+def _forced(setup, sem, programs, mesh, steps: int, figures: RunFigures, *, record,
             trajectory: Trajectory, stash: Stash | None) -> None:
     lay, eps, forced = setup.layout, setup.eps, figures.forced
     whole, ref, twin = programs["whole"], programs[sem.reference], programs[sem.twin]
