@@ -23,6 +23,7 @@ def _cli_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_a_factory_here_gives_the_commands_json(capsys):
     ours = mlsys_jax.shard(f"{STEPS}:linear", mesh={"data": 4}, zero=1, steps=2,
                            quick_compile=True, progress=False)
@@ -39,6 +40,7 @@ def test_a_factory_here_gives_the_commands_json(capsys):
     assert "step time: not measured (time=True to measure it)" in ours.table()
 
 
+@pytest.mark.slow
 def test_values_and_a_function_object_give_the_same_verdict():
     by_function = mlsys_jax.shard(steps.linear, mesh={"data": 2}, steps=1, quick_compile=True,
                                   progress=False)

@@ -68,6 +68,7 @@ def _optimize(capsys, *argv, columns=None, monkeypatch=None):
     return rc, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_a_conv_bn_fold_is_verified_where_its_rounding_is_the_originals(user_file, capsys,
                                                                         monkeypatch):
     """The shipped ResNet-18's cause, small: at a logit that cancels to near zero, the original
@@ -109,6 +110,7 @@ def test_a_deliberately_wrong_fold_is_still_refuted(user_file, capsys, monkeypat
     assert any(r["rule"] == "fold_conv_bn" for r in data["rewrites"])
 
 
+@pytest.mark.slow
 def test_a_fold_without_eps_is_refuted_by_the_value_check():
     """fold_conv_bn's ``conv_bn_no_eps`` mutant (BatchNorm's eps 1e-3 dropped: the scale off by
     ~3e-4 of itself) applied without translation validation: ``no``, and not one of its wrong

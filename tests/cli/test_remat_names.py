@@ -39,6 +39,7 @@ USER_FILE = textwrap.dedent("""
 PLANNER_NAME = re.compile(r"^[a-z_]+_\d+(\.\d+)?$")  # the planner's own: div_7, split_3.1
 
 
+@pytest.mark.slow
 def test_saved_values_are_named_by_module_and_primitive(tmp_path, capsys, monkeypatch):
     path = tmp_path / "net.py"
     path.write_text(USER_FILE)

@@ -31,6 +31,7 @@ def test_waiting_is_bounded_and_named_as_waiting():
         user_code.run(lambda: time.sleep(30), "importing m.py", "could not import m.py")
 
 
+@pytest.mark.slow
 def test_computing_is_not_cut_at_the_bound(monkeypatch):
     monkeypatch.setattr(user_code, "BUSY_FACTOR", 3)
 
