@@ -5,6 +5,7 @@ vs optimized, with measured beside predicted speedup)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -39,9 +40,15 @@ def block_order(quick: bool) -> tuple[dict, list]:
 
 
 def _example(path: Path):
+    """The example file at ``path`` as a module, its folder on the import path while it loads
+    (the examples import each other, as the CLI puts a target's folder on the path)."""
     spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 

@@ -57,11 +57,7 @@ MODELS = (  # (figure name, example file, factory, keyword arguments, also in --
 def _factory(file: str, name: str, kwargs: dict):
     from benchmarks._cpu_model import _example
 
-    sys.path.insert(0, str(EXAMPLES))  # the factories import each other
-    try:
-        return partial(getattr(_example(EXAMPLES / file), name), **kwargs)
-    finally:
-        sys.path.pop(0)
+    return partial(getattr(_example(EXAMPLES / file), name), **kwargs)
 
 
 def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:

@@ -17,8 +17,17 @@ arguments (as ``inspect`` sees a factory's model).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import jax
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _inference_nets():
+    from benchmarks._cpu_model import _example
+
+    return _example(EXAMPLES / "inference_nets.py")
 
 
 def _images(batch: int, size: int, channels_first: bool = False):
@@ -141,30 +150,15 @@ def keras_convnext(batch: int = 2, size: int = 64, dims=(32, 64), depths=(2, 2),
             x = layers.Add()([x, layers.Rescaling(1e-6)(y)])  # layer scale, fixed
     x = layers.GlobalAveragePooling2D()(x)
     x = layers.LayerNormalization(epsilon=1e-6)(x)
-    model = keras.Model(inputs, layers.Dense(classes)(x))
-    trainable = [v.value for v in model.trainable_variables]
-    frozen = [v.value for v in model.non_trainable_variables]
-
-    def apply(variables, x):
-        return model.stateless_call(*variables, x, training=False)[0]
-    return apply, ((trainable, frozen), _images(batch, size))
+    # inference_nets' Keras wrapper: stateless_call at inference on its seeded images
+    return _inference_nets()._keras(keras.Model(inputs, layers.Dense(classes)(x)), batch, size)
 
 
 def haiku_resnet18_224px():
     """``hk.nets.ResNet18`` at inference, 224 × 224, batch 1: XLA runs the last stage's six
     convolutions, their BatchNorms and the global mean as one YNNPACK graph fusion, slower than
     the same work as separate kernels — what the kernels timed alone do not see."""
-    import sys
-    from pathlib import Path
-
-    from benchmarks._cpu_model import _example
-
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    sys.path.insert(0, str(examples))
-    try:
-        return _example(examples / "inference_nets.py").haiku_resnet18(batch=1, size=224)
-    finally:
-        sys.path.pop(0)
+    return _inference_nets().haiku_resnet18(batch=1, size=224)
 
 
 MODELS = {"haiku_resnet18_train_64px": haiku_resnet18_train,
@@ -182,15 +176,7 @@ def equinox_vit_loss():
     """The equinox ViT of ``examples/shipped_nets.py`` (2 layers, 64 wide, dropout on: PRNG
     keys split per layer), its training loss as a factory ``(f, (model, batch))`` — the
     cold-start figure's model."""
-    import sys
-    from pathlib import Path
-
     from benchmarks._cpu_model import _example
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    sys.path.insert(0, str(examples))
-    try:
-        f, model, data = _example(examples / "shipped_nets.py").equinox_vit()
-    finally:
-        sys.path.pop(0)
+    f, model, data = _example(EXAMPLES / "shipped_nets.py").equinox_vit()
     return f, (model, data)
