@@ -72,6 +72,11 @@ class Ratio:
         return {"ratio": self.median, lo: self.low, hi: self.high}
 
 
+def per_round(a: Timing, b: Timing) -> list[float]:
+    """``a``'s time over ``b``'s in each round of one :func:`compare` call (paired samples)."""
+    return [x / y for x, y in zip(a.samples, b.samples)]
+
+
 def ratio(a: Timing, b: Timing, spread: tuple = (0, 100)) -> Ratio:
     """How many times slower ``a`` is than ``b``.
 
@@ -85,9 +90,9 @@ def ratio(a: Timing, b: Timing, spread: tuple = (0, 100)) -> Ratio:
         raise MlsysError(f"timing.ratio: spread must be percentiles (low ≤ 50 ≤ high) within "
                          f"0–100, got {spread}")
     if a.samples and len(a.samples) == len(b.samples):
-        per_round = [x / y for x, y in zip(a.samples, b.samples)]
-        return Ratio(statistics.median(per_round), percentile(per_round, spread[0]),
-                     percentile(per_round, spread[1]), tuple(spread))
+        paired = per_round(a, b)
+        return Ratio(statistics.median(paired), percentile(paired, spread[0]),
+                     percentile(paired, spread[1]), tuple(spread))
     return Ratio(a.median_s / b.median_s, a.min_s / b.max_s, a.max_s / b.min_s)
 
 

@@ -35,10 +35,6 @@ def interval(ratios: list[float]) -> tuple[float, float]:
     return math.exp(mean - half), math.exp(mean + half)
 
 
-def _paired(a: timing.Timing, b: timing.Timing) -> list[float]:
-    return [x / y for x, y in zip(a.samples, b.samples)]
-
-
 def _apart(ratios: list[float]) -> tuple[float, float] | None:
     """The t-interval when it excludes 1, else None (also with fewer than two rounds)."""
     if len(ratios) < 2:
@@ -69,7 +65,7 @@ def decide(times: dict, reference: str, plans: dict, policies: dict) -> str | No
             if q.low <= r.high and q.high >= r.low:
                 said.append(f"{leader} and {rival} overlap (indistinguishable)")
                 continue
-            apart = _apart(_paired(times[leader], times[rival]))
+            apart = _apart(timing.per_round(times[leader], times[rival]))
             if apart is None:
                 return None
             said.append(f"{leader} faster than {rival} (×{apart[0]:.3g}–{apart[1]:.3g}, 95%)")
@@ -78,7 +74,7 @@ def decide(times: dict, reference: str, plans: dict, policies: dict) -> str | No
         if not fits:
             continue
         best = min(fits, key=lambda k: ratio[k].median)
-        per_round = _paired(times[best], times[name])
+        per_round = timing.per_round(times[best], times[name])
         if min(per_round) <= 1 <= max(per_round):
             said.append(f"{name} as fast as {best} within the noise")
             continue
