@@ -38,11 +38,10 @@ import jax
 from mlsys_jax.compat import Literal, bind_equation
 from mlsys_jax.ir import primitive_counts
 from mlsys_jax.ir.evaluate import eval_equation
-from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
+from mlsys_jax.ir.primitives import RNG_BITS, TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import bind_widened_blocks, is_float, literal_value, widen_value
 
-RANDOM_PRIMITIVES = ("random_bits", "threefry2x32")
 OFF_FLAG = "deterministic"
 
 
@@ -62,7 +61,7 @@ def shared_leaves(batch) -> tuple:
 def draws_random(closed) -> bool:
     """Whether the loss's jaxpr draws random bits anywhere (nested bodies included)."""
     prims = primitive_counts(closed)
-    return any(p in prims for p in RANDOM_PRIMITIVES)
+    return any(p in prims for p in RNG_BITS)
 
 
 def _is_key(x) -> bool:

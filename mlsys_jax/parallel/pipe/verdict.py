@@ -43,7 +43,7 @@ from mlsys_jax.ir.precision import ulp, widened
 from mlsys_jax.parallel.shard.compare import holds_only, leaf_rms_diffs, leaf_rms_scales
 from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
 from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
-from mlsys_jax.parallel.pipe.stochastic import RANDOM_PRIMITIVES, same_bits_widened
+from mlsys_jax.parallel.pipe.stochastic import draws_random, same_bits_widened
 
 
 QUANTITIES = ("loss", "grads", "params")
@@ -289,10 +289,8 @@ def _judge_params(verdict, ref: dict, got: dict, own_update, grad_bounds: list) 
 
 def causes(closed, paths) -> list[str]:
     """Why a loss may mix the examples of a batch, read from its jaxpr and parameter names."""
-    from mlsys_jax.ir import primitive_counts
-
-    prims, out = primitive_counts(closed), []
-    if any(p in prims for p in RANDOM_PRIMITIVES):
+    out = []
+    if draws_random(closed):
         out.append("the loss draws its random numbers (e.g. dropout) for the whole batch at "
                    "once, from a key fixed inside it or one key of the batch: a microbatch "
                    "draws other masks than its rows get in the whole batch")
