@@ -156,8 +156,6 @@ def _thread_failed(args) -> None:
 
 # the loggers through which JAX reports a Python callback that raised inside a running program
 _CALLBACK_LOGGERS = ("jax._src.callback", "jax._src.debugging")
-_LIBRARIES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
-              f"{os.sep}lib{os.sep}python3")
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # what mlsys-jax was doing with the program, by the innermost of its modules on the stack
 _RUNNING = {
@@ -221,18 +219,19 @@ _UNSTAGEABLE = {
 def _runtime_failure(e: Exception, caught: list) -> MlsysError | None:
     """The user's failure when ``e`` is XLA reporting that a callback in the program raised,
     or JAX refusing to stage a check as the user wrote it."""
+    from mlsys_jax.ir.provenance import raised_at  # JAX is loaded: it raised ``e``
+
     text = str(e)
     for words, fix in _UNSTAGEABLE.items():
         if words in text:
-            cause = e.__cause__
-            line = _user_frame(cause.__traceback__) if cause is not None else None
+            line = raised_at(e.__cause__) if e.__cause__ is not None else None
             return MlsysError(f"your function cannot be compiled{f' at {line}' if line else ''}: "
                               f"{_first_words(e)}; {fix}")
     if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or "allback" not in text:
         return None
     original = next((c for c in reversed(caught) if str(c).split("\n")[0] in text), None)
     message = _first_words(original) if original is not None else _callback_message(text)
-    line = _equinox_line(text) or (_user_frame(original.__traceback__) if original else None)
+    line = _equinox_line(text) or (raised_at(original) if original is not None else None)
     at = f" at {line}" if line else ""
     return MlsysError(f"a check in your code failed{at} when mlsys-jax ran it: {message}; "
                       f"{_running(e)}")
@@ -250,23 +249,6 @@ def _callback_message(text: str) -> str:
     return found[0].lstrip("_") if found else lines[0][:200]
 
 
-def _is_users(path: str) -> bool:
-    full = os.path.abspath(path)
-    return not full.startswith(_OURS) and not any(part in full for part in _LIBRARIES) \
-        and not path.startswith("<")
-
-
-def _user_frame(tb) -> str | None:
-    """``file.py:line`` of the innermost frame of a traceback in the user's own files."""
-    found = None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if _is_users(code.co_filename):
-            found = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return found
-
-
 def _equinox_line(text: str) -> str | None:
     """Where ``eqx.error_if`` was called, when the failure is its check: equinox keeps the
     Python stack of that call beside the message (``equinox._jit.last_error_info``)."""
@@ -276,11 +258,11 @@ def _equinox_line(text: str) -> str | None:
     info = getattr(jit, "last_error_info", None)
     if not info or str(info[0]) not in text:
         return None
-    for piece in info[1]:           # innermost frame first
-        got = re.search(r'File "([^"]+)", line (\d+)', piece) if isinstance(piece, str) else None
-        if got and _is_users(got.group(1)):
-            return f"{os.path.basename(got.group(1))}:{got.group(2)}"
-    return None
+    from mlsys_jax.ir.provenance import lines_of
+
+    frames = [(got.group(1), int(got.group(2))) for piece in info[1] if isinstance(piece, str)
+              for got in [re.search(r'File "([^"]+)", line (\d+)', piece)] if got]
+    return lines_of(frames)[0]           # innermost frame first
 
 
 def _running(e: BaseException) -> str:
