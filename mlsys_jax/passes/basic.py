@@ -143,7 +143,11 @@ def fold_constants(max_elements: int = FOLD_MAX_ELEMENTS, keep_weak: bool = True
                 return False
             if not keep_weak:  # a deliberately broken variant for mutation testing
                 outs = [jax.numpy.array(o, dtype=o.dtype) for o in outs]
-            outs = [_resident(o, v) for o, v in zip(outs, eqn.outvars)]
+            # computed before the next fold is dispatched: XLA:CPU frees a buffer that a
+            # computation still in flight reads only at a later dispatch, so an asynchronous
+            # chain of large folds (sin, then mul) would hold each dropped intermediate into
+            # the value check's runs
+            outs = jax.block_until_ready([_resident(o, v) for o, v in zip(outs, eqn.outvars)])
             ed.bind(eqn.outvars, [known(o, v) for o, v in zip(outs, eqn.outvars)])
             log.fired(f"{path}{i}", eqn.primitive.name)
             return True

@@ -259,7 +259,7 @@ def _twin(before):
     return twin
 
 
-CHUNK = 1 << 22           # elements judged at a time: float64 temporaries stay ~100 MiB
+CHUNK = 1 << 20           # elements judged at a time: float64 temporaries stay ~30 MiB
 
 
 def _floats(k, i, a, b, rtol, atol, *, twin, noise, check: ValueCheck) -> None:

@@ -4,8 +4,11 @@ Issue #39: a 512 MiB elementwise parameter (``sin(w) * 2 + sum(x)``, which ``fol
 folds into a second 512 MiB constant) peaked at 9.2 GB, about 17 times the parameter: the value
 check held every input set's outputs, their float64 copies and 8 rounding-noise runs at once.
 Here at 64 MiB: the peak RSS of ``optimize`` in a fresh process (``wait4``'s ``ru_maxrss``) may
-exceed the factory run alone by 4× the parameter's bytes (the parameter, its folded twin, two
-outputs of its size) and a fixed allowance for what the CLI imports and compiles.
+exceed a bare process by 4× the parameter's bytes (the parameter, its folded twin, two outputs of
+its size) and a fixed allowance for what the CLI compiles and the check's chunked float64 work.
+The factory run alone is the bare process and the parameter, so the bound is that run and 3×
+more. (An asynchronous chain of folds held a dropped intermediate into the check: one parameter
+more, which this bound refuses.)
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 PARAM_BYTES = 64 * MIB           # benchmarks/_big_params.py: elementwise_64mib
-FIXED = 192 * MIB                # the CLI's own imports and compiled programs (measured ~110 MB)
+FIXED = 96 * MIB                 # compiled programs, the check's float64 chunks (measured ~60 MB)
 
 
 def _peak_rss(*argv: str) -> int:
@@ -34,11 +37,11 @@ def _peak_rss(*argv: str) -> int:
 
 
 @pytest.mark.slow
-def test_optimize_peak_rss_within_four_parameters_of_the_factory():
+def test_optimize_peak_rss_within_four_parameters_of_a_bare_process():
     alone = _peak_rss("-m", "benchmarks._big_params", "elementwise_64mib")
     optimize = _peak_rss("-m", "mlsys_jax.cli", "optimize",
                          f"{ROOT}/benchmarks/_big_params.py:elementwise_64mib", "--hw", "cpu")
-    bound = alone + 4 * PARAM_BYTES + FIXED
+    bound = alone + 3 * PARAM_BYTES + FIXED
     assert optimize <= bound, (f"optimize peaked at {optimize / MIB:.0f} MiB; the factory alone "
-                               f"{alone / MIB:.0f} MiB + 4 × 64 MiB + {FIXED // MIB} MiB = "
+                               f"{alone / MIB:.0f} MiB + 3 × 64 MiB + {FIXED // MIB} MiB = "
                                f"{bound / MIB:.0f} MiB")
