@@ -65,9 +65,18 @@ class Mutant:
 
 
 def rule_mutants() -> tuple:
-    """Every registered rule's mutants, declared beside the rule (``Rule.mutants``)."""
-    return tuple(Mutant(m.name, e.factory, m.make, m.what, Knobs(**m.knobs) if m.knobs else None)
+    """Every registered rule's mutants, declared beside the rule (``Rule.mutants``), hunted with
+    their own knobs or else among programs of their rule's kind (:func:`of_its_rules_kind`)."""
+    return tuple(Mutant(m.name, e.factory, m.make, m.what,
+                        Knobs(**m.knobs) if m.knobs else of_its_rules_kind(e.rule))
                  for e in registry.PASSES.values() if e.rule is not None for m in e.rule.mutants)
+
+
+def of_its_rules_kind(rule) -> Knobs:
+    """Knobs drawing the layouts a rule's motif is drawn in (``Rule.motif_layouts``): dense
+    programs for a dense-only rule, images otherwise. A broken rule can differ only where its
+    rule fires; the default mix draws those programs too, more rarely."""
+    return Knobs(image=0.0 if set(rule.motif_layouts) == {"dense"} else 1.0)
 
 
 MUTANTS = (

@@ -195,8 +195,11 @@ RULE = Rule(
         RuleMutant("conv_bn_folds_int_div", conv_bn_folding_int_div,
                    "truncating integer division folded into conv weights as if real",
                    {"integer": 1.0}),
+        # hunted among square images with a users' helper: it differs only where a bias runs
+        # along H and H == C
         RuleMutant("conv_bias_ignores_the_axis", conv_bias_ignoring_the_axis,
-                   "a jitted conv + bias taken as per-channel by the bias's length alone")))
+                   "a jitted conv + bias taken as per-channel by the bias's length alone",
+                   {"image": 1.0, "square": 1.0, "user": 1.0})))
 
 
 def fold_conv_bn(only: int | None = None) -> Pass:
