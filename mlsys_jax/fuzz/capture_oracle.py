@@ -17,7 +17,7 @@ NaN, which one propagates depends on XLA's kernel, not on the op: measured on XL
 with a negative NaN in ``a`` and a positive NaN ``b`` broadcast from a scalar gives ``b``'s NaN in
 eager's program and ``a``'s when the broadcast is its own kernel (float16, float32, float64).
 
-CI runs 200 programs (``tests/execute/test_capture_fuzz.py``); the hand-run tier is
+CI runs 60 programs (``tests/execute/test_capture_fuzz.py``); the hand-run tier is
 ``python -m mlsys_jax.fuzz.capture_oracle --programs 2000 --seed 0``.
 """
 from __future__ import annotations

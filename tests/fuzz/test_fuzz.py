@@ -16,7 +16,7 @@ from mlsys_jax.ir import as_function, rebuild
 from mlsys_jax.passes import registry
 from tests.fuzz.fuzz_strategies import specs
 
-SEEDS = [program_seed(11, i) for i in range(24)]
+SEEDS = [program_seed(11, i) for i in range(6)]
 
 
 def test_generator_is_deterministic_and_json_roundtrips():
@@ -36,8 +36,10 @@ def test_generator_covers_the_opportunity_knobs():
     assert wanted <= ops, wanted - ops
 
 
+# A few programs, on every tier with their derivatives: the campaign (tests/fuzz/test_campaign.py)
+# also judges the identity rebuild of each of its programs bitwise.
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS[:12])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_identity_rebuild_passes_every_oracle(seed):
     spec = generate_seeded(seed)
     closed = build(spec)
