@@ -13,7 +13,8 @@
 2. A second run reuses the cache: ``inspect --hw here`` beside ``inspect --hw cpu``, each a fresh
    process, in paired rounds (target: under 1.2× the time of ``--hw cpu``).
 3. The search ranks graphs by the model (``search(..., hw=here)``, no graph timed whole) on the
-   §4.2 block and on the project's flax ResNet (parameters constant, as ``optimize`` sees it):
+   §4.2 block and (outside ``--quick``) on the project's flax ResNet (parameters constant, as
+   ``optimize`` sees it):
    its pick is timed beside every graph the search's moves reach in two steps from the default
    pipeline's result (and the original): ``here_search_picks_fastest`` = 1 when the pick is the
    fastest, within 5% (a tie is a tie).
@@ -239,10 +240,16 @@ def search_picks(quick: bool, cache_dir: Path) -> tuple[dict, list]:
     _, graphs, x = block_graphs(quick)
     picks = {"resnet_block": search_pick("the §4.2 block", graphs["original"], [x], model,
                                          rounds)}
+    if quick:  # the smallest case: the block alone
+        return _picks_figures(picks)
     with jax.enable_x64(False):
         apply, (variables, image) = _factory("flax_resnet.py", "inspect", {})()
         closed = ir.trace(partial(apply, variables), image)
         picks["flax_resnet"] = search_pick("the flax ResNet", closed, [image], model, rounds)
+    return _picks_figures(picks)
+
+
+def _picks_figures(picks: dict) -> tuple[dict, list]:
     figures = {"here_search_picks_fastest": int(all(ok for ok, _ in picks.values())),
                "here_search_picks_fastest_by_model": {k: ok for k, (ok, _) in picks.items()}}
     return figures, [note for _, note in picks.values()]
