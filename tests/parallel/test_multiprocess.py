@@ -3,8 +3,9 @@
 The successful 2-process run is tested end to end in tests/experiments/test_s04.py (one launch of 2
 workers is enough for the suite's time budget). Here: a killed or stopped worker ends the run
 within 30 s naming that worker, a taken coordinator port is named before anything starts, and a
-worker whose coordinator never comes ends on its own within 30 s. The lonely worker starts first
-(module fixture) so that its wait overlaps the other tests.
+worker whose coordinator never comes ends on its own within 30 s. The lonely worker starts before
+the module's first test (an autouse module fixture: the suite runs slow tests first, so a fixture
+asked for by one test only would start with that test) and waits while the other tests run.
 """
 import os
 import signal
@@ -23,7 +24,7 @@ from mlsys_jax.parallel import make_mesh, multiprocess, workers
 LIMIT_S = 30.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def lonely_worker():
     """Worker 1 of 2, started with no coordinator on its port (nothing listens there); yields
     the process, its start time, the port and (once it ends) its end time."""
@@ -42,7 +43,7 @@ def lonely_worker():
         proc.wait()
 
 
-def test_bad_process_counts(lonely_worker):
+def test_bad_process_counts():
     with pytest.raises(MlsysError, match="--processes must be >= 2"):
         multiprocess.launch(1, 4)
     with pytest.raises(MlsysError, match=">= 1 device"):
