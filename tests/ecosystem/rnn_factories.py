@@ -1,7 +1,8 @@
 """Recurrent models as their libraries ship them, for ``mlsys-jax shard FILE.py:FN`` (factories
-``(loss_fn, params, batch, optimizer)``): flax linen ``nn.RNN(nn.LSTMCell)`` and a bidirectional
-GRU, flax ``nnx.RNN(nnx.LSTMCell)``, and equinox's ``eqx.nn.LSTMCell`` vmapped over the batch
-inside ``lax.scan`` over time. Each scans over time from a zero initial state: separable."""
+``(loss_fn, params, batch, optimizer)``): flax linen ``nn.RNN(nn.LSTMCell)``, a bidirectional
+RNN (an LSTM forward, a GRU backward), a time-major ``nn.RNN``, flax ``nnx.RNN(nnx.LSTMCell)``,
+and equinox's ``eqx.nn.LSTMCell`` vmapped over the batch inside ``lax.scan`` over time. Each
+scans over time from a zero initial state: separable."""
 import equinox as eqx
 import flax.linen as nn
 import jax
@@ -24,7 +25,7 @@ class _Linen(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        rnn = (nn.Bidirectional(nn.RNN(nn.GRUCell(H)), nn.RNN(nn.GRUCell(H)))
+        rnn = (nn.Bidirectional(nn.RNN(nn.LSTMCell(H)), nn.RNN(nn.GRUCell(H)))
                if self.bidirectional else nn.RNN(nn.LSTMCell(H)))
         return nn.Dense(1)(rnn(x)[:, -1])[:, 0]
 
@@ -42,7 +43,8 @@ def flax_lstm():
     return _linen(False)
 
 
-def flax_bigru():
+def flax_bidirectional():
+    """``nn.Bidirectional``: ``nn.RNN(nn.LSTMCell)`` forward, ``nn.RNN(nn.GRUCell)`` backward."""
     return _linen(True)
 
 
