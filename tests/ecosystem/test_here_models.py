@@ -3,7 +3,11 @@ ones, BatchNorm), the flax transformer (matmuls, attention) and the models it wa
 (a Keras ConvNeXt-like net, an equinox MLP-Mixer, an nnx CNN), at small sizes: every kernel of the
 fused model runs alone, and a second model object reads them all back from the cache for a second
 trace. Prediction accuracy on haiku's ResNet18 and Keras' MobileNetV2, and a second process
-reading the cache, are benchmark figures (``bench passes``)."""
+reading the cache, are benchmark figures (``bench passes``).
+
+Each factory runs on shapes (``run_abstract``, as ``--abstract`` runs one): the kernels, and so
+what is measured and cached, are those of the model's jaxpr, which its parameters' values do not
+change, while building the values would compile every initializer op by op (most of the work)."""
 import pytest
 
 import flax_transformer
@@ -13,6 +17,7 @@ from benchmarks import _here_models_unseen as unseen
 from mlsys_jax import cost, ir
 from mlsys_jax.cost.here import OperatorModel, here_hardware
 from mlsys_jax.cost.here.dispatch import DispatchCost
+from mlsys_jax.ir.abstract import is_abstract, run_abstract
 
 FACTORIES = {
     "keras_mobilenet": lambda: inference_nets.keras_mobilenet(batch=1, size=32, classes=10),
@@ -41,7 +46,8 @@ def model_at(path) -> OperatorModel:
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_every_kernel_runs_alone_and_is_read_back_under_the_same_key(name, tmp_path):
     with jax.enable_x64(False):  # users' models, under JAX's defaults
-        f, args = FACTORIES[name]()
+        f, args = run_abstract(FACTORIES[name])
+        assert is_abstract(args)
         first = cost.estimate(ir.trace(f, *args),
                               hw=here_hardware(model_at(tmp_path / "ops.json")))
         assert [k.why for k in first.kernels if k.model == "roofline"] == []

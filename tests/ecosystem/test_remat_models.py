@@ -1,5 +1,7 @@
 """Recomputation on users' models (flax MLP, flax transformer, flax nn.scan stack, equinox MLP),
-judged on the compiled program: XLA's temp bytes, compiled FLOPs, gradients against jax.grad."""
+judged on the compiled program: XLA's temp bytes, compiled FLOPs, gradients against jax.grad.
+The models draw their parameters with threefry's other lowering (`init_bits.py` here: an init
+compiles much sooner); their losses are traced and compiled with JAX's defaults."""
 import equinox as eqx
 import jax
 import numpy as np
@@ -16,6 +18,7 @@ from mlsys_jax.remat.planner.flat import flatten_loss
 from mlsys_jax.remat.planner.measure import compile_grad, grad_difference
 from mlsys_jax.remat.planner.policies import BUILTIN_POLICIES, versus_policies
 from mlsys_jax.remat.planner.segments import problem
+from tests.ecosystem.init_bits import init_bits
 
 pytest.importorskip("scipy")
 
@@ -33,8 +36,9 @@ def transformer_loss():
 @pytest.fixture(scope="module")
 def frontiers():
     with jax.enable_x64(False):
-        return {"flax_mlp": Frontier(*flax_mlp.loss(), ladder=LADDER),
-                "flax_transformer": Frontier(*transformer_loss(), ladder=LADDER)}
+        with init_bits():                # the parameters' draws compile much sooner
+            built = {"flax_mlp": flax_mlp.loss(), "flax_transformer": transformer_loss()}
+        return {name: Frontier(*b, ladder=LADDER) for name, b in built.items()}
 
 
 @pytest.fixture(params=["flax_mlp", "flax_transformer"])
@@ -71,7 +75,8 @@ def test_policies_are_judged_on_bytes_and_measured_time(frontier):
 
 
 def test_measure_and_apply_differentiate_the_parameters_only(frontiers):
-    loss_fn, params, batch = flax_mlp.loss()
+    with init_bits():                    # the fixture's model again: its init compiled once
+        loss_fn, params, batch = flax_mlp.loss()
     p = frontiers["flax_mlp"].plan("60%")
     m = measure(loss_fn, p, params, batch)                       # integer labels in the batch
     assert m["compiled_temp_bytes"] == p.compiled_temp_bytes
@@ -84,7 +89,8 @@ def test_measure_and_apply_differentiate_the_parameters_only(frontiers):
 
 
 def test_equinox_module_with_static_leaves():
-    loss_fn, model, batch = equinox_mlp.loss()
+    with init_bits():
+        loss_fn, model, batch = equinox_mlp.loss()
     prob = problem(loss_fn, model, batch)
     raw = prob.solve(prob.min_peak_budget_bytes)                  # the MILP's plan, recomputing
     assert raw.recomputed
@@ -97,7 +103,8 @@ def test_equinox_module_with_static_leaves():
 @pytest.fixture(scope="module")
 def scan_stack():
     with jax.enable_x64(False):
-        loss_fn, variables, batch = flax_scan.loss()
+        with init_bits():
+            loss_fn, variables, batch = flax_scan.loss()
         flat = flatten_loss(loss_fn, variables, batch)
         exe, temp, flops = compile_grad(flat.fn, flat)
         return temp, flops, exe(flat.diff, flat.batch)
@@ -107,7 +114,9 @@ def scan_stack():
                          ids=lambda s: s.name)
 def test_chain_schedules_on_a_flax_scan_stack(scan_stack, schedule):
     model_temp, model_flops, reference = scan_stack
-    flat = flatten_loss(*flax_scan.scheduled(schedule))
+    with init_bits():                    # the fixture's model again: its init compiled once
+        built = flax_scan.scheduled(schedule)
+    flat = flatten_loss(*built)
     exe, temp, flops = compile_grad(flat.fn, flat)
     grads = exe(flat.diff, flat.batch)
     if schedule.name == "store-all":        # the nn.scan model itself, bit for bit

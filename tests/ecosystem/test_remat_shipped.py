@@ -1,5 +1,7 @@
 """`remat` on third-party nets as shipped (examples/shipped_nets.py) and on GPT-2's shape at a
-small size: budgets met on compiled bytes, plans and policies judged on measured time."""
+small size: budgets met on compiled bytes, plans and policies judged on measured time. The nets
+draw their parameters with threefry's other lowering (`init_bits.py` here: an init compiles
+much sooner); their losses are traced and compiled with JAX's defaults."""
 import jax
 import pytest
 
@@ -9,16 +11,22 @@ from mlsys_jax import timing
 from mlsys_jax.remat.milp import plan_key
 from mlsys_jax.remat.planner.frontier import Frontier
 from mlsys_jax.remat.planner.policies import versus_policies
+from tests.ecosystem.init_bits import init_bits
 
 pytest.importorskip("scipy")
-# GPT-2's code with 2 layers, d_model 64, vocabulary 512: its least-memory plan is above half of
-# no remat's temp bytes, so the budget here is 70% (GPT-2 small's 50% is a benchmark figure)
-GPT2_BUDGET = "70%"
+# GPT-2's code with 2 layers, d_model 64, vocabulary 512: its least-memory plans are above half of
+# no remat's temp bytes, so the budget here is 80% (GPT-2 small's 50% is a benchmark figure), which
+# the least-memory plan with its recomputation pinned meets (at 70% the search goes on to the
+# whole backward pinned and a probe between: two more compiles of the same kind; the bracketing
+# itself is tests/remat's)
+GPT2_BUDGET = "80%"
 
 
 def _frontier(factory, **kw):
     with jax.enable_x64(False):          # module fixtures start before the float32 fixture
-        return Frontier(*factory(**kw), repeats=3, timing_budget_s=1.0)
+        with init_bits():                # the parameters' draws compile much sooner
+            built = factory(**kw)
+        return Frontier(*built, repeats=3, timing_budget_s=1.0)
 
 
 def test_gpt2_shape_meets_its_budget_with_the_gradient_of_jax_grad():
@@ -50,8 +58,10 @@ def test_haiku_resnet_at_100_percent_is_no_remat_and_policies_are_judged_on_time
 
 
 def test_the_least_is_below_store_all_and_compiles_below_no_remat():
-    # Keras MobileNetV2 (2,071 equations) takes minutes here: its figures are `bench remat`'s
-    fr = _frontier(shipped_nets.equinox_vit)
+    # Keras MobileNetV2 (2,071 equations) takes minutes here: its figures are `bench remat`'s.
+    # The shipped ViT at one encoder block (the example's has two alike): attention, MLP and the
+    # dropout the plan recomputes are all in it, and each plan compiles one block, not two
+    fr = _frontier(shipped_nets.equinox_vit, layers=1)
     assert fr.problem.min_peak_budget_bytes < fr.problem.store_all_bytes
     least = fr.plan("min")
     assert least.recomputed and least.compiled_temp_bytes < fr.no_remat.compiled_temp_bytes

@@ -1,7 +1,16 @@
 """Users' models through the CLI, as a new user would run them: example factories from flax,
 equinox and stax, under JAX's float32 defaults; a jitted model costs what the model costs;
 `optimize --measure` reports the measured speedup beside the fused estimates; PRNG keys (dropout)
-trace, cost and pass through `optimize` untouched."""
+trace, cost and pass through `optimize` untouched.
+
+The factories run on their arrays, as a new user runs them, except where a test reads only the
+traced graph of a factory that tests/ecosystem/test_rewrites.py builds on arrays (jitted, in
+float32): nnx's and stax's float32 inspects and the equinox CNN's table and trace run on shapes
+(`--abstract`, `run_abstract`: the same graph, without compiling every initializer op by op).
+Factories whose model holds no random draw (all but the flax transformer's) draw their
+parameters with threefry's other lowering (`init_bits.py` here: an init compiles much sooner;
+nothing here reads the draws), and `inspect` skips XLA's own figures (`--no-xla`) where no test
+reads them."""
 import contextlib
 import io
 import json
@@ -11,6 +20,8 @@ import jax
 import pytest
 
 from mlsys_jax import cli, cost, ir
+from mlsys_jax.ir.abstract import run_abstract
+from tests.ecosystem.init_bits import init_bits_everywhere
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                         "examples")
@@ -36,11 +47,14 @@ def target(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def resnet_graphs():
-    """The flax ResNet traced as `inspect` traces it, plain and wrapped in jax.jit."""
+    """The flax ResNet traced as `inspect` traces it, plain and wrapped in jax.jit, in float32
+    (a module fixture starts before the float32 one) and with the draws of `optimize --measure`
+    below, which then finds the model's compiled init in the compilation cache."""
     from mlsys_jax.cli.target import FN_AND_ARGS, Target, load_factory
 
-    return {name: Target(*load_factory(target(f"flax_resnet.py:{name}"), FN_AND_ARGS), name,
-                         examples=True).trace() for name in ("inspect", "inspect_jit")}
+    with jax.enable_x64(False), init_bits_everywhere():
+        return {name: Target(*load_factory(target(f"flax_resnet.py:{name}"), FN_AND_ARGS), name,
+                             examples=True).trace() for name in ("inspect", "inspect_jit")}
 
 
 @pytest.mark.parametrize("hw", ["h100", "cpu"])
@@ -56,8 +70,9 @@ def test_jitted_flax_resnet_costs_what_the_unjitted_one_costs(resnet_graphs, hw,
 
 @pytest.fixture(scope="module")
 def resnet_measured():
-    return run_json("optimize", target("flax_resnet.py:inspect"), "--hw", "cpu", "--measure",
-                    "--rounds", "3")
+    with jax.enable_x64(False), init_bits_everywhere():  # the model of resnet_graphs
+        return run_json("optimize", target("flax_resnet.py:inspect"), "--hw", "cpu",
+                        "--measure", "--rounds", "3")
 
 
 def test_flax_resnet_optimize_measure_reports_the_speedup_beside_the_fused_estimates(
@@ -76,15 +91,16 @@ def test_flax_resnet_optimize_measure_reports_the_speedup_beside_the_fused_estim
 
 
 def test_flax_resnet_in_float64_is_exact_after_optimize():
-    d = run_json("optimize", target("flax_resnet.py:inspect_f64"), "--x64")
+    with init_bits_everywhere():  # the init's draws, in float64, compile much sooner
+        d = run_json("optimize", target("flax_resnet.py:inspect_f64"), "--x64")
     assert d["verified"] and d["rewrites"] and d["max_abs_diff"] <= 1e-12
 
 
 def test_flax_transformer_with_dropout_inspects_differentiates_and_optimizes():
     name = target("flax_transformer.py:inspect")
-    forward = run_json("inspect", name)
+    forward = run_json("inspect", name, "--no-xla")
     assert "random_bits" in forward["primitives"] and forward["unknown"] == []
-    grad = run_json("inspect", name, "--grad")
+    grad = run_json("inspect", name, "--grad", "--no-xla")
     assert grad["total"]["flops"] >= 2 * forward["total"]["flops"]  # weight gradients included
     opt = run_json("optimize", name)
     # per element on several inputs, within float32's tolerance (the attention scale folded into
@@ -95,25 +111,29 @@ def test_flax_transformer_with_dropout_inspects_differentiates_and_optimizes():
 
 
 def test_equinox_mlp_runs_in_float32_unless_x64():
-    rc, text = run("inspect", target("equinox_mlp.py:inspect"))
-    assert rc == 0 and "native dtypes: f32]" in text and "f64" not in text
-    rc, text = run("inspect", target("equinox_mlp.py:inspect"), "--x64")
-    assert rc == 0 and "native dtypes: f64]" in text
+    with init_bits_everywhere():  # which bits the draws take, not their dtype
+        rc, text = run("inspect", target("equinox_mlp.py:inspect"), "--no-xla")
+        assert rc == 0 and "native dtypes: f32]" in text and "f64" not in text
+        rc, text = run("inspect", target("equinox_mlp.py:inspect"), "--x64", "--no-xla")
+        assert rc == 0 and "native dtypes: f64]" in text
 
 
 @pytest.mark.parametrize("name", ["nnx_resnet", "stax_cnn"])  # equinox, flax: above
 def test_more_example_factories_inspect_in_float32(name):
-    d = run_json("inspect", target(f"{name}.py:inspect"))
-    assert d["unknown"] == [] and d["total"]["flops"] > 0 and "float64" not in str(d)
+    d = run_json("inspect", target(f"{name}.py:inspect"), "--abstract")  # the user's dtypes
+    assert d["abstract"] and d["unknown"] == [] and d["total"]["flops"] > 0
+    assert "float64" not in str(d)
 
 
 def test_ir_trace_takes_an_equinox_module_with_static_string_leaves():
     import equinox_cnn
 
-    f, args = equinox_cnn.inspect()  # BatchNorm's axis_name "batch" is a string leaf
+    # on shapes: the module's array leaves as ShapeDtypeStructs, its static leaves as they are
+    f, args = run_abstract(equinox_cnn.inspect)  # BatchNorm's axis_name "batch" is a string leaf
+    assert "batch" in jax.tree_util.tree_leaves(args)
     closed = ir.trace(f, *args)
     arrays = [leaf for leaf in jax.tree_util.tree_leaves(args) if hasattr(leaf, "dtype")]
-    assert len(closed.jaxpr.invars) == len(arrays)
+    assert len(closed.jaxpr.invars) == len(arrays) > 0
     assert closed.out_avals[0].shape == (4, 10)
 
 
@@ -149,7 +169,8 @@ def _sums_to_totals(d: dict) -> None:
 
 
 def test_flax_resnet50_has_a_row_per_block():
-    d = run_json("inspect", target("flax_resnet50.py:inspect_tiny"))
+    with init_bits_everywhere():
+        d = run_json("inspect", target("flax_resnet50.py:inspect_tiny"), "--no-xla")
     rows = _depth(d, 1)
     assert d["model"] == "ResNet"
     assert [k for k in rows if k != "(self)"] == [
@@ -173,7 +194,8 @@ def test_flax_gpt2_rows_per_block_with_attention_and_mlp_and_the_tied_vocabulary
     import flax_gpt2
 
     c = flax_gpt2.TINY
-    d = run_json("inspect", target("flax_gpt2.py:inspect_tiny"), "--depth", "2")
+    with init_bits_everywhere():
+        d = run_json("inspect", target("flax_gpt2.py:inspect_tiny"), "--depth", "2", "--no-xla")
     assert d["model"] == "GPT2" and d["module_depth"] == 2
     _sums_to_totals(d)
     top, blocks = _depth(d, 1), _depth(d, 2)
@@ -186,8 +208,9 @@ def test_flax_gpt2_rows_per_block_with_attention_and_mlp_and_the_tied_vocabulary
 
 
 def test_equinox_modules_are_named_by_their_attribute_paths():
-    d = run_json("inspect", target("equinox_cnn.py:inspect"))
+    d = run_json("inspect", target("equinox_cnn.py:inspect"), "--abstract")
     rows = _depth(d, 1)
+    assert d["abstract"]
     assert {"convs[0]", "convs[1]", "convs[2]", "norms[0]", "norms[2]", "head"} <= set(rows)
     assert rows["convs[1]"]["params"] == 16 * 8 * 3 * 3 + 16
     assert rows["convs[1]"]["flops"] >= 2 * 4 * 16 * 16 * 16 * 8 * 9  # the conv is there
@@ -198,7 +221,8 @@ def test_equinox_modules_are_named_by_their_attribute_paths():
 def test_haiku_modules_are_named_by_haiku(tmp_path):
     path = tmp_path / "hk_model.py"
     path.write_text(HAIKU_FILE)
-    d = run_json("inspect", f"{path}:make", "--depth", "2")
+    with init_bits_everywhere():
+        d = run_json("inspect", f"{path}:make", "--depth", "2", "--no-xla")
     assert d["model"] == "sequential"
     rows = {**_depth(d, 1), **_depth(d, 2)}
     assert {"conv2_d", "mlp", "mlp/linear_0", "mlp/linear_1"} <= set(rows)
