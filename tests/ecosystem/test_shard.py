@@ -1,7 +1,8 @@
 """Users' flax/equinox training steps on a simulated mesh (``parallel.simulate``), in float32.
 
 Compiled runs are cached per module: each (model, mesh, stage) compiles once, and the one-device
-reference once per model.
+reference once per model. Each run takes 2 steps: teacher-forced from one device's states, then
+free-running, where the second step starts from the mesh's own state.
 """
 import re
 
@@ -17,6 +18,7 @@ import flax_transformer
 from mlsys_jax.parallel import comm, megatron_rules, ShardOptions, simulate
 from mlsys_jax.parallel.shard.partition_rules import array_paths
 from mlsys_jax.parallel.shard.run import Recorder
+from tests.ecosystem.shard_harness import frozen_gc  # noqa: F401 (autouse fixture)
 
 MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,
           "flax_transformer": flax_transformer.train, "flax_batchnorm": flax_batchnorm.train,
@@ -24,15 +26,20 @@ MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,
 _FACTORIES, _CACHES, _REPORTS = {}, {}, {}
 
 
+def built(model):
+    """The factory's ``(loss_fn, params, batch, optimizer)``, built once per module."""
+    if model not in _FACTORIES:
+        _FACTORIES[model] = MODELS[model]()
+    return _FACTORIES[model]
+
+
 def run(model, mesh, zero=0, rules=None):
     key = (model, tuple(mesh.items()), zero, rules is not None)
     if key not in _REPORTS:
-        if model not in _FACTORIES:
-            _FACTORIES[model] = MODELS[model]()
-        loss_fn, params, batch, optimizer = _FACTORIES[model]
+        loss_fn, params, batch, optimizer = built(model)
         given = None if rules is None else rules(params)
         _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, ShardOptions(
-            zero=zero, steps=3, xla_options=comm.QUICK_COMPILE, time_repeats=0), rules=given,
+            zero=zero, steps=2, xla_options=comm.QUICK_COMPILE, time_repeats=0), rules=given,
             cache=_CACHES.setdefault(model, {}))
     return _REPORTS[key]
 
@@ -63,30 +70,33 @@ def test_zero_stages_are_exact_with_global_norm_clipping(model, zero):
 
 
 def test_transformer_free_running_drift_is_adam_on_rounding_noise():
-    """After 3 free-running steps the transformer's params differ by more than 1e-6 relative;
+    """After 2 free-running steps the transformer's params differ by more than 1e-6 relative;
     one device with the batch rows reversed (the same sums in another order) drifts as far:
     Adam divides the rounding noise of gradients that are mathematically zero (attention key
-    biases) by its own magnitude."""
+    biases) by its own magnitude. The one-device step is one compiled program (gradient, then
+    update) whose first call also gives the gradients at the initial parameters."""
     r = run("flax_transformer", {"data": 4}, 0)
-    loss_fn, params, batch, opt = _FACTORIES["flax_transformer"]
+    loss_fn, params, batch, opt = built("flax_transformer")
 
-    @jax.jit
     def step(t, s, b):
         g = jax.grad(loss_fn)(t, b)
         u, s = opt.update(g, s, t)
-        return optax.apply_updates(t, u), s
+        return optax.apply_updates(t, u), s, g
 
+    s0 = jax.jit(opt.init)(params)
+    step = jax.jit(step).lower(params, s0, batch).compile(comm.QUICK_COMPILE)
     reversed_batch = jax.tree.map(lambda x: x[::-1], batch)
-    (t, s), (u, v) = (params, opt.init(params)), (params, opt.init(params))
-    for _ in range(3):
-        t, s = step(t, s, batch)
-        u, v = step(u, v, reversed_batch)
+    (t, s), (u, v) = (params, s0), (params, s0)
+    for k in range(2):
+        t, s, g = step(t, s, batch)
+        u, v, _ = step(u, v, reversed_batch)
+        if k == 0:
+            grads = dict(array_paths(g))   # at the initial parameters
     drift = {p: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for (p, x), (_, y) in
              zip(array_paths(t), array_paths(u))}
     assert max(drift.values()) >= r.max_abs_diff["params"] / 10
     worst = max(drift, key=drift.get)
     assert "['key']['bias']" in worst
-    grads = dict(array_paths(jax.grad(loss_fn)(params, batch)))
     assert float(np.max(np.abs(grads[worst]))) < 1e-7  # zero up to rounding
 
 
@@ -98,7 +108,7 @@ def test_transformer_megatron_rules():
     model_axis = [c for c in r.collectives if c["axis"] == "model"]
     assert model_axis and all(c["ratio"] == pytest.approx(1.0) for c in model_axis)
     # per-device parameter bytes: replicated leaves whole, split weights 1/M
-    nbytes = {p: x.size * 4 for p, x in array_paths(_FACTORIES["flax_transformer"][1])}
+    nbytes = {p: x.size * 4 for p, x in array_paths(built("flax_transformer")[1])}
     spec = {p: next((s for rx, s in r.rules if re.search(rx, p)), "") for p in nbytes}
     split = sum(b for p, b in nbytes.items() if "model" in spec[p])
     assert split > sum(nbytes.values()) / 2
@@ -148,8 +158,7 @@ def test_megatron_rules_name_the_usual_layers():
                      "key_proj": jax.sharding.PartitionSpec("model"),
                      "value_proj": jax.sharding.PartitionSpec("model"),
                      "output_proj": jax.sharding.PartitionSpec(None, "model")}
-    _, params, _, _ = flax_transformer.train()
-    rules = megatron_rules(params)
+    rules = megatron_rules(built("flax_transformer")[1])
     assert len(rules) == 12 and all(r"Block_\d+" in rx for rx, _ in rules)  # one per layer kind
 
 
@@ -195,8 +204,8 @@ class _AtMeshCalls:
 
 
 def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps(monkeypatch):
-    """GPT-2's code at a tiny size on data=4,model=2 with ZeRO-3: at every point of every step
-    the run holds at most 4 training states (params + optimizer state + gradients) of new
+    """GPT-2's code (one block, 32 wide) on data=4,model=2 with ZeRO-3: at every point of every
+    step the run holds at most 4 training states (params + optimizer state + gradients) of new
     arrays, and as many at the last step as at the second (the first still trains the factory's
     own parameters): nothing per step outlives it. While the sharded step runs, the run holds
     beside the step's own arguments at most one device's parameters and optimizer state (the
@@ -205,7 +214,8 @@ def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps(monkeypat
 
     from mlsys_jax.parallel.shard import step as shard_step
 
-    loss_fn, params, batch, optimizer = flax_gpt2.train_tiny()
+    loss_fn, params, batch, optimizer = flax_gpt2.train(flax_gpt2.Config(
+        layers=1, d_model=32, heads=2, vocab=128, seq=16, batch=8, max_positions=16))
     probe, steps, calls = _LiveBytes(), 4, []
     compile_sharded = shard_step.compile_sharded
 

@@ -1,12 +1,16 @@
 """Third-party models as shipped on a (data, model) mesh: the user's annotations first, Megatron
 splits derived from the dataflow otherwise, synchronised BatchNorm, and verdicts that never accuse
-the mesh of a difference an equivalent one-device computation also shows.
+the mesh of a difference an equivalent one-device computation also shows. The separability
+verdicts of flax's lm1b (with and without padding) and equinox's ViT are here too, beside those
+models' runs: each model is built once, and the verdict's whole-batch and per-shard programs are
+the ones its run compiled (the session's compilation cache gives them back without compiling).
 
 One run per (model, mesh), cached for the module; every program compiled alike (QUICK_COMPILE).
 """
 import re
 
 import jax
+import numpy as np
 import pytest
 
 import equinox_vit
@@ -16,18 +20,22 @@ import flax_mlp
 import haiku_nets
 import penzai_llama
 from mlsys_jax.parallel import comm, ShardOptions, simulate
+from mlsys_jax.parallel.shard import separability_of
 from mlsys_jax.parallel.shard.inputs import display_path
 from mlsys_jax.parallel.shard.partition_rules import array_paths
+from tests.ecosystem.shard_harness import frozen_gc, quick_init  # noqa: F401 (autouse fixture)
 
 FACTORIES = {"haiku_mlp": haiku_nets.train_mlp, "penzai": penzai_llama.train,
              "vit": equinox_vit.train, "lm1b": flax_lm1b.train, "imagenet": flax_imagenet.train,
-             "linear": flax_mlp.train_linear}
-_BUILT, _REPORTS = {}, {}
+             "linear": flax_mlp.train_linear, "lm1b_padded": flax_lm1b.train_padded}
+_BUILT, _REPORTS, _VERDICTS = {}, {}, {}
 
 
 def built(name):
+    """The factory's model, built once per module (its initialisation compiled at QUICK_COMPILE:
+    no other test file builds these factories)."""
     if name not in _BUILT:
-        _BUILT[name] = FACTORIES[name]()
+        _BUILT[name] = quick_init(FACTORIES[name])()
     return _BUILT[name]
 
 
@@ -39,6 +47,16 @@ def run(name, mesh, zero=0, steps=1):
             zero=zero, steps=steps, xla_options=comm.QUICK_COMPILE, time_repeats=0),
             rules=rules[0] if rules else None)
     return _REPORTS[key]
+
+
+def verdict(name, data=2):
+    """The separability verdict of the factory's loss over ``data`` shards (``separability_of``:
+    whole-batch against per-shard gradients at four points, the mixing equations named)."""
+    if (name, data) not in _VERDICTS:
+        loss_fn, params, batch, *_ = built(name)
+        _VERDICTS[(name, data)] = separability_of(loss_fn, params, batch, data,
+                                                  options=comm.QUICK_COMPILE)
+    return _VERDICTS[(name, data)]
 
 
 def never_accuses(r):
@@ -174,3 +192,36 @@ def test_nnx_sharding_metadata_is_honoured_with_logical_rules():
     assert tp["source"] == "annotations"
     assert sorted(tp["split"]) == ["['down']['kernel']", "['up']['kernel']"]
     assert r.forward_all_reduces == {"measured": 1, "megatron": 1}
+
+
+def _counts(name, data=2):
+    """Non-padding tokens per shard and in the batch, counted here from the example batch."""
+    inputs = np.asarray(built(name)[2]["inputs"])
+    shards = np.split(inputs > 0, data)
+    return [int(s.sum()) for s in shards], int((inputs > 0).sum())
+
+
+def test_lm1b_without_padding_is_equal_on_this_batch_and_says_why():
+    sep = verdict("lm1b")
+    assert not sep.separable and sep.equal_here
+    assert [m.kind for m in sep.mixing] == ["normaliser"]
+    assert "the count of entries with batch['inputs'] > 0" in sep.causes[0]
+    shards, whole = _counts("lm1b")
+    assert len(set(shards)) == 1
+    assert "every shard holds the same value" in sep.why_equal
+    assert f"{shards[0]} of the batch's {whole}" in sep.why_equal
+
+
+def test_lm1b_with_padding_is_not_separable_and_names_the_counts():
+    sep = verdict("lm1b_padded")
+    assert not sep.separable and not sep.equal_here
+    assert "the count of entries with batch['inputs'] > 0" in sep.causes[0]
+    shards, whole = _counts("lm1b_padded")
+    assert len(set(shards)) > 1
+    assert f"{', '.join(map(str, shards))} in the shards, {whole} in the batch" in sep.causes[0]
+
+
+def test_per_example_dropout_keys_in_the_batch_are_separable():
+    """equinox's ViT example vmaps the model with one dropout key per example: separable."""
+    sep = verdict("vit")
+    assert sep.separable and not sep.mixing and sep.grads.within
