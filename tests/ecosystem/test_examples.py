@@ -1,7 +1,15 @@
-"""The example factories in examples/ build as their libraries intend, in float32."""
+"""The example factories in examples/ build as their libraries intend, in float32.
+
+Each factory is called under threefry's non-partitionable lowering of its random draws
+(``build``): on XLA:CPU the default, partitionable one takes several times as long to compile, and
+the parameters' initialisation is most of what a factory costs here. Both draw from the same
+distributions; only which bits come out changes, and nothing below depends on the drawn values.
+What the tests judge (the forward pass with its dropout, the gradients, the loss, the optimizer's
+state) is traced and compiled outside it, with JAX's defaults."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import equinox_mlp
@@ -15,31 +23,40 @@ def _float_leaves(tree):
     return [x for x in jax.tree_util.tree_leaves(tree) if eqx.is_inexact_array(x)]
 
 
+def build(factory):
+    """``factory()``, its random draws lowered the non-partitionable way (module docstring)."""
+    with jax.threefry_partitionable(False):
+        return factory()
+
+
+def _finite(tree) -> bool:
+    """Every float leaf finite, read on the host: an eager ``jnp`` check would compile a program
+    per leaf shape, more than the model's own."""
+    return all(np.isfinite(np.asarray(x)).all() for x in _float_leaves(tree))
+
+
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_factories_run_in_float32(module):
-    f, args = module.inspect()
+    f, args = build(module.inspect)
     assert eqx.filter_jit(f)(*args).dtype == jnp.float32  # jitted: one compile, not one per op
-    loss_fn, params, batch = module.loss()
+    loss_fn, params, batch = build(module.loss)
     assert all(x.dtype == jnp.float32 for x in _float_leaves(params))
     grads = eqx.filter_jit(eqx.filter_grad(loss_fn))(params, batch)
-    assert all(bool(jnp.isfinite(g).all()) for g in _float_leaves(grads))
-    loss_fn, params, batch, optimizer = module.train()
-    state = optimizer.init(eqx.filter(params, eqx.is_array))
-    assert jnp.isfinite(eqx.filter_jit(loss_fn)(params, batch)) and state is not None
+    assert _finite(grads)
+    loss_fn, params, batch, optimizer = build(module.train)
+    state = jax.jit(optimizer.init)(eqx.filter(params, eqx.is_array))  # one compile, not per op
+    assert _finite(eqx.filter_jit(loss_fn)(params, batch)) and state is not None
 
 
-@pytest.mark.parametrize("name", ["flax_resnet", "nnx_resnet", "equinox_cnn", "stax_cnn"])
-def test_inspect_only_factories_run_jitted_in_float32(name):
-    module = __import__(name)
-    f, args = module.inspect()
-    out = eqx.filter_jit(f)(*args)  # equinox modules hold static (non-array) leaves
-    assert out.dtype == jnp.float32 and bool(jnp.isfinite(out).all())
+# The inspect-only factories (flax_resnet, nnx_resnet, equinox_cnn, stax_cnn) run jitted in
+# float32 in tests/ecosystem/test_rewrites.py::test_inspect_only_factories_run_jitted_in_float32,
+# where each is built once for its rewrites too (their builds are the cost).
 
 
 def test_llama_factories_count_their_parameters_and_the_8b_one_allocates_nothing():
     import flax_llama as L
 
-    _, params, _ = L.loss_tiny()  # its loss runs in tests/ecosystem/test_shapes.py
+    _, params, _ = build(L.loss_tiny)  # its loss runs in tests/ecosystem/test_shapes.py
     assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == L.parameter_count(L.TINY)
     _, params, batch, _ = L.train_8b()  # shapes only: a real 8B init would need 32 GB
     leaves = jax.tree_util.tree_leaves((params, batch))
@@ -51,9 +68,9 @@ def test_llama_factories_count_their_parameters_and_the_8b_one_allocates_nothing
 def test_equinox_gpt_factories_count_their_parameters_and_the_1b_one_allocates_nothing():
     import equinox_gpt as G
 
-    loss_fn, model, batch = G.loss_tiny()
+    loss_fn, model, batch = build(G.loss_tiny)
     assert sum(x.size for x in _float_leaves(model)) == G.parameter_count(G.TINY)
-    assert bool(jnp.isfinite(eqx.filter_jit(loss_fn)(model, batch)))
+    assert _finite(eqx.filter_jit(loss_fn)(model, batch))
     _, model, batch, _ = G.train_1b()
     arrays = [x for x in jax.tree_util.tree_leaves((model, batch)) if hasattr(x, "dtype")]
     assert arrays and all(isinstance(x, jax.ShapeDtypeStruct) for x in arrays)

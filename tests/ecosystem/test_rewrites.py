@@ -1,7 +1,15 @@
 """The §4.1–§4.2 rewrites on framework code: every inference BatchNorm of a flax linen, flax nnx and
 (vmapped) equinox model folds into its conv; training-mode BatchNorm however written is refused
 naming the batch statistics; a conv bias merge is reported as one; ResNet downsample pairs merge
-once the strided 1×1 is enlarged at the right tap; the search never loses to the pipeline."""
+once the strided 1×1 is enlarged at the right tap; the search never loses to the pipeline.
+
+These inspect-only example factories are built once here (their builds are most of this file's
+work), and their forward passes are also checked to run jitted in float32 as their libraries
+intend; tests/ecosystem/test_examples.py checks the other example factories. As there, each is
+built under threefry's non-partitionable lowering of its random draws (on XLA:CPU the default one
+takes several times as long to compile): the same distributions, other bits, and nothing here
+depends on the drawn values; the graphs judged hold no random draw."""
+import equinox as eqx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -25,23 +33,48 @@ def inference_graph(f, args):
 
 
 def max_diff(a, b, x) -> float:
-    outs = jax.jit(lambda x: (ir.interpret(a, x)[0], ir.interpret(b, x)[0]))(x)
-    return float(jnp.max(jnp.abs(outs[0] - outs[1])))
+    # the difference taken in the same program: no eager op compiled per output shape
+    return float(jax.jit(lambda x: jnp.max(jnp.abs(ir.interpret(a, x)[0]
+                                                   - ir.interpret(b, x)[0])))(x))
 
 
 def folds(result) -> list[str]:
     return [r.detail for r in result.rewrites if r.rule == "fold_conv_bn"]
 
 
+INSPECT_ONLY = [flax_resnet, nnx_resnet, equinox_cnn, stax_cnn]
+
+
 @pytest.fixture(scope="module")
-def resnet_factory():
-    return flax_resnet.inspect()  # built once (an eager flax init is slow)
+def built():
+    """``built(module)``: the example factory's ``(f, args)``, each built once for the file (an
+    init compiles many programs: flax's jitted one, nnx's, equinox's and stax's eager ops)."""
+    cache = {}
+
+    def get(module):
+        if module not in cache:
+            with jax.threefry_partitionable(False):
+                cache[module] = module.inspect()
+        return cache[module]
+    return get
+
+
+@pytest.fixture(scope="module")
+def resnet_factory(built):
+    return built(flax_resnet)
 
 
 @pytest.fixture(scope="module")
 def resnet(resnet_factory):
     closed, x = inference_graph(*resnet_factory)
     return closed, x, P.run(P.pipeline(), closed)
+
+
+@pytest.mark.parametrize("module", INSPECT_ONLY, ids=lambda m: m.__name__)
+def test_inspect_only_factories_run_jitted_in_float32(built, module):
+    f, args = built(module)
+    out = eqx.filter_jit(f)(*args)  # equinox modules hold static (non-array) leaves
+    assert out.dtype == jnp.float32 and bool(jnp.isfinite(out).all())
 
 
 def test_flax_resnet_folds_all_20_pairs_within_1e_5(resnet):
@@ -94,8 +127,8 @@ def test_search_never_loses_to_the_pipeline(resnet):
 
 @pytest.mark.parametrize("module,pairs", [(nnx_resnet, 20), (equinox_cnn, 3)],
                          ids=["nnx_resnet", "equinox_cnn"])
-def test_nnx_and_vmapped_equinox_pairs_fold(module, pairs):
-    closed, x = inference_graph(*module.inspect())
+def test_nnx_and_vmapped_equinox_pairs_fold(built, module, pairs):
+    closed, x = inference_graph(*built(module))
     res = P.run(P.pipeline(), closed)
     assert len(folds(res)) == pairs and not [r for r in res.refusals if r.rule == "fold_conv_bn"]
     assert all(d.startswith("folded BatchNorm") for d in folds(res))
@@ -107,8 +140,8 @@ def test_nnx_and_vmapped_equinox_pairs_fold(module, pairs):
     assert max_diff(closed, res.jaxpr, x) <= 1e-5
 
 
-def test_stax_bias_merges_and_batch_statistics_are_refused():
-    closed, x = inference_graph(*stax_cnn.inspect())
+def test_stax_bias_merges_and_batch_statistics_are_refused(built):
+    closed, x = inference_graph(*built(stax_cnn))
     res = P.run(P.pipeline(), closed)
     assert [d.split(" into")[0] for d in folds(res)] == ["merged a bias add (1 op)"] * 2
     reasons = [r.reason for r in res.refusals if r.rule == "fold_conv_bn"]
@@ -126,7 +159,9 @@ class ConvBN(nn.Module):
 
 def test_flax_training_mode_is_refused_and_inference_mode_folds():
     model, x = ConvBN(), jnp.ones((2, 8, 8, 3), jnp.float32)
-    variables = model.init(jax.random.key(0), x, train=False)
+    with jax.threefry_partitionable(False):   # as the factories above: the values do not matter
+        variables = jax.jit(model.init, static_argnames="train")(jax.random.key(0), x,
+                                                                  train=False)
 
     def train(x):
         return model.apply(variables, x, train=True, mutable=["batch_stats"])[0]
