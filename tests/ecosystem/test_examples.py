@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests.ecosystem.init_bits import init_bits
 
 import equinox_mlp
 import flax_mlp
@@ -25,7 +26,7 @@ def _float_leaves(tree):
 
 def build(factory):
     """``factory()``, its random draws lowered the non-partitionable way (module docstring)."""
-    with jax.threefry_partitionable(False):
+    with init_bits():
         return factory()
 
 

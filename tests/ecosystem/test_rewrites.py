@@ -23,6 +23,7 @@ import stax_cnn
 from mlsys_jax import ir, passes as P
 from mlsys_jax.ir.evaluate import eval_open
 from mlsys_jax.passes.search import search
+from tests.ecosystem.init_bits import init_bits
 
 
 def inference_graph(f, args):
@@ -53,7 +54,7 @@ def built():
 
     def get(module):
         if module not in cache:
-            with jax.threefry_partitionable(False):
+            with init_bits():
                 cache[module] = module.inspect()
         return cache[module]
     return get
@@ -159,7 +160,7 @@ class ConvBN(nn.Module):
 
 def test_flax_training_mode_is_refused_and_inference_mode_folds():
     model, x = ConvBN(), jnp.ones((2, 8, 8, 3), jnp.float32)
-    with jax.threefry_partitionable(False):   # as the factories above: the values do not matter
+    with init_bits():   # as the factories above: the values do not matter
         variables = jax.jit(model.init, static_argnames="train")(jax.random.key(0), x,
                                                                   train=False)
 
