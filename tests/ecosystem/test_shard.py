@@ -18,7 +18,6 @@ import flax_transformer
 from mlsys_jax.parallel import comm, megatron_rules, ShardOptions, simulate
 from mlsys_jax.parallel.shard.partition_rules import array_paths
 from mlsys_jax.parallel.shard.run import Recorder
-from tests.ecosystem.shard_harness import frozen_gc  # noqa: F401 (autouse fixture)
 
 MODELS = {"flax_mlp": flax_mlp.train, "equinox_mlp": equinox_mlp.train,
           "flax_transformer": flax_transformer.train, "flax_batchnorm": flax_batchnorm.train,

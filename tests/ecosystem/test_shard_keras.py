@@ -8,7 +8,6 @@ and every BatchNormalization of the network, and so what is judged; the layers' 
 repeat, so Keras compiles fewer initialiser programs when it builds the model."""
 import keras_mobilenet
 from mlsys_jax.parallel import comm, ShardOptions, simulate
-from tests.ecosystem.shard_harness import frozen_gc  # noqa: F401 (autouse fixture)
 
 
 def test_mobilenet_batchnorm_is_named_and_the_mesh_is_judged_by_the_noise():

@@ -23,7 +23,7 @@ from mlsys_jax.parallel import comm, ShardOptions, simulate
 from mlsys_jax.parallel.shard import separability_of
 from mlsys_jax.parallel.shard.inputs import display_path
 from mlsys_jax.parallel.shard.partition_rules import array_paths
-from tests.ecosystem.shard_harness import frozen_gc, quick_init  # noqa: F401 (autouse fixture)
+from tests.ecosystem.init_bits import init_bits
 
 FACTORIES = {"haiku_mlp": haiku_nets.train_mlp, "penzai": penzai_llama.train,
              "vit": equinox_vit.train, "lm1b": flax_lm1b.train, "imagenet": flax_imagenet.train,
@@ -32,10 +32,11 @@ _BUILT, _REPORTS, _VERDICTS = {}, {}, {}
 
 
 def built(name):
-    """The factory's model, built once per module (its initialisation compiled at QUICK_COMPILE:
-    no other test file builds these factories)."""
+    """The factory's model, built once per module (``init_bits``: no test here depends on which
+    values its parameters draw)."""
     if name not in _BUILT:
-        _BUILT[name] = quick_init(FACTORIES[name])()
+        with init_bits():
+            _BUILT[name] = FACTORIES[name]()
     return _BUILT[name]
 
 

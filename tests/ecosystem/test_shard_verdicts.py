@@ -13,7 +13,7 @@ import flax_batchnorm
 import haiku_nets
 from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.shard import separability_of
-from tests.ecosystem.shard_harness import quick_init
+from tests.ecosystem.init_bits import init_bits
 
 FACTORIES = {"haiku_resnet": haiku_nets.train_resnet, "flax_zero_head": flax_batchnorm.train_zero_head,
              "centred": centred_inputs.train}
@@ -21,10 +21,11 @@ _VERDICTS = {}
 
 
 def verdict(name, data=4):
-    """The factory's verdict (its initialisation compiled at QUICK_COMPILE: no other test file
-    builds these factories)."""
+    """The factory's verdict (the model built under ``init_bits``: the verdicts hold whichever
+    values its parameters draw)."""
     if (name, data) not in _VERDICTS:
-        loss_fn, params, batch, *_ = quick_init(FACTORIES[name])()
+        with init_bits():
+            loss_fn, params, batch, *_ = FACTORIES[name]()
         _VERDICTS[(name, data)] = separability_of(loss_fn, params, batch, data,
                                                   options=comm.QUICK_COMPILE)
     return _VERDICTS[(name, data)]

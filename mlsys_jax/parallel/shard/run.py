@@ -253,7 +253,7 @@ def _forced(setup, sem, programs, mesh, steps: int, figures: RunFigures, *, reco
         # the mesh from one device's state (fresh copies, donated to the step), and the
         # one-device optimizer on the mesh's gradients: the largest program runs first, alone,
         # with the last step's freed transients handed back first
-        release_memory()
+        release_memory(generation=1)
         out = mesh(params_to_mesh(t), state_to_mesh(s), mesh_b)
         started = k == 0 and trajectory.keep_start(out[0], out[1])
         nt, lm, gm = _without_state(out)   # its new state is not judged: dropped here
@@ -325,7 +325,7 @@ def _free(setup, programs, mesh, steps: int, free: dict, record, trajectory: Tra
         del s
     t0 = time.perf_counter()
     for k in range(first, steps):
-        release_memory()
+        release_memory(generation=1)
         mt, ms, lf, gf = mesh(mt, ms, mesh_b)
         _free_figures(free, record, k, (lf, gf), one.get(k))
         del gf

@@ -194,7 +194,8 @@ def simulate(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
     separability verdict per data size.
     """
     o = options or ShardOptions()
-    with Progress("mlsys-jax shard", enabled=o.progress) as progress:
+    with Progress("mlsys-jax shard", enabled=o.progress) as progress, \
+            step.collections_of_this_run():
         return _simulate(loss_fn, params, batch, optimizer, mesh_shape, o=o, rules=rules,
                          cache=cache, progress=progress)
 

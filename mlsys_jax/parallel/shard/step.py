@@ -6,6 +6,7 @@ rounds differently, and that difference would be charged to the mesh.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import jax
@@ -114,17 +115,40 @@ def on_one_device(tree):
                         tree)
 
 
-def release_memory() -> None:
+def release_memory(*, generation: int = 2) -> None:
     """Hand freed host memory back to the system between the phases of a run (glibc keeps freed
-    blocks of its arenas otherwise, and the next phase's peak lands on top of them)."""
+    blocks of its arenas otherwise, and the next phase's peak lands on top of them).
+    ``generation``: the oldest the garbage collector walks. A full collection (2) walks every
+    object the process tracks, which in a notebook or a test session holding many models costs
+    as much as a small step; between the steps of one loop, what the last step left in reference
+    cycles is young, and ``generation=1`` finds it."""
     import ctypes
     import gc
 
-    gc.collect()
+    gc.collect(generation)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to hand back this way
         pass
+
+
+@contextlib.contextmanager
+def collections_of_this_run():
+    """Within: the garbage collector's walks (``release_memory``'s full collections included)
+    leave out every object the process held before (``gc.freeze``), so they cost what the run
+    created, not what a notebook or a test session holds beside it; those objects go back to the
+    oldest generation after. Left alone when something has frozen objects already (a nested run,
+    or the user's own freeze)."""
+    import gc
+
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def map_large_blocks(threshold: int = 1 << 20) -> None:
