@@ -12,6 +12,10 @@ the axis whole, reductions along other axes, a conv's batch axis, a ``dot_genera
 (and batch axes, both operands sliced), named calls (body by body). Reductions and contractions
 over the axis, gathers and everything else keep their full batch.
 
+A full-size operand cut to its first rows must be the same in every row (a broadcast, a
+per-channel table), else :class:`Unshrinkable`: the rows kept then compute what every dropped
+row computes, which is what lets one stand for all.
+
 The rows kept are the first ones, unless ``picks`` says otherwise: ``{(length, kept): indices}``
 names, for an axis traced with ``length`` and cut to ``kept``, which ones (validation's cut of a
 linear site's output features, ``passes/feature_cut.py``); a full-size operand is then sliced at
@@ -45,13 +49,36 @@ def _changed(old: tuple, new: tuple) -> list:
 
 
 def _slice_to(x, shape: tuple, picks=None):
-    """``x`` cut to ``shape`` along the axes where it is longer (its first rows, or ``picks``)."""
+    """``x`` cut to ``shape`` along the axes where it is longer (its first rows, or ``picks``).
+    Cut to its first rows, a full-size operand (a constant, or computed from constants alone)
+    must be the same in every row (:func:`uniform`): the rows kept then stand for the ones
+    dropped, which compute the same function of their own inputs."""
     for axis, (m, n) in enumerate(zip(_shape(x), shape)):
         if m > n:
             keep = (picks or {}).get((m, n))
+            if keep is None and not uniform(x, axis):
+                raise Unshrinkable(f"a constant differs along axis {axis}: its rows are not alike")
             x = x[tuple(slice(0, n) if a == axis else slice(None) for a in range(len(shape)))] \
                 if keep is None else take(x, keep, axis)
     return x
+
+
+def uniform(x, axis: int) -> bool:
+    """Every row of ``x`` along ``axis`` equals its first, bit for bit (a broadcast: at once)."""
+    try:
+        x = np.asarray(x)
+    except TypeError:  # a PRNG key array: no bits to compare here
+        return False
+    if x.strides[axis] == 0 or x.shape[axis] <= 1:
+        return True
+    first = x[(slice(None),) * axis + (slice(0, 1),)]
+    return bool(np.all(x.view(_bits(x.dtype)) == first.view(_bits(x.dtype))))
+
+
+def _bits(dtype) -> np.dtype:
+    """An unsigned integer type of ``dtype``'s width (NaNs and signed zeros compared as bits)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(f"u{dtype.itemsize}") if dtype.itemsize in (1, 2, 4, 8) else dtype
 
 
 def take(x, keep, axis: int):

@@ -18,8 +18,9 @@ subnormal; integers: their extremes; docs/verification.md §1).
 - In the program's own dtypes every value must stay finite where the original's is (folded
   constants overflowing float16's 65504 make Inf) and integer and boolean results stay exact.
 
-Regions whose inputs are large run on one example of their batch (``ir.rebatch``: the same
-verdict); regions whose linear site's weights are large, on a cut of its output features
+Regions whose inputs are large run on one vector (every axis but the last cut to one row) or one
+example of their batch, where the rows provably compute the same function (``ir.rebatch``: the
+same verdict); regions whose linear site's weights are large, on a cut of its output features
 (``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
 (``feature_cut.coverage``; else the region is validated whole).
@@ -65,7 +66,7 @@ DRAWS = 3                  # two random draws and one of special values
 # dtypes, may be this many times the original's (max and rms over an output): equal rounding
 # in another order, not a loss of precision.
 PRECISION_MARGIN = 2.0
-# Regions whose inputs are this large run on one example of their batch (``ir.rebatch``): a
+# Regions whose inputs are this large run on one vector or example (``ir.rebatch``): a
 # convolution at a real model's size, several times, in two dtypes, costs seconds; a small
 # region runs whole, on the kernels its program's own evaluation compiled already.
 ONE_ROW_ABOVE = 1 << 15
@@ -306,10 +307,25 @@ def _close64(k, i, a, b, a_prog) -> str | None:
 
 def _one_row(region: Region):
     """The inputs' shapes cut to one example (axis 0), or None when none has more than one."""
+    return _cut_rows(region, 1)
+
+
+def _one_vector(region: Region):
+    """The inputs' shapes cut to one position along every axis but the last (a sequence's
+    tokens, an image's pixels: one example's one row of features), or None where that is no
+    fewer than one example."""
+    rows = _cut_rows(region, None)
+    return rows if rows != _one_row(region) else None
+
+
+def _cut_rows(region: Region, axes: int | None):
+    """The inputs' shapes with their first ``axes`` axes (None: all but the last) cut to one
+    row, where the largest input has ``ONE_ROW_ABOVE`` elements or more; else None."""
     shapes = [tuple(v.aval.shape) for v in region.inputs]
     if max((math.prod(s) for s in shapes), default=0) < ONE_ROW_ABOVE:
         return None
-    cut = [(1,) + s[1:] if s and s[0] > 1 else s for s in shapes]
+    cut = [tuple(1 if a < (len(s) - 1 if axes is None else axes) else n
+                 for a, n in enumerate(s)) for s in shapes]
     return cut if cut != shapes else None
 
 
@@ -335,12 +351,12 @@ def check(region: Region, replacement: Callable) -> tuple:
     if not region.outputs:
         return None, None
     whole = [tuple(v.aval.shape) for v in region.inputs]
-    rows = _one_row(region)
     cut, note = _covered_cut(region, replacement)
-    # Cheapest first: the cut on one row, the cut on the whole batch, the region on one row.
-    # The last attempt, the whole region (below), is the only one whose failure is the verdict.
+    # Cheapest first: the cut on one vector, on one row, on the whole batch, then the region on
+    # one vector, on one row. The last attempt, the whole region (below), is the only one whose
+    # failure is the verdict.
     cuts = (cut, None) if cut is not None else (None,)
-    batches = (rows, whole) if rows is not None else (whole,)
+    batches = [b for b in (_one_vector(region), _one_row(region)) if b is not None] + [whole]
     attempts = [(shapes, c) for c in cuts for shapes in batches][:-1]
     for shapes, c in attempts:
         try:
@@ -348,9 +364,7 @@ def check(region: Region, replacement: Callable) -> tuple:
         except Unshrinkable:
             continue
         except (TypeError, ValueError, IndexError):
-            if c is None:
-                break  # not well-typed on one row: the whole region says so, below
-            continue  # the replacement cannot run on the cut: judge it whole
+            continue  # not well-typed on fewer rows or the cut: judged on more, the whole last
         if c is None:
             return (None if why is None else note + why), None
         return (None if why is None else f"on {c.describe()}: {why}"), c.describe()

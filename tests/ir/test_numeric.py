@@ -64,7 +64,7 @@ def test_numpy_dot_general_and_the_dtype_it_computes_in():
 
 def test_rebind_runs_one_example_where_the_rows_stay_apart():
     x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    bias = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) * 0.5  # full size: cut too
+    bias = np.tile(np.arange(3 * 4, dtype=np.float32).reshape(3, 4) * 0.5, (2, 1, 1))  # cut too
 
     def f(x):
         y = jnp.broadcast_to(x[:, None], (2, 5, 3, 4)).reshape(2, 5, 12)
@@ -78,6 +78,19 @@ def test_rebind_runs_one_example_where_the_rows_stay_apart():
     full = f(x)
     for o, want in zip(closed.jaxpr.outvars, full):
         np.testing.assert_array_equal(np.asarray(env[o]), np.asarray(want)[:1])
+
+
+def test_rebind_refuses_a_constant_that_differs_between_the_rows():
+    """One row stands for the others only where they compute the same function: a full-size
+    constant that differs from row to row (a per-example or per-position table) is not cut."""
+    x = np.ones((2, 3), np.float32)
+    table = np.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.5]], np.float32)  # rows differ at one element
+    (add,) = jax.make_jaxpr(lambda x: x + table)(x).jaxpr.eqns
+    with pytest.raises(Unshrinkable, match="differs along axis 0"):
+        rebind(add, [x[:1], table], lambda e, a: eval_equation(e, a))
+    same = np.tile(table[:1], (2, 1))
+    (out,) = rebind(add, [x[:1], same], lambda e, a: eval_equation(e, a))
+    np.testing.assert_array_equal(np.asarray(out), x[:1] + same[:1])
 
 
 def test_rebind_refuses_what_mixes_the_rows():

@@ -142,6 +142,55 @@ def test_large_regions_run_on_one_example_of_their_batch():
 
 
 
+def test_a_dense_fold_on_a_sequence_runs_on_one_vector():
+    """A Dense then a per-feature scale on (4, 64, 128) activations: every position of every
+    example computes the same function, so one vector stands for all — the same verdict as on
+    the whole batch, for a right rewrite and a wrong one."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((128, 96)) / 11, jnp.float32)
+    s = jnp.asarray(np.linspace(0.5, 2.0, 96), jnp.float32)
+    with jax.enable_x64(False):
+        closed = ir.trace(lambda x: (x @ w) * s, jax.ShapeDtypeStruct((4, 64, 128), jnp.float32))
+    from mlsys_jax.passes.rewrite.level import Level
+    from mlsys_jax.passes.rules import fold_matmul_scale as rule
+
+    level = Level(closed)
+    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
+    region = rule.RULE.region(level, m)
+    assert V._one_vector(region) == [(1, 1, 128)]
+    right = rule.RULE.replacement(level, m)
+    assert V.validate(region, right) is None
+    wrong = lambda read, widen: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
+    assert "differs in float64" in V._validate(region, wrong, V._one_vector(region))
+    assert "differs in float64" in V.validate(region, wrong)
+
+
+def test_a_constant_that_differs_between_positions_keeps_every_position():
+    """``x * table`` with a per-position table, and a replacement that reads another table, wrong
+    at one position of one example only: cut to one vector (or one example) both sides would
+    read the first row of their tables and agree; the table's rows differ, so the region is
+    validated whole and the rewrite refused."""
+    from functools import partial
+
+    from mlsys_jax.ir.rebatch import rebind
+
+    table = np.random.default_rng(1).standard_normal((4, 64, 128)).astype(np.float32)
+    closed = jax.make_jaxpr(lambda x: x * table)(jax.ShapeDtypeStruct(table.shape, jnp.float32))
+    (mul,) = closed.jaxpr.eqns
+    (x,), (t,) = closed.jaxpr.invars, closed.jaxpr.constvars
+    region = V.Region(eqns=(mul,), inputs=(x,), consts={t: closed.consts[0]},
+                      outputs=tuple(mul.outvars), removed=frozenset({id(mul)}))
+    off = table.copy()
+    off[3, 40, 7] *= 1.5
+
+    def wrong(read, widen):
+        return dict(zip(mul.outvars, rebind(mul, [read(x), off],
+                                            partial(V.approximate, widen=widen))))
+    assert V._one_vector(region) is not None
+    assert "differs in float64" in V.validate(region, wrong)
+    assert V.validate(region, lambda read, widen: dict(zip(mul.outvars, rebind(
+        mul, [read(x), table], partial(V.approximate, widen=widen))))) is None
+
+
 def _seed0(program: int):
     from mlsys_jax.fuzz import generate_seeded, program_seed
     from mlsys_jax.fuzz.program import build
