@@ -7,6 +7,15 @@ that takes one, and each command lives in its own module (``run``, ``inspect``, 
 by side) and ``check.py`` (optimize's value check) serve ``inspect`` and ``optimize``. Tables are rendered by
 :mod:`mlsys_jax.tables`.
 """
-from mlsys_jax.cli.main import main
+try:
+    from mlsys_jax.cli.main import main
+except KeyboardInterrupt:  # Ctrl-C while the command starts, before main() can catch it
+    import os
+    import sys
+
+    if os.path.basename(sys.argv[0]) not in ("mlsys-jax", "-m"):
+        raise  # imported by Python code: its Ctrl-C is its own
+    sys.stderr.write("mlsys-jax: interrupted\n")
+    raise SystemExit(130) from None  # errors.INTERRUPTED (importing errors could be cut short)
 
 __all__ = ["main"]

@@ -41,3 +41,31 @@ def test_ctrl_c_while_the_interpreter_shuts_down_is_130_in_one_line():
     out = subprocess.run([sys.executable, "-c", _CTRL_C_IN_AN_EXIT_HANDLER], cwd=sigint.ROOT,
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout, out.stderr) == (130, "result\n", "mlsys-jax: interrupted\n")
+
+
+# Ctrl-C while `mlsys-jax` imports its own code, before main() runs (a moment the campaign found
+# on a loaded machine: the import took 0.7 s); argv[0] as the command has it, or Python code's
+_CTRL_C_WHILE_STARTING = """
+import builtins, runpy, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv = [sys.argv[1], "inspect"]
+real = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "mlsys_jax.cli.main":
+        raise KeyboardInterrupt  # the signal's handler, at this moment of the import
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupted
+runpy.run_module("mlsys_jax.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("argv0, status, stderr", [
+    ("mlsys-jax", 130, "mlsys-jax: interrupted\n"),   # the console script
+    ("-m", 130, "mlsys-jax: interrupted\n"),          # python -m mlsys_jax.cli
+    ("notebook.py", -2, "KeyboardInterrupt\n"),       # imported by Python code: its own
+])
+def test_ctrl_c_while_the_command_starts(argv0, status, stderr):
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_STARTING, argv0], cwd=sigint.ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == status, out.stderr
+    assert out.stderr == stderr if status == 130 else out.stderr.endswith(stderr)
