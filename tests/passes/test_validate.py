@@ -118,50 +118,42 @@ def test_special_values_and_draws():
     assert set(np.unique(V.draw((40,), np.float32, V.DRAWS - 1))) <= set(f32.tolist())
 
 
+def _fold_on_fewer_rows(rule, fn, shape, cut, want):
+    """``rule``'s one rewrite of ``fn`` (traced at ``shape``) validated on the rows ``cut``
+    keeps (``want``): the same verdict as on the whole batch, for it and for a wrong one."""
+    from mlsys_jax.passes.rewrite.level import Level
+
+    with jax.enable_x64(False):
+        level = Level(ir.trace(fn, jax.ShapeDtypeStruct(shape, jnp.float32)))
+    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
+    region = rule.RULE.region(level, m)
+    assert cut(region) == [want]
+    right = rule.RULE.replacement(level, m)
+    assert V.validate(region, right) is None
+    wrong = lambda read, widen: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
+    assert "differs in float64" in V._validate(region, wrong, cut(region))
+    assert "differs in float64" in V.validate(region, wrong)
+
+
 def test_large_regions_run_on_one_example_of_their_batch():
-    """A fold at the lecture's size (32×64×56×56) is validated on one example: the same verdict
-    as on the whole batch, for a right rewrite and a wrong one."""
+    """A conv fold on 64 examples of 8×24×24 is validated on one example."""
+    from mlsys_jax.passes.rules import fold_conv_bn
+
     w = jnp.asarray(np.random.default_rng(0).standard_normal((8, 8, 3, 3)) / 8, jnp.float32)
     s = jnp.asarray(np.linspace(0.5, 2.0, 8), jnp.float32)
-    with jax.enable_x64(False):
-        closed = ir.trace(lambda x: _conv(w)(x) * s[None, :, None, None],
-                          jax.ShapeDtypeStruct((64, 8, 24, 24), jnp.float32))
-        from mlsys_jax.passes.rules import fold_conv_bn as rule
-        from mlsys_jax.passes.rewrite.level import Level
-
-        level = Level(closed)
-        (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
-        region = rule.RULE.region(level, m)
-        assert V._one_row(region) == [(1, 8, 24, 24)]
-        right = rule.RULE.replacement(level, m)
-        assert V.validate(region, right) is None
-        wrong = lambda read, widen: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
-        assert "differs in float64" in V._validate(region, wrong, V._one_row(region))
-        assert "differs in float64" in V.validate(region, wrong)
-
-
+    _fold_on_fewer_rows(fold_conv_bn, lambda x: _conv(w)(x) * s[None, :, None, None],
+                        (64, 8, 24, 24), V._one_row, (1, 8, 24, 24))
 
 
 def test_a_dense_fold_on_a_sequence_runs_on_one_vector():
     """A Dense then a per-feature scale on (4, 64, 128) activations: every position of every
-    example computes the same function, so one vector stands for all — the same verdict as on
-    the whole batch, for a right rewrite and a wrong one."""
+    example computes the same function, so one vector stands for all."""
+    from mlsys_jax.passes.rules import fold_matmul_scale
+
     w = jnp.asarray(np.random.default_rng(0).standard_normal((128, 96)) / 11, jnp.float32)
     s = jnp.asarray(np.linspace(0.5, 2.0, 96), jnp.float32)
-    with jax.enable_x64(False):
-        closed = ir.trace(lambda x: (x @ w) * s, jax.ShapeDtypeStruct((4, 64, 128), jnp.float32))
-    from mlsys_jax.passes.rewrite.level import Level
-    from mlsys_jax.passes.rules import fold_matmul_scale as rule
-
-    level = Level(closed)
-    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
-    region = rule.RULE.region(level, m)
-    assert V._one_vector(region) == [(1, 1, 128)]
-    right = rule.RULE.replacement(level, m)
-    assert V.validate(region, right) is None
-    wrong = lambda read, widen: {k: v * 1.5 for k, v in right(read, widen).items()}  # noqa
-    assert "differs in float64" in V._validate(region, wrong, V._one_vector(region))
-    assert "differs in float64" in V.validate(region, wrong)
+    _fold_on_fewer_rows(fold_matmul_scale, lambda x: (x @ w) * s, (4, 64, 128), V._one_vector,
+                        (1, 1, 128))
 
 
 def test_a_constant_that_differs_between_positions_keeps_every_position():
