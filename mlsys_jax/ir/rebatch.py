@@ -71,8 +71,16 @@ def uniform(x, axis: int) -> bool:
         return False
     if x.strides[axis] == 0 or x.shape[axis] <= 1:
         return True
-    first = x[(slice(None),) * axis + (slice(0, 1),)]
-    return bool(np.all(x.view(_bits(x.dtype)) == first.view(_bits(x.dtype))))
+    bits = x.view(_bits(x.dtype))
+    first = bits[(slice(None),) * axis + (slice(0, 1),)]
+    step = max(1, _BLOCK // max(first.size, 1))  # rows compared at a time: no full-size temporary
+    return all(np.array_equal(bits[(slice(None),) * axis + (slice(i, i + step),)],
+                              np.broadcast_to(first, first.shape[:axis] + (min(step, n - i),)
+                                              + first.shape[axis + 1:]))
+               for n in (x.shape[axis],) for i in range(1, n, step))
+
+
+_BLOCK = 1 << 20  # elements
 
 
 def _bits(dtype) -> np.dtype:
