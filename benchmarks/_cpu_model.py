@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import jax
@@ -39,6 +39,7 @@ def block_order(quick: bool) -> tuple[dict, list]:
     return figures, [cpu["note"]]
 
 
+@lru_cache(maxsize=None)  # one module a file: its jitted setup (init) compiles once
 def _example(path: Path):
     """The example file at ``path`` as a module, its folder on the import path while it loads
     (the examples import each other, as the CLI puts a target's folder on the path)."""

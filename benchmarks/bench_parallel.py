@@ -12,7 +12,7 @@ rather than a median. What the analysis says and the figures check:
   ZeRO-1/2/3 and Megatron TP send what the layout's formula says (``parallel/shard/collectives.py``),
   kind by kind.
 * The same command's wall time on GPT-2 over a plain ``jax.jit`` + ``NamedSharding`` script of
-  the same steps (``shard_gpt2_over_plain``: GPT-2 small, a small configuration in ``--quick``;
+  the same steps (``shard_gpt2_over_plain``: GPT-2 small; its tiny configuration in ``--quick``;
   ``_shard_speed.py``).
 * The same command on a GPT-2-small-shaped flax model (``--mesh data=4,model=2 --zero 3``): its
   peak RSS over the training state, and beside it the parts that are no state of the run (the
@@ -148,22 +148,23 @@ def _gpt2_small(figures: dict, notes: list) -> None:
 
 
 def _shard_over_plain(figures: dict, notes: list, quick: bool) -> None:
-    """``mlsys-jax shard`` on GPT-2 (small; a small configuration in ``--quick``) over a plain
+    """``mlsys-jax shard`` on GPT-2 (small; its tiny configuration in ``--quick``) over a plain
     ``NamedSharding`` script of the same steps, whole processes back to back
     (``_shard_speed.py``)."""
     from benchmarks import _shard_speed as ss
 
     r = ss.over_plain(quick)
     figures["shard_gpt2_over_plain_ratio"] = r["ratio"]
-    size = ("GPT-2's code at 2 layers, d_model 128, vocabulary 4096, sequence 64, batch 8" if quick
-            else "GPT-2 small, 124 M parameters, sequence 128, batch 8")
+    size = ("GPT-2's tiny configuration: 2 layers, d_model 64, vocabulary 512, sequence 32, "
+            "batch 8" if quick else "GPT-2 small, 124 M parameters, sequence 128, batch 8")
+    when = "run once, right before it" if quick else "run before and after it"
     mesh = ",".join(f"{k}={v}" for k, v in ss.MESH.items())
     notes.append(f"shard_gpt2_over_plain: mlsys-jax shard {r['target']} --mesh {mesh} --zero "
                  f"{ss.ZERO} --steps {ss.STEPS} ({size}; exact: {r['exact']}, semantics "
                  f"{r['semantics']}) {r['shard_s']:.0f} s, whole process, over a plain jax.jit + "
                  f"NamedSharding script of the same {ss.STEPS} steps on the same layout "
-                 f"({' and '.join(f'{s:.0f}' for s in r['plain_s'])} s before and after it, "
-                 "whole process less the seconds it spent deriving the layout's specs); no "
+                 f"({when}; {' and '.join(f'{s:.1f}' for s in r['plain_s'])} s, whole process "
+                 "less the seconds it spent deriving the layout's specs); no "
                  "--time, so shard runs no timing rounds")
 
 
@@ -231,7 +232,7 @@ def run(quick: bool = False) -> dict:
 
 
 def _user_pipeline(quick: bool) -> dict:
-    """A user's flax transformer (8 blocks) as 4 pipeline stages (``mlsys_jax.parallel.pipe``):
+    """A user's flax transformer (8 blocks; ``--quick``: 4, tiny) as 4 pipeline stages (``mlsys_jax.parallel.pipe``):
     point-to-point bytes and the executed bubble beside their formulas, in-flight microbatches,
     the balance of the split and the teacher-forced exactness, per schedule and mesh."""
     import importlib.util
@@ -248,7 +249,8 @@ def _user_pipeline(quick: bool) -> dict:
         import pipeline_stacks
     finally:
         sys.path.pop(0)
-    size = dict(d_model=16, heads=2, hidden=32, vocab=32, seq=4) if quick else {}
+    # quick: 4 blocks, one a stage but the ends (still a balance to choose), ~2/3 the compile
+    size = dict(layers=4, d_model=16, heads=2, hidden=32, vocab=32, seq=4) if quick else {}
     runs = {"1f1b": ({"pipe": 4}, "1f1b", False), "gpipe": ({"pipe": 4}, "gpipe", False),
             "dp": ({"data": 2, "pipe": 4}, "1f1b", False),
             "remat": ({"pipe": 4}, "1f1b", True)}
@@ -271,8 +273,8 @@ def _user_pipeline(quick: bool) -> dict:
     figures["pp_user_transformer_split_slowest_over_mean_ratio"] = \
         reports["1f1b"].balance["max_over_mean"]
     r = reports["1f1b"]
-    size_note = "tiny" if quick else "its default size"
-    notes = [f"pipeline: examples/pipeline_stacks.py:transformer ({size_note}, 8 blocks, "
+    size_note = ("tiny: d_model 16, 4 blocks" if quick else "its default size, 8 blocks")
+    notes = [f"pipeline: examples/pipeline_stacks.py:transformer ({size_note}, "
              f"float32, batch {args[2]['tokens'].shape[0]}) as 4 stages, 8 microbatches, 3 "
              f"AdamW steps; split {[s['units'] for s in r.stages]}; "
              "point-to-point bytes = compiled collective-permutes x the sends that ran, formula "
