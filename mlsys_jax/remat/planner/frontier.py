@@ -222,7 +222,8 @@ class Frontier:
         """Time ``plans`` (and ``extra`` programs, e.g. built-in policies) beside no remat in one
         session; records each plan's paired ratio to no remat; returns label -> Timing.
         ``sequential``: rounds stop once the choice among ``plans`` and each policy's verdict are
-        settled (``rounds.decide``; at least ``rounds.MIN_ROUNDS`` when there is a contest);
+        settled (``rounds.decide``; at least ``rounds.MIN_ROUNDS`` when there is a contest, one
+        when there is none);
         ``timing_note`` says how many rounds ran and why they stopped."""
         progs = [self.program(p) for p in plans] + list(extra)
         decide, least = None, 2
@@ -232,7 +233,8 @@ class Frontier:
                      if plan_key(p) != plan_key(self.no_remat)}
             rivals = {q.label: q.temp_bytes for q in extra}
             decide = lambda times: rounds.decide(times, ref, timed, rivals)  # noqa: E731
-            least = rounds.MIN_ROUNDS if rounds.contested(timed, rivals) else 2
+            least = (rounds.MIN_ROUNDS if rounds.contested(timed, rivals)
+                     else rounds.UNCONTESTED_ROUNDS)
         ratios, times = self.programs.time(progs, self.repeats, self.timing_budget_s,
                                            decide=decide, least=least)
         self.last_times = times

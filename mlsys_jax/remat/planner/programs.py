@@ -218,7 +218,7 @@ class Programs:
             for label, t in got.items():
                 samples[label].append(t.samples[0])
             times = self._expand(progs, distinct, samples, number)
-            if decide is not None and n >= max(least, 2):
+            if decide is not None and n >= least:
                 why = decide(times)
                 if why:
                     break

@@ -23,7 +23,9 @@ from mlsys_jax import timing
 
 # two-sided 95% Student t quantiles by degrees of freedom; beyond the table 2.23 (≥ the quantile)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-MIN_ROUNDS = 3       # rounds before any contest may be settled (two when there is no contest)
+MIN_ROUNDS = 3       # rounds before any contest may be settled
+# With no contest the choice is made before any round: one round measures the step time shown.
+UNCONTESTED_ROUNDS = 1
 
 
 def interval(ratios: list[float]) -> tuple[float, float]:
