@@ -1,11 +1,9 @@
 """The example factories in examples/ build as their libraries intend, in float32.
 
-Each factory is called under threefry's non-partitionable lowering of its random draws
-(``build``): on XLA:CPU the default, partitionable one takes several times as long to compile, and
-the parameters' initialisation is most of what a factory costs here. Both draw from the same
-distributions; only which bits come out changes, and nothing below depends on the drawn values.
-What the tests judge (the forward pass with its dropout, the gradients, the loss, the optimizer's
-state) is traced and compiled outside it, with JAX's defaults."""
+Each factory is called under ``init_bits`` (``build``; why: tests/ecosystem/init_bits.py), and
+nothing below depends on the drawn values. What the tests judge (the forward pass with its
+dropout, the gradients, the loss, the optimizer's state) is traced and compiled outside it, with
+JAX's defaults."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp

@@ -17,16 +17,13 @@ import pytest
 
 import pipeline_stacks
 from mlsys_jax import cli
-from mlsys_jax.parallel.comm import QUICK_COMPILE
+from tests.compile_options import FAST_COMPILE
 from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
 pytestmark = pytest.mark.slow   # each model is planned, compiled and run
 
-# QUICK_COMPILE with XLA:CPU's elemental emitters instead of its fusion emitters: the same
-# computations, compiled in about half the time. Every program of a run (the pipeline's and the
-# one-device references alike) compiles with these options, so the verdict compares like with
-# like; the command line's own options are exercised by the haiku test below.
-FAST_COMPILE = {**QUICK_COMPILE, "xla_cpu_use_fusion_emitters": False}
+# Runs compile with FAST_COMPILE (tests/compile_options.py); the command line's own options are
+# exercised by the haiku test below.
 
 # Four blocks on four stages: one block per stage, with interior stages that both receive and
 # send (a residual stream crosses every boundary).

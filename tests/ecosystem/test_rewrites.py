@@ -6,9 +6,8 @@ once the strided 1×1 is enlarged at the right tap; the search never loses to th
 These inspect-only example factories are built once here (their builds are most of this file's
 work), and their forward passes are also checked to run jitted in float32 as their libraries
 intend; tests/ecosystem/test_examples.py checks the other example factories. As there, each is
-built under threefry's non-partitionable lowering of its random draws (on XLA:CPU the default one
-takes several times as long to compile): the same distributions, other bits, and nothing here
-depends on the drawn values; the graphs judged hold no random draw."""
+built under ``init_bits`` (tests/ecosystem/init_bits.py): nothing here depends on the drawn
+values, and the graphs judged hold no random draw."""
 import equinox as eqx
 import flax.linen as nn
 import jax

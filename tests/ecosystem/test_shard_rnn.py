@@ -2,20 +2,15 @@
 on recurrent models as their libraries ship them (flax linen ``nn.RNN`` of an ``nn.LSTMCell``
 and of an ``nn.GRUCell`` in ``nn.Bidirectional``, a time-major ``nn.RNN``, ``nnx.RNN``, equinox's
 ``LSTMCell`` in ``lax.scan``): a scan over time from a zero state is separable, so exact.
-(diffrax and keras-hub are not installed here; the command's own loading and JSON are
-tests/ecosystem/test_cli_shard.py's.)"""
+(The command's own loading and JSON are tests/ecosystem/test_cli_shard.py's; keras-hub's and
+diffrax's scans and masks, test_keras_hub.py's and test_diffrax.py's.)"""
 import optax
 import pytest
 
 from tests.ecosystem import rnn_factories
-from mlsys_jax.parallel.comm import QUICK_COMPILE
+from tests.compile_options import FAST_COMPILE
 from mlsys_jax.parallel.shard import ShardOptions, simulate
 from mlsys_jax.parallel.shard.setup import prepare
-
-# QUICK_COMPILE (the command's --quick-compile) with XLA:CPU's elemental emitters instead of its
-# fusion emitters: the same computations, compiled in about half the time; every program of the
-# run (sharded and one device's alike) compiles with these options.
-FAST_COMPILE = {**QUICK_COMPILE, "xla_cpu_use_fusion_emitters": False}
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import optax
 import pytest
 
 from mlsys_jax import cli
-from mlsys_jax.parallel.comm import QUICK_COMPILE
+from tests.compile_options import FAST_COMPILE
 from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 from mlsys_jax.parallel.pipe.step import PipelinePlan
 from mlsys_jax.parallel.pipe.stochastic import off_switch, same_bits_widened, shared_leaves
@@ -28,11 +28,8 @@ from mlsys_jax.parallel.pipe.verdict import PipelineVerdict, _as64, judge_step
 
 ROWS, FEATURES, WIDTH, CLASSES, LAYERS = 16, 8, 16, 4, 4
 
-# QUICK_COMPILE with XLA:CPU's elemental emitters instead of its fusion emitters: the same
-# computations, compiled in about half the time. Every program of a run (the pipeline's, the
-# one-device references and the twin alike) compiles with these options, so the verdict compares
-# like with like; the command line's own options are exercised by the last test.
-FAST_COMPILE = {**QUICK_COMPILE, "xla_cpu_use_fusion_emitters": False}
+# Runs compile with FAST_COMPILE (tests/compile_options.py); the command line's own options are
+# exercised by the last test.
 
 MODEL = """
 import jax, jax.numpy as jnp, numpy as np, optax
