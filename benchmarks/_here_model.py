@@ -22,8 +22,9 @@
 4. Models it was not tuned on (``_here_models_unseen.py``: haiku's ResNet18 in training mode,
    an equinox MLP-Mixer, a flax nnx CNN, a Keras ConvNeXt-like net with depthwise 7 × 7
    convolutions; outside ``--quick`` haiku's ResNet18 at 224 px, whose last stage XLA runs as
-   one YNNPACK graph; ``--quick``: the MLP-Mixer alone, the cheapest to measure), the same paired figures as 1. under ``here_unseen_*`` (target
-   0.67–1.5), with the ``cpu`` roofline's estimate over the measured time beside them.
+   one YNNPACK graph; ``--quick``: the MLP-Mixer alone, the cheapest to measure), the same
+   paired figures as 1. under ``here_unseen_*`` (target 0.67–1.5), with the ``cpu`` roofline's
+   estimate over the measured time beside them.
 5. A cold ``inspect --hw here`` over a process that builds, compiles and calls the model once
    (``_here_cold.py``, target ≤ 1.5).
 """

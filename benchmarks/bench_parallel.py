@@ -232,9 +232,10 @@ def run(quick: bool = False) -> dict:
 
 
 def _user_pipeline(quick: bool) -> dict:
-    """A user's flax transformer (8 blocks; ``--quick``: 4, tiny) as 4 pipeline stages (``mlsys_jax.parallel.pipe``):
-    point-to-point bytes and the executed bubble beside their formulas, in-flight microbatches,
-    the balance of the split and the teacher-forced exactness, per schedule and mesh."""
+    """A user's flax transformer (8 blocks; ``--quick``: 4, tiny) as 4 pipeline stages
+    (``mlsys_jax.parallel.pipe``): point-to-point bytes and the executed bubble beside their
+    formulas, in-flight microbatches, the balance of the split and the teacher-forced exactness,
+    per schedule and mesh."""
     import importlib.util
     import sys
 

@@ -138,9 +138,10 @@ def run(quick: bool = False) -> dict:
         "compiled": sum(c["compiled"] for c in big["candidates"])}
     if quick:
         return {"figures": figures, "notes": [
-            f"ZeRO, Megatron and activation figures on a tiny stand-in for GPT-2 small ({QUICK_SIZE}"
-            f"; {formulas['psi']:,} parameters); the plan: the Llama-style small configuration "
-            "(examples/flax_llama.py:train_small) over 8 devices of 600 MB, 2 layouts compiled", f"this machine: {os.cpu_count()} cores"]}
+            f"ZeRO, Megatron and activation figures on a tiny stand-in for GPT-2 small "
+            f"({QUICK_SIZE}; {formulas['psi']:,} parameters); the plan: the Llama-style small configuration "
+            "(examples/flax_llama.py:train_small) over 8 devices of 600 MB, 2 layouts compiled",
+            f"this machine: {os.cpu_count()} cores"]}
     with tempfile.TemporaryDirectory() as tmp:
         emitted = os.path.join(tmp, "layout.json")
         small, run2 = _plan(f"{GPT2}:train", 8, "2GB", "--validate", "--emit", emitted)

@@ -74,10 +74,10 @@ def uniform(x, axis: int) -> bool:
     bits = x.view(_bits(x.dtype))
     first = bits[(slice(None),) * axis + (slice(0, 1),)]
     step = max(1, _BLOCK // max(first.size, 1))  # rows compared at a time: no full-size temporary
-    return all(np.array_equal(bits[(slice(None),) * axis + (slice(i, i + step),)],
-                              np.broadcast_to(first, first.shape[:axis] + (min(step, n - i),)
-                                              + first.shape[axis + 1:]))
-               for n in (x.shape[axis],) for i in range(1, n, step))
+    for i in range(1, x.shape[axis], step):
+        if not (bits[(slice(None),) * axis + (slice(i, i + step),)] == first).all():
+            return False
+    return True
 
 
 _BLOCK = 1 << 20  # elements
