@@ -22,9 +22,21 @@ linear site's output features, ``passes/feature_cut.py``); a full-size operand i
 those indices (a view where they are consecutive: :func:`take`). A conv's kernel may be cut so
 along its output features, ungrouped, and nowhere else (a rewrite may still bind a conv with a
 kernel of its own).
+
+A conv's image may be cropped along its spatial axes too (:func:`crop_length`): each output
+position computes one function of its window, which depends on the position only through which
+of the kernel's taps fall on padding (its *border type*). A crop that keeps every border type of
+the full image, with the same alignment to the stride at the far edge, tests every function the
+full image computes. That holds for one conv at a time: a conv reading a cropped conv's output
+sees borders of borders, so each side of a validation (:func:`side`, inside :func:`cropping`)
+may crop at most one conv, and both sides' cropped convs must have the same geometry (two
+paddings would pair border types the crop may not pair).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 
 import numpy as np
@@ -38,6 +50,98 @@ SHAPE_FREE = frozenset({"squeeze", "transpose", "expand_dims"}) | ELEMENTWISE
 
 class Unshrinkable(Exception):
     """The equation may mix the rows being dropped with the ones kept."""
+
+
+class _Ledger:
+    """The cropped convs of one validation attempt: their common geometry, and whether the
+    side being evaluated has cropped one already."""
+
+    def __init__(self):
+        self.geometry, self.cropped = None, False
+
+
+_CROPS: contextvars.ContextVar = contextvars.ContextVar("mlsys_jax_rebatch_crops", default=None)
+
+
+@contextlib.contextmanager
+def cropping():
+    """Inside, a conv may read an image cropped along its spatial axes (see the module doc)."""
+    token = _CROPS.set(_Ledger())
+    try:
+        yield
+    finally:
+        _CROPS.reset(token)
+
+
+@contextlib.contextmanager
+def side():
+    """One side of the comparison (the region, or its replacement) is evaluated inside: it may
+    crop one conv."""
+    ledger = _CROPS.get()
+    if ledger is not None:
+        ledger.cropped = False
+    yield
+
+
+def border_types(n: int, *, kernel: int, stride: int, padding: tuple, dilation: int) -> list:
+    """Per output position of a conv over ``n`` pixels along one axis: how many of the kernel's
+    taps fall on the low padding and how many on the high.
+
+    >>> border_types(5, kernel=3, stride=1, padding=(1, 1), dilation=1)
+    [(1, 0), (0, 0), (0, 0), (0, 0), (0, 1)]
+    """
+    lo, hi = padding
+    span = (kernel - 1) * dilation + 1
+    out = (n + lo + hi - span) // stride + 1
+    types = []
+    for o in range(max(out, 0)):
+        taps = [o * stride - lo + t * dilation for t in range(kernel)]
+        types.append((sum(i < 0 for i in taps), sum(i >= n for i in taps)))
+    return types
+
+
+@functools.lru_cache(maxsize=1024)
+def crop_length(n: int, *, kernel: int, stride: int, padding: tuple, dilation: int) -> int:
+    """The fewest pixels along one axis on which a conv meets every border type it meets on
+    ``n``, with ``n`` minus them a multiple of the stride (the far edge aligned alike); ``n``
+    where no fewer do."""
+    geometry = dict(kernel=kernel, stride=stride, padding=padding, dilation=dilation)
+    for m in range(n % stride or stride, n, stride):
+        if _covers(m, n, **geometry):
+            return m
+    return n
+
+
+@functools.lru_cache(maxsize=4096)
+def _covers(m: int, n: int, **geometry) -> bool:
+    """On ``m`` pixels the conv meets every border type it meets on ``n``, aligned alike."""
+    return (n - m) % geometry["stride"] == 0 and m > 0 and \
+        set(border_types(m, **geometry)) >= set(border_types(n, **geometry))
+
+
+def _crop(eqn, old: tuple, new: tuple, kernel: tuple) -> None:
+    """Allow a conv's image ``old`` cut to ``new`` along spatial axes (Unshrinkable otherwise):
+    each axis keeps every border type, one cropped conv per side, one geometry per attempt."""
+    p, dn = eqn.params, eqn.params["dimension_numbers"]
+    ledger = _CROPS.get()
+    if ledger is None or ledger.cropped:
+        raise Unshrinkable("conv rows other than its batch" if ledger is None
+                           else "a second cropped conv on one side")
+    if any(d != 1 for d in p["lhs_dilation"]):
+        raise Unshrinkable("a transposed conv's image is not cropped")
+    window = tuple(kernel[a] for a in dn.rhs_spec[2:])
+    sizes = []
+    for i, axis in enumerate(dn.lhs_spec[2:]):
+        n, m = old[axis], new[axis]
+        if m != n and not _covers(m, n, kernel=window[i], stride=p["window_strides"][i],
+                                  padding=tuple(p["padding"][i]), dilation=p["rhs_dilation"][i]):
+            raise Unshrinkable("the crop misses a border type of the conv")
+        sizes.append((n, m))
+    shape = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec), window, tuple(sizes),
+             tuple(p["window_strides"]), tuple(map(tuple, p["padding"])), tuple(p["rhs_dilation"]))
+    if ledger.geometry is not None and ledger.geometry != shape:
+        raise Unshrinkable("the two sides crop convs of different geometry")
+    ledger.geometry, ledger.cropped = shape, True
 
 
 def _shape(x) -> tuple:
@@ -139,10 +243,14 @@ def _params(eqn, args, picks=None) -> dict:
         return {**p, "new_sizes": tuple(sizes)}
     if prim == "conv_general_dilated":  # (a rewrite may bind it with another kernel: its own)
         dn = p["dimension_numbers"]
-        if set(_changed(old[0], new[0])) - {dn.lhs_spec[0]}:
+        if set(_changed(old[0], new[0])) - {dn.lhs_spec[0]} - set(dn.lhs_spec[2:]):
             raise Unshrinkable("conv rows other than its batch")
         if _changed(old[0], new[0]) and p["batch_group_count"] != 1:
             raise Unshrinkable("conv batch groups mix the rows")
+        if set(_changed(old[0], new[0])) & set(dn.lhs_spec[2:]):
+            if set(_changed(old[1], new[1])) & set(dn.rhs_spec[2:]):
+                raise Unshrinkable("conv kernel cut along its window")
+            _crop(eqn, old[0], new[0], tuple(old[1]))
         cut = [a for a in _changed(old[1], new[1]) if (old[1][a], new[1][a]) in (picks or {})]
         if cut and (cut != [dn.rhs_spec[0]] or p["feature_group_count"] != 1
                     or p["batch_group_count"] != 1):

@@ -19,8 +19,8 @@ subnormal; integers: their extremes; docs/verification.md §1).
   constants overflowing float16's 65504 make Inf) and integer and boolean results stay exact.
 
 Regions whose inputs are large run on one vector (every axis but the last cut to one row) or one
-example of their batch, where the rows provably compute the same function (``ir.rebatch``: the
-same verdict); regions whose linear site's weights are large, on a cut of its output features
+example of their batch, where the rows provably compute the same function, and a conv's image on
+the fewest pixels that meet every border type of its window (``ir.rebatch``: the same verdict); regions whose linear site's weights are large, on a cut of its output features
 (``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
 (``feature_cut.coverage``; else the region is validated whole).
@@ -54,6 +54,7 @@ from mlsys_jax.ir.evaluate import eval_equation
 from mlsys_jax.ir.precision import coarsest
 from mlsys_jax.ir.precision import narrow as narrow_dtype
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
+from mlsys_jax.ir import rebatch
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import bind_widened_blocks, is_float, literal_value, widen_value
@@ -247,15 +248,17 @@ def approximate(eqn, args, widen: bool) -> list:
 def _evaluate(region: Region, inputs: list, widen: bool, given: dict, cut=None) -> list:
     env = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
     env.update(given)
-    _run(region.eqns, env, widen, given, None if cut is None else cut.picks)
+    with rebatch.side():
+        _run(region.eqns, env, widen, given, None if cut is None else cut.picks)
     return [np.asarray(widen_value(env[v]) if widen else env[v]) for v in region.outputs]
 
 
 def _replaced(region: Region, replacement: Callable, inputs: list, widen: bool,
               cut=None) -> list:
     values = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
-    outs = replacement(values.__getitem__, widen) if cut is None else \
-        replacement(values.__getitem__, widen, cut)
+    with rebatch.side():
+        outs = replacement(values.__getitem__, widen) if cut is None else \
+            replacement(values.__getitem__, widen, cut)
     return [np.asarray(outs[v]) for v in region.outputs]
 
 
@@ -318,6 +321,30 @@ def _one_vector(region: Region):
     return rows if rows != _one_row(region) else None
 
 
+def _cropped(region: Region):
+    """The inputs' shapes cut to one example, the image a conv of the region reads cropped to
+    the fewest pixels that meet every border type of the conv (``ir.rebatch``: the same verdict
+    as on the whole image), or None where no conv reads an input or the region is small."""
+    whole = [tuple(v.aval.shape) for v in region.inputs]
+    if max((math.prod(s) for s in whole), default=0) < ONE_ROW_ABOVE:
+        return None
+    rows = _one_row(region) or whole
+    for e in region.eqns:
+        if e.primitive.name != "conv_general_dilated" or e.invars[0] not in region.inputs:
+            continue
+        p, dn = e.params, e.params["dimension_numbers"]
+        k = region.inputs.index(e.invars[0])
+        image, kernel = list(rows[k]), e.invars[1].aval.shape
+        for i, axis in enumerate(dn.lhs_spec[2:]):
+            image[axis] = rebatch.crop_length(
+                image[axis], kernel=kernel[dn.rhs_spec[2 + i]], stride=p["window_strides"][i],
+                padding=tuple(p["padding"][i]), dilation=p["rhs_dilation"][i])
+        if tuple(image) != rows[k]:
+            return rows[:k] + [tuple(image)] + rows[k + 1:]
+        return None
+    return None
+
+
 def _cut_rows(region: Region, axes: int | None):
     """The inputs' shapes with their first ``axes`` axes (None: all but the last) cut to one
     row, where the largest input has ``ONE_ROW_ABOVE`` elements or more; else None."""
@@ -340,8 +367,8 @@ def validate(region: Region, replacement: Callable) -> str | None:
 def check(region: Region, replacement: Callable) -> tuple:
     """``(reason or None, scope)``: :func:`validate`'s verdict and what it covers — None for the
     whole region, else the cut's description (``feature_cut.Cut.describe``). The region runs on
-    one example of its batch where every equation of both sides provably treats examples alike
-    (``ir.rebatch``), on a cut of its site's output features where its weights are large, no
+    one example of its batch where every equation of both sides provably treats examples alike,
+    a conv's image cropped where its border types are kept (``ir.rebatch``), on a cut of its site's output features where its weights are large, no
     equation mixes the features and every feature of the constants the rewrite ships is the
     rule's own on a cut (``feature_cut.coverage``), else whole."""
     for v in region.inputs:
@@ -352,11 +379,13 @@ def check(region: Region, replacement: Callable) -> tuple:
         return None, None
     whole = [tuple(v.aval.shape) for v in region.inputs]
     cut, note = _covered_cut(region, replacement)
-    # Cheapest first: the cut on one vector, on one row, on the whole batch, then the region on
-    # one vector, on one row. The last attempt, the whole region (below), is the only one whose
+    # Cheapest first: the cut on one vector (or a conv's crop), on one row, on the whole batch,
+    # then the region on one vector (or the crop), on one row. The last attempt, the whole region (below), is the only one whose
     # failure is the verdict.
     cuts = (cut, None) if cut is not None else (None,)
-    batches = [b for b in (_one_vector(region), _one_row(region)) if b is not None] + [whole]
+    crop = _cropped(region)
+    small = (crop,) if crop is not None else (_one_vector(region),)
+    batches = [b for b in small + (_one_row(region),) if b is not None] + [whole]
     attempts = [(shapes, c) for c in cuts for shapes in batches][:-1]
     for shapes, c in attempts:
         try:
@@ -406,11 +435,13 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
     narrow = floats and _narrow(region)
     low = _low_precision(region) if narrow else None
     given = _given(region, with_removed=True, cut=cut)
-    if cut is None and COMPILED.get() != 0 and _compiled_pass(region, replacement, shapes, given,
-                                                         floats=floats, narrow=narrow, low=low):
-        return None
-    return _validate_eagerly(region, replacement, shapes, given, cut, floats=floats,
-                             narrow=narrow, low=low)
+    with rebatch.cropping():
+        if cut is None and COMPILED.get() != 0 and _compiled_pass(
+                region, replacement, shapes, given, floats=floats, narrow=narrow, low=low):
+            return None
+    with rebatch.cropping():  # (the compiled pair's convs are not this attempt's)
+        return _validate_eagerly(region, replacement, shapes, given, cut, floats=floats,
+                                 narrow=narrow, low=low)
 
 
 def _compiled_pass(region: Region, replacement: Callable, shapes: list, given: dict, *,

@@ -33,6 +33,7 @@ import numpy as np
 
 from mlsys_jax.compat import Literal
 from mlsys_jax.ir.keys import jaxpr_key
+from mlsys_jax.ir import rebatch
 from mlsys_jax.ir.rebatch import Unshrinkable
 from mlsys_jax.ir.widen import widen_value
 from mlsys_jax.passes import feature_cut
@@ -134,10 +135,12 @@ def _trace(region, replacement, shapes: list, given: dict, widen: bool, run_eqns
         given = dict(zip(names, given_vals))
         env = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
         env.update(given)
-        run_eqns(region.eqns, env, widen, given, None)
+        with rebatch.side():
+            run_eqns(region.eqns, env, widen, given, None)
         before = [_out(env[v], widen) for v in region.outputs]
         values = {v: (widen_value(x) if widen else x) for v, x in zip(region.inputs, inputs)}
-        outs = replacement(values.__getitem__, widen)
+        with rebatch.side():
+            outs = replacement(values.__getitem__, widen)
         after = [_out(outs[v], widen) for v in region.outputs]
         return before + after
 

@@ -1,0 +1,148 @@
+"""A conv region validated on a crop of its image (ir/rebatch.py, passes/validate.py): the crop
+keeps every border type of the full image, each side crops at most one conv, both sides with one
+geometry; anything else is refused the crop and validated on more."""
+from __future__ import annotations
+
+import itertools
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from mlsys_jax import ir
+from mlsys_jax.ir import rebatch
+from mlsys_jax.ir.evaluate import eval_equation
+from mlsys_jax.ir.rebatch import Unshrinkable, border_types, crop_length, rebind
+from mlsys_jax.passes import validate as V
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def test_a_crop_meets_every_border_type_aligned_to_the_stride():
+    for n, kernel, stride, lo, hi, dilation in itertools.product(
+            (1, 2, 5, 9, 56, 57, 224), (1, 3, 7), (1, 2, 3), (0, 1, 3), (0, 1, 2), (1, 2)):
+        geometry = dict(kernel=kernel, stride=stride, padding=(lo, hi), dilation=dilation)
+        full = set(border_types(n, **geometry))
+        m = crop_length(n, **geometry)
+        assert 0 < m <= n and (n - m) % stride == 0, (n, geometry)
+        assert set(border_types(m, **geometry)) >= full, (n, geometry)
+        # the fewest: no shorter aligned crop meets them all
+        assert all(not set(border_types(k, **geometry)) >= full
+                   for k in range(m - stride, 0, -stride)), (n, geometry)
+
+
+def test_border_types_by_hand():
+    # 7x7, stride 2, padding 3 on 224 (a ResNet stem): 3 taps, then 1, on the low padding,
+    # 2 on the high at the last position; 8 pixels meet all four
+    types = border_types(224, kernel=7, stride=2, padding=(3, 3), dilation=1)
+    assert sorted(set(types)) == [(0, 0), (0, 2), (1, 0), (3, 0)]
+    assert crop_length(224, kernel=7, stride=2, padding=(3, 3), dilation=1) == 8
+    assert crop_length(56, kernel=1, stride=1, padding=(0, 0), dilation=1) == 1
+
+
+def _conv_eqn(padding=((1, 1), (1, 1)), strides=(1, 1), x_shape=(1, 9, 9, 4)):
+    x, w = np.ones(x_shape, np.float32), np.ones((3, 3, 4, 4), np.float32)
+    (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+        x, w, strides, padding, dimension_numbers=NHWC))(x, w).jaxpr.eqns
+    return eqn, w
+
+
+def _bind(e, a):
+    return eval_equation(e, a)
+
+
+def test_a_conv_on_a_crop_computes_the_full_images_border_and_interior_positions():
+    eqn, _ = _conv_eqn()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 9, 9, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
+    crop = x[:, :3, :3]
+    with rebatch.cropping(), rebatch.side():
+        (got,) = rebind(eqn, [crop, w], _bind)
+    full = np.asarray(eval_equation(eqn, [x, w])[0])
+    # the crop's corner is the full image's corner, its middle an interior position
+    np.testing.assert_allclose(np.asarray(got)[0, :2, :2], full[0, :2, :2], rtol=1e-6)
+
+
+def test_a_crop_is_refused_outside_validation_short_of_a_border_type_or_off_the_stride():
+    eqn, w = _conv_eqn()
+    x = np.ones((1, 9, 9, 4), np.float32)
+    with pytest.raises(Unshrinkable, match="other than its batch"):
+        rebind(eqn, [x[:, :3, :3], w], _bind)  # no validation around it
+    with rebatch.cropping(), rebatch.side(), pytest.raises(Unshrinkable, match="border type"):
+        rebind(eqn, [x[:, :2, :2], w], _bind)  # no interior position
+    strided, w = _conv_eqn(strides=(2, 2))
+    with rebatch.cropping(), rebatch.side(), pytest.raises(Unshrinkable, match="border type"):
+        rebind(strided, [x[:, :4, :4], w], _bind)  # 9 - 4 is odd: the far edge moved
+
+
+def test_each_side_crops_one_conv_and_both_sides_one_geometry():
+    eqn, w = _conv_eqn()
+    x = np.ones((1, 3, 3, 4), np.float32)
+    with rebatch.cropping():
+        with rebatch.side():
+            (y,) = rebind(eqn, [x, w], _bind)
+            with pytest.raises(Unshrinkable, match="second cropped conv"):
+                rebind(eqn, [np.asarray(y), w], _bind)  # a chain: borders of borders
+        with rebatch.side():
+            rebind(eqn, [x, w], _bind)  # the other side, the same geometry
+        other, w = _conv_eqn(padding=((2, 0), (1, 1)))
+        with rebatch.side(), pytest.raises(Unshrinkable, match="different geometry"):
+            rebind(other, [x, w], _bind)
+
+
+def _region(fn, shape):
+    from mlsys_jax.passes.rewrite.level import Level
+    from mlsys_jax.passes.rules import fold_conv_bn
+
+    with jax.enable_x64(False):
+        level = Level(ir.trace(fn, jax.ShapeDtypeStruct(shape, jnp.float32)))
+    (m,) = [x for x in fold_conv_bn.match(level) if not isinstance(x, fold_conv_bn.Refused)]
+    return fold_conv_bn.RULE.region(level, m), fold_conv_bn.RULE.replacement(level, m)
+
+
+def _conv_scaled(padding="SAME", strides=(1, 1)):
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((3, 3, 8, 8)) / 8, jnp.float32)
+    s = jnp.asarray(np.linspace(0.5, 2.0, 8), jnp.float32)
+    return lambda x: lax.conv_general_dilated(x, w, strides, padding,
+                                              dimension_numbers=NHWC) * s
+
+
+@pytest.mark.parametrize("padding,strides,crop", [("SAME", (1, 1), (1, 3, 3, 8)),
+                                                  ("VALID", (1, 1), (1, 3, 3, 8)),
+                                                  ("SAME", (2, 2), (1, 4, 4, 8))])
+def test_a_conv_fold_is_validated_on_a_crop_and_a_wrong_one_refused_there(padding, strides,
+                                                                          crop):
+    region, right = _region(_conv_scaled(padding, strides), (4, 32, 32, 8))
+    assert V._cropped(region) == [crop]
+    assert V.validate(region, right) is None
+    assert V._validate(region, right, [crop]) is None  # the crop itself, not a fallback
+
+    def wrong(read, widen):
+        return {k: v * 1.5 for k, v in right(read, widen).items()}
+    assert "differs in float64" in V._validate(region, wrong, [crop])
+    assert "differs in float64" in V.validate(region, wrong)
+
+
+def test_a_replacement_of_another_geometry_is_validated_on_more_than_the_crop():
+    """The replacement binds the conv with another padding: the crop would pair the two
+    paddings' border types differently from the full image, so it is refused and the region
+    validated on a whole example, where the rewrite is wrong."""
+    region, right = _region(_conv_scaled(), (4, 32, 32, 8))
+    conv = next(e for e in region.eqns if e.primitive.name == "conv_general_dilated")
+    crop = V._cropped(region)
+
+    def shifted(read, widen):
+        x, w = read(region.inputs[0]), np.asarray(region.consts[conv.invars[1]])
+        other = conv.replace(params={**conv.params, "padding": ((2, 0), (1, 1))})
+        with jax.enable_x64(widen):
+            (y,) = rebind(other, [x, w.astype(np.float64) if widen else w],
+                          partial(V.approximate, widen=widen))
+        return {region.outputs[0]: np.asarray(y) * np.linspace(0.5, 2.0, 8)}
+    with pytest.raises(Unshrinkable, match="different geometry"):
+        V._validate(region, shifted, crop)
+    assert "differs in float64" in V.validate(region, shifted)
