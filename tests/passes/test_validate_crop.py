@@ -146,3 +146,30 @@ def test_a_replacement_of_another_geometry_is_validated_on_more_than_the_crop():
     with pytest.raises(Unshrinkable, match="different geometry"):
         V._validate(region, shifted, crop)
     assert "differs in float64" in V.validate(region, shifted)
+
+
+@pytest.mark.parametrize("name", ["conv_bn_wrong_channel_axis", "conv_bn_no_eps"])
+def test_a_broken_fold_is_refused_on_the_crop(name, monkeypatch):
+    """The fuzzer's broken Conv+BN folds on a 64×64 image: the first attempt that runs is the
+    crop, and it refuses them with the measured reason."""
+    from mlsys_jax import passes as P
+    from mlsys_jax.fuzz import mutants
+    from tests.passes.test_validate import CASES
+    from tests.passes.conv_cases import rand
+
+    program, _ = CASES[name]
+    closed = ir.trace(program, rand(7, (2, 4, 64, 64)))
+    ran = []
+    validate = V._validate
+
+    def spy(region, replacement, shapes, cut=None):
+        why = validate(region, replacement, shapes, cut)
+        ran.append((shapes, V._cropped(region), why))
+        return why
+    monkeypatch.setattr(V, "_validate", spy)
+    mutant = next(m for m in mutants.MUTANTS if m.name == name)
+    checked = P.run(mutant.make(), closed)
+    refused = [r for r in checked.refusals if r.check == "translation_validation"]
+    assert refused and "differs in float64" in refused[0].reason
+    shapes, crop, why = ran[0]
+    assert shapes == crop == [(1, 4, 3, 3)] and why is not None
