@@ -128,7 +128,10 @@ MODELS = {  # name -> (example file, full tier's factory, quick tier's)
 
 def _inference_graph(file: str, factory: str):
     """A factory's ``(apply, (params, x))`` traced with the parameters as constants, as
-    ``optimize`` traces it (an inference graph: every fold has constants to fold)."""
+    ``optimize`` traces it (an inference graph: every fold has constants to fold). The model is
+    built with threefry's non-partitionable lowering: its jitted init compiles several times
+    faster on XLA:CPU, and the traced graph holds no random draw (only the parameters' values
+    differ)."""
     from functools import partial
     from pathlib import Path
 
@@ -138,8 +141,9 @@ def _inference_graph(file: str, factory: str):
     from mlsys_jax import ir
 
     with jax.enable_x64(False):  # a user's model, under JAX's defaults
-        apply, (params, *args) = getattr(_example(Path(__file__).resolve().parents[1] / "examples"
-                                                  / file), factory)()
+        with jax.threefry_partitionable(False):
+            apply, (params, *args) = getattr(_example(
+                Path(__file__).resolve().parents[1] / "examples" / file), factory)()
         return ir.trace(partial(apply, params), *args)
 
 
