@@ -35,6 +35,8 @@ class Config:
 
 GPT2_SMALL = Config(layers=12, d_model=768, heads=12, vocab=50257, seq=128, batch=8)
 TINY = Config(layers=2, d_model=64, heads=4, vocab=512, seq=32, batch=8, max_positions=64)
+# one block, 32 wide: the smallest GPT-2 that still has every kind of layer (tests)
+ONE_BLOCK = Config(layers=1, d_model=32, heads=2, vocab=128, seq=16, batch=8, max_positions=16)
 
 
 class Mlp(nn.Module):

@@ -213,8 +213,7 @@ def test_gpt2_shaped_run_holds_a_few_training_states_flat_in_the_steps(monkeypat
 
     from mlsys_jax.parallel.shard import step as shard_step
 
-    loss_fn, params, batch, optimizer = flax_gpt2.train(flax_gpt2.Config(
-        layers=1, d_model=32, heads=2, vocab=128, seq=16, batch=8, max_positions=16))
+    loss_fn, params, batch, optimizer = flax_gpt2.train(flax_gpt2.ONE_BLOCK)
     probe, steps, calls = _LiveBytes(), 4, []
     compile_sharded = shard_step.compile_sharded
 

@@ -28,8 +28,7 @@ import flax_gpt2  # noqa: E402  (examples/, on the path above)
 
 # examples/flax_gpt2.py's GPT-2 at one block and a narrow width: the plan's search, its compiles
 # and the validation run cost per equation, and none of the claims below depends on depth or width
-SMALL = flax_gpt2.Config(layers=1, d_model=32, heads=2, vocab=128, seq=16, batch=8,
-                         max_positions=16)
+SMALL = flax_gpt2.ONE_BLOCK
 MODEL = f"{HERE}:train_small"
 
 
