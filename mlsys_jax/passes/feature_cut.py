@@ -230,6 +230,11 @@ def bind_traced(eqn, args, widen: bool = False) -> list | None:
     return [wrap(o) for o in outs]
 
 
+def traced() -> bool:
+    """Whether a replacement or region is being traced here (:func:`tracing`)."""
+    return bool(_TRACING.get())
+
+
 @contextlib.contextmanager
 def tracing():
     """Inside, :func:`bind_traced` binds equations on tracers (the replacement or region traced)."""

@@ -79,7 +79,7 @@ def emit(m: Fold, em):
     """The folded site (a conv_bias op, or a Dense layer's ``x @ W' + b'``), the movement views
     that stood between it and the chain replayed after it."""
     site = m.site
-    new_w, new_b = folded(em, site, m.chain.aff)
+    new_w, new_b = em.once("folded", lambda: folded(em, site, m.chain.aff))
     make = emit_conv if site.kind == "conv" else emit_dot
     out = make(em, site, em.value(site.x), new_w, new_b)
     for move in m.chain.moves:

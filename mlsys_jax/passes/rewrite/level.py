@@ -13,6 +13,7 @@ from mlsys_jax.ir.consts import Consts
 from mlsys_jax.ir.opview import consumers
 from mlsys_jax.ir.rebatch import rebind
 from mlsys_jax.ir.widen import literal_value, widen_dtype, widen_value
+from mlsys_jax.passes import feature_cut
 from mlsys_jax.passes.validate import approximate
 
 
@@ -59,9 +60,22 @@ class Emit:
     feature-shaped vectors go through :meth:`features`."""
 
     def __init__(self, level: Level, read: Callable, widen: bool = False,
-                 concrete: bool = False, cut=None):
+                 concrete: bool = False, cut=None, memo: dict | None = None):
         self.level, self.read, self.widen, self.cut = level, read, widen, cut
         self.concrete = concrete or widen  # validating: values are arrays, nothing is traced
+        self.memo = memo
+
+    def once(self, key, compute: Callable):
+        """``compute()``, computed once per ``key``, precision and cut among the emits that share
+        ``memo`` (validation's runs of one replacement: what the rule computes from constants
+        alone, a fold's scaled kernel, is the same for every draw); every time without one."""
+        if self.memo is None or feature_cut.traced():  # (a trace computes its own)
+            return compute()
+        cut = None if self.cut is None else (self.cut.size, tuple(np.asarray(self.cut.keep)))
+        key = (key, self.widen, cut)
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def value(self, v):
         """Atom ``v``'s value: a known constant's (widened when widening), else ``read(v)``."""

@@ -145,8 +145,10 @@ class Rule:
     def replacement(self, level: Level, m: Match) -> Callable:
         """``m``'s emit as a function of the region's inputs (what ``validate`` runs), on a cut
         of the site's output features when given one."""
+        memo: dict = {}  # what the emit computes from constants alone, once per precision
+
         def run(read, widen, cut=None):
-            return self.emit(m, Emit(level, read, widen, concrete=True, cut=cut))
+            return self.emit(m, Emit(level, read, widen, concrete=True, cut=cut, memo=memo))
         return run
 
     # -- the pass ----------------------------------------------------------------------------
