@@ -4,8 +4,10 @@
    ResNet, a flax imagenet-style ResNet-18, haiku's ResNet18, Keras' MobileNetV2 (α 0.35,
    depthwise convolutions) and the 2-layer flax transformer (and Keras' ResNet50 outside
    ``--quick``). The model measures its kernels into a fresh cache, as a new user's first run
-   does; then the whole program under ``jax.jit`` and every distinct kernel alone are timed in
-   the same interleaved rounds, and each round's prediction (the model's formula on that
+   does, with the whole program compiled at hand as ``inspect`` hands it over (kernels XLA runs
+   as one YNNPACK graph are timed as that graph too, ``cost/here/graphs.py``); then the whole
+   program under ``jax.jit`` and every distinct kernel (and graph) alone are timed in the same
+   interleaved rounds, and each round's prediction (the model's formula on that
    round's kernel times) is divided by that round's whole-program time: the median of those
    paired ratios is ``here_predicted_over_measured_ratio`` (target 0.67–1.5). The cached
    prediction over the median whole time is the unpaired figure; each kernel's cached time
@@ -44,6 +46,8 @@ import jax
 
 from mlsys_jax import cost, ir, timing
 from mlsys_jax.cost.here import OperatorModel, here_hardware
+from mlsys_jax.cost.here.operators import SideWork
+from mlsys_jax.cost.xla import compile_on_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -68,10 +72,16 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
     rounds: per-round predicted over measured, and each kernel's cached time over its time
     alone in the rounds."""
     hw = here_hardware(model)
-    predicted = cost.estimate(closed, hw=hw)
-    raw = cost.kernels(closed, fused=True, hw=hw)
-    programs = model.programs(closed, raw)
-    distinct = {p.key: p for p in programs if "kernel:" + p.key in model.entries}
+    # the whole program compiled, as ``inspect`` hands it over: the model reads XLA's graphs
+    model.side = SideWork(lambda: compile_on_shapes(closed))
+    try:
+        predicted = cost.estimate(closed, hw=hw)
+        raw = cost.kernels(closed, fused=True, hw=hw)
+        programs, graphs = model.programs(closed, raw), model.graphs(closed, raw)
+    finally:
+        model.side = None
+    every = programs + [p for _, p in graphs]
+    distinct = {p.key: p for p in every if "kernel:" + p.key in model.entries}
     calls = {"whole": partial(jax.jit(ir.as_function(closed)), *inputs)}
     for i, (key, p) in enumerate(distinct.items()):
         calls[key] = partial(jax.jit(p.fn), *p.example_arguments(seed=i))
@@ -84,7 +94,8 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
             per_round.append(predicted.time_us / (t["whole"].samples[r] * 1e6))
             continue
         times = {k: (t[k].samples[r] * 1e6, "measured") for k in distinct}
-        filled, overhead = model.assemble(closed, raw, programs, times, True, hw)
+        filled, overhead = model.assemble(closed, raw, programs, times, True, hw,
+                                          graphs=graphs)
         predicted_us = sum(k.time_us for k in filled) + overhead
         per_round.append(predicted_us / (t["whole"].samples[r] * 1e6))
     cached = {k: model.entries["kernel:" + k]["us"] for k in distinct}
@@ -96,7 +107,7 @@ def paired_accuracy(closed, inputs, model: OperatorModel, rounds: int) -> dict:
     return {"predicted_us": predicted.time_us, "measured": t["whole"],
             "paired": timing.Ratio(statistics.median(per_round), timing.percentile(per_round, 10),
                                    timing.percentile(per_round, 90), (10, 90)),
-            "kernels": len(predicted.kernels), "distinct": len(distinct),
+            "kernels": len(predicted.kernels), "distinct": len(distinct), "graphs": len(graphs),
             "roofline_kernels": sum(k.model == "roofline" for k in predicted.kernels),
             "kernel_ratios": list(ratios.values()), "furthest": furthest, "least": least,
             "roofline_us": cost.estimate(closed, hw="cpu").time_us}
@@ -150,7 +161,8 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
                  f"{k.run_us:.4g} µs measured over {k.bound_us:.3g} µs roofline = "
                  f"×{k.efficiency:.3g}")
         notes.append(
-            f"here, {name}: {acc['kernels']} kernels ({acc['distinct']} distinct, "
+            f"here, {name}: {acc['kernels']} kernels ({acc['distinct']} distinct timed, "
+            f"{acc['graphs']} XLA graphs of several timed whole, "
             f"{acc['roofline_kernels']} on the roofline), predicted {acc['predicted_us']:.4g} µs "
             f"(the 'cpu' roofline: {acc['roofline_us']:.4g} µs), jax.jit "
             f"{acc['measured'].summary()}: predicted/measured {r.median:.3g} [p10–p90 "

@@ -157,7 +157,8 @@ def keras_convnext(batch: int = 2, size: int = 64, dims=(32, 64), depths=(2, 2),
 def haiku_resnet18_224px():
     """``hk.nets.ResNet18`` at inference, 224 × 224, batch 1: XLA runs the last stage's six
     convolutions, their BatchNorms and the global mean as one YNNPACK graph fusion, slower than
-    the same work as separate kernels — what the kernels timed alone do not see."""
+    the same work as separate kernels: the model times that graph alone too
+    (``cost/here/graphs.py``)."""
     return _inference_nets().haiku_resnet18(batch=1, size=224)
 
 

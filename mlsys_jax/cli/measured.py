@@ -139,10 +139,12 @@ def roofline_hint(report, probe_us: float | None, *, measured: bool = False) -> 
 
 def fused_contractions_line(counts: list) -> str:
     """``--hw here``: XLA runs some contractions together in one kernel (a YNNPACK graph of
-    convolutions, their elementwise work and a reduction) where the model times each alone —
-    what the prediction cannot see, said with the counts."""
+    convolutions, their elementwise work and a reduction); the model times a run of its kernels
+    that matches one as one program (``cost/here/graphs.py``), any other contraction alone —
+    said with the counts."""
     sizes = ", ".join(str(n) for n in counts)
     return (f"XLA compiled {sum(counts)} contractions into {len(counts)} kernel(s) of several "
-            f"each ({sizes}: a YNNPACK graph fusion), where this model times each contraction "
-            f"as a kernel of its own: those kernels' times here can be far from XLA's (measure "
-            f"the whole function with --measure)")
+            f"each ({sizes}: a YNNPACK graph fusion): a run of this model's kernels that matches "
+            f"one is timed as one program and its time shared among them (their rows say so); "
+            f"a contraction outside such a run is timed alone, which can be far from XLA's "
+            f"(measure the whole function with --measure)")

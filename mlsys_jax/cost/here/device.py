@@ -33,19 +33,27 @@ def _roofline_of(platform: str, kind: str) -> Hardware:
 def here_hardware(model=None) -> Hardware:
     """``here`` as a Hardware whose kernel times come from the measured-operator model: this
     process's for the cache directory, or ``model`` (an ``OperatorModel``, e.g. with its own
-    cache file)."""
+    cache file). Each model object has its own Hardware: two objects on one file each hold
+    their own entries, and a Hardware memoised by the file would time with the first one."""
     from mlsys_jax.cost.here.operators import operator_model
 
-    where = cache.cache_dir() if model is None else model.path
+    if model is not None:
+        if model.hardware is None:
+            model.hardware = _hardware_of(model)
+        return model.hardware
+    where = cache.cache_dir()
     if where not in _HARDWARE:
-        model = model or operator_model()
-        ident = model.identity
-        base = _roofline_of(ident["platform"], ident["device_kind"])
-        note = (f"{ident['platform']} ({ident['device_kind']}, {ident['cores']} cores): each "
-                f"kernel compiled and timed alone, cached; roofline bound from {base.name}")
-        _HARDWARE[where] = replace(base, name="here", note=note, fusion="loop",
-                                   fused_default=True, compiler=HERE_COMPILER, timer=model)
+        _HARDWARE[where] = here_hardware(operator_model())
     return _HARDWARE[where]
+
+
+def _hardware_of(model) -> Hardware:
+    ident = model.identity
+    base = _roofline_of(ident["platform"], ident["device_kind"])
+    note = (f"{ident['platform']} ({ident['device_kind']}, {ident['cores']} cores): each "
+            f"kernel compiled and timed alone, cached; roofline bound from {base.name}")
+    return replace(base, name="here", note=note, fusion="loop", fused_default=True,
+                   compiler=HERE_COMPILER, timer=model)
 
 
 ON_DEMAND["here"] = here_hardware

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from mlsys_jax import timing
 from mlsys_jax.cost import cache
 from mlsys_jax.cost.here.dispatch import DispatchCost, measure_dispatch
 from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
+from mlsys_jax.cost.here.graphs import span_program, spans
 from mlsys_jax.cost.here.programs import constants, kernel_program
 
 CHUNK = 16  # kernels compiled, then timed side by side, at a time: the budget is checked between
@@ -69,7 +70,10 @@ class OperatorModel:
         # the set a command shows (True: fused, False: unfused, None: both are measured); the
         # other set reads the cache and derives the rest from the shown set's kernels
         self.shown: bool | None = None
-        self.side: SideWork | None = None  # a compile to run beside the first kernel compiles
+        # the whole program compiled (``inspect``'s, for XLA's figures), run beside the first
+        # kernel compiles; while set, the fused set's XLA graphs are read from it (``graphs``)
+        self.side: SideWork | None = None
+        self.hardware = None  # ``here`` timed by this object (``device.here_hardware``)
 
     # -- the figures ------------------------------------------------------------------------
     def dispatch(self) -> DispatchCost | None:
@@ -139,7 +143,7 @@ class OperatorModel:
         """Each program of ``chunk`` compiled and warmed (:func:`_compiled`), several at once:
         XLA compiles outside the GIL, and on a cold first run compiling is most of the time.
         Failures are stored with their reason (they keep the roofline)."""
-        side, self.side = self.side, None
+        side = self.side if self.side is not None and self.side.future is None else None
         workers = max(1, min(len(chunk) + (side is not None), os.cpu_count() or 1,
                              COMPILE_THREADS))
         with ThreadPoolExecutor(workers) as pool:  # joined (the side work too) before timing
@@ -165,7 +169,12 @@ class OperatorModel:
         programs = self.programs(closed, kernels)
         measure = self.shown is None or self.shown == fused
         times = self.kernel_times(programs, measure=measure)
-        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw)
+        # the set not shown reads cached graphs only: its compile is not awaited for it
+        started = self.side is not None and self.side.future is not None
+        graphs = self.graphs(closed, kernels) if fused and (measure or started) else []
+        times.update(self.kernel_times([p for _, p in graphs], measure=measure))
+        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw,
+                                         graphs=graphs)
         if measure or all(k.model != "roofline" for k in filled):
             return filled, overhead
         from mlsys_jax.cost.model import kernels as group_kernels
@@ -173,9 +182,23 @@ class OperatorModel:
         other = group_kernels(closed, fused=not fused, hw=hw)
         measured, _ = self.fill(closed, other, not fused, hw)
         # kernels both sets share (a contraction alone) are in the cache now
-        times = self.kernel_times(programs, measure=False)
-        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw)
+        times = self.kernel_times(programs + [p for _, p in graphs], measure=False)
+        filled, overhead = self.assemble(closed, kernels, programs, times, fused, hw,
+                                         graphs=graphs)
         return derive(filled, programs, measured, fused, self.dispatch()), overhead
+
+    def graphs(self, closed, kernels: list) -> list:
+        """``(span, program)`` for each run of the fused ``kernels`` that XLA compiles as one
+        graph (``graphs.py``), read from the compiled whole program when one is at hand
+        (``side``); none without it, or when it did not compile."""
+        if self.side is None:
+            return []
+        try:
+            text = self.side.result().as_text()
+        except Exception:  # noqa: BLE001 — its caller reports the compile's error
+            return []
+        consts, returned = constants(closed), set(closed.jaxpr.outvars)
+        return [(r, span_program(kernels, r, consts, returned)) for r in spans(text, kernels)]
 
     @staticmethod
     def programs(closed, kernels: list) -> list:
@@ -183,12 +206,13 @@ class OperatorModel:
         consts = constants(closed)
         return [kernel_program(k, consts) for k in kernels]
 
-    def assemble(self, closed, kernels, programs, times: dict, fused: bool, hw
-                 ) -> tuple[list, float]:
+    def assemble(self, closed, kernels, programs, times: dict, fused: bool, hw, *,
+                 graphs: list = ()) -> tuple[list, float]:
         """The prediction from kernel times alone (``times``: key -> (µs, source)). Fused, a
         kernel adds its time alone less its own call's dispatch, plus the per-kernel overhead,
         and the program adds one dispatch; unfused (one call per op, as eager execution runs)
-        each kernel adds its whole call."""
+        each kernel adds its whole call. A run of kernels XLA compiles as one graph
+        (``graphs``: span, program) takes that graph's time alone, shared among them."""
         d = self.dispatch() or DispatchCost(hw.launch_s * 1e6, 0.0, 0.0, 0.0)
         filled = []
         for k, p in zip(kernels, programs):
@@ -206,6 +230,10 @@ class OperatorModel:
                 t = bound + (d.per_kernel_us if fused else call)
                 filled.append(replace(k, time_us=t, bound=kind, model="roofline", why=why,
                                       bound_us=bound))
+        for span, p in graphs:
+            if p.key in times:
+                filled[span.start:span.stop] = _shared(filled[span.start:span.stop], p,
+                                                       times[p.key], d)
         jaxpr = closed.jaxpr
         overhead = d.call(len(jaxpr.invars), len(jaxpr.outvars)) if fused else 0.0
         return filled, overhead
@@ -220,8 +248,30 @@ class SideWork:
         self.fn, self.future = fn, None
 
     def result(self):
-        """The work's result (its exception raised here, as if called now)."""
-        return self.future.result() if self.future is not None else self.fn()
+        """The work's result (its exception raised here, as if called now), run once."""
+        if self.future is None:
+            self.future = Future()
+            try:
+                self.future.set_result(self.fn())
+            except Exception as e:  # noqa: BLE001 — kept, raised to each caller
+                self.future.set_exception(e)
+        return self.future.result()
+
+
+def _shared(members: list, p, time: tuple, d) -> list:
+    """``members`` (kernels XLA runs as one graph) with the graph's run time alone shared in
+    proportion to their own (their roofline bounds where one has none), each plus the
+    per-kernel overhead."""
+    alone, source = time
+    run = max(alone - d.call(p.n_inputs, p.n_outputs), 0.0)
+    weights = [k.run_us for k in members]
+    if any(w is None for w in weights) or not sum(weights):
+        weights = [k.bound_us or 1.0 for k in members]
+    total = sum(weights)
+    why = (f"XLA compiles these {len(members)} kernels as one graph (YNNPACK), which does not "
+           "run as they do alone: the graph was compiled and timed alone, its time shared")
+    return [replace(k, run_us=run * w / total, time_us=run * w / total + d.per_kernel_us,
+                    model=source, why=why) for k, w in zip(members, weights)]
 
 
 def _compiled(p) -> tuple:
