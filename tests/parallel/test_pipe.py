@@ -321,3 +321,23 @@ def test_bad_pipeline_inputs_are_one_line_errors(mesh, m, match):
     loss, params, batch = mlp(layers=4, rows=8)
     with pytest.raises(MlsysError, match=match):
         plan_pipeline(loss, params, batch, optax.sgd(0.1), mesh, m, schedule="1f1b")
+
+
+def test_plans_of_one_loss_share_their_one_device_programs():
+    """1F1B and GPipe plans of one loss, batch and optimizer are judged against the same
+    one-device programs, compiled once; another batch object or another loss function (even
+    one computing the same) compiles its own."""
+    from mlsys_jax.parallel.pipe import one_device
+
+    loss, params, batch = mlp(layers=4, rows=8)
+    opt = optax.sgd(0.1)
+
+    def programs(loss=loss, batch=batch, schedule="1f1b"):
+        plan = plan_pipeline(loss, params, batch, opt, {"pipe": 2}, 4, schedule=schedule,
+                             hw="h100")
+        return one_device.programs(plan, 4, QUICK_COMPILE, narrow=None, random=False,
+                                   s0=jax.jit(opt.init)(plan.trainable))
+    first = programs()
+    assert programs(schedule="gpipe") is first
+    assert programs(batch={k: v.copy() for k, v in batch.items()}) is not first
+    assert programs(loss=lambda p, b: loss(p, b)) is not first

@@ -13,16 +13,15 @@ from dataclasses import asdict, dataclass, field
 
 import jax
 
-from mlsys_jax.parallel.pipe import figures
+from mlsys_jax.parallel.pipe import figures, one_device
 from mlsys_jax.parallel.shard.inputs import check_finite_loss
 from mlsys_jax.parallel.pipe.balance import ranges_of
-from mlsys_jax.parallel.pipe.optim import update_function
 from mlsys_jax.parallel.pipe.step import PipelinePlan
 from mlsys_jax.parallel.pipe.stochastic import OFF_FLAG, draws_random
 from mlsys_jax.ir.precision import gradient_dtypes
 from mlsys_jax.parallel.pipe.verdict import (NOISE_MARGIN, QUANTITIES, Float64Twin,
                                              NarrowLeaves, PipelineVerdict, causes, judge_step,
-                                             leaf_diffs, references)
+                                             leaf_diffs)
 
 
 @dataclass
@@ -82,15 +81,10 @@ def run_pipeline(plan: PipelinePlan, steps: int = 3, options: dict | None = None
     groups = plan.mesh_shape.get("data", 1) * plan.microbatches
     _progress(f"compiling the {plan.stages}-stage program and the one-device references")
     compiled = plan.compile(options)
-    refs_fn = jax.jit(references(plan.loss, groups, plan.microbatch_loss,
-                                 plan.program.shared)).lower(
-        t0, plan.batch).compile(options)
-    update = jax.jit(update_function(opt)).lower(t0, s0, t0).compile(options)
     narrow = _narrow(plan, groups)
     random = draws_random(plan.split.closed)
-    twin = Float64Twin(plan.loss, t0, plan.batch, groups, options,
-                       narrow=_dtype_names(narrow) or None, stochastic=random,
-                       shared=plan.program.shared)
+    refs_fn, update, twin = one_device.programs(plan, groups, options, s0=s0, random=random,
+                                                narrow=_dtype_names(narrow) or None)
     verdict, t, s = PipelineVerdict(), t0, s0
     for k in range(steps):
         _progress(f"teacher-forced step {k + 1}/{steps}")

@@ -63,6 +63,7 @@ class PipelinePlan:
     split_given: bool
     compiled: dict = field(default_factory=dict)
     dropout_off: Callable | None = None   # () -> the same step planned with deterministic=True
+    source: tuple = ()   # (the user's loss_fn, the leaves it is not trained on): one_device.py
 
     @property
     def stages(self) -> int:
@@ -231,4 +232,4 @@ def plan_pipeline(loss_fn: Callable, params, batch, optimizer, mesh_shape: dict,
         schedule=schedule, split=split, remat=remat, hw=hw)
     return PipelinePlan(loss, trainable, treedef, paths, batch, optimizer, shape, sched, remat,
                         units, stage_of_unit, cut, leaves, popt, program, costs, times, hw, given,
-                        dropout_off=replan)
+                        dropout_off=replan, source=(loss_fn, rest))
