@@ -99,7 +99,7 @@ def test_the_walk_follows_the_solve_to_the_final_mean():
 @pytest.mark.slow
 def test_shard_on_a_data_mesh_is_exact_and_names_the_flags():
     r = simulate(loss_fn, _field(), _batch(), optax.adam(1e-3), {"data": 2}, ShardOptions(
-        steps=1, xla_options=comm.QUICK_COMPILE, time_repeats=0))
+        steps=1, xla_options=comm.FAST_COMPILE, time_repeats=0))
     assert r.exact and "separable loss" in r.reason and "4 points" in r.reason
     assert any("batch-wide flag" in n and "the gradients decide" in n for n in r.notes)
 

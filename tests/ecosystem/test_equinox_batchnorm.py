@@ -54,7 +54,7 @@ def test_the_walk_names_batchnorms_psum_as_the_statistic():
 def test_shard_says_no_and_names_the_batchnorm():
     loss_fn, model, batch, optimizer = _train()
     r = simulate(loss_fn, model, batch, optimizer, {"data": 2}, ShardOptions(
-        steps=1, xla_options=comm.QUICK_COMPILE, time_repeats=0))
+        steps=1, xla_options=comm.FAST_COMPILE, time_repeats=0))
     assert not r.exact and "training-mode BatchNorm" in r.reason
     assert "psum over the batch axis" in r.reason
     assert "no equation mixes" not in r.reason and "could not follow" not in r.reason

@@ -93,7 +93,7 @@ def test_bert_dropout_is_the_named_cause_and_shards_fold_the_key():
     assert (first.kind, first.primitive, first.random) == ("position", "select_n", True)
     assert "dropout" in first.where and "position_embedding" not in first.where
     r = simulate(loss_fn, trainable, batch, optimizer, {"data": 2}, ShardOptions(
-        steps=1, xla_options=comm.QUICK_COMPILE, time_repeats=0))
+        steps=1, xla_options=comm.FAST_COMPILE, time_repeats=0))
     assert not r.exact and "dropout" in r.reason and "position_embedding" not in r.reason
     assert "each shard folds its index into the key" in r.reason
     assert "mesh computes exactly that" in r.reason

@@ -17,12 +17,12 @@ import pytest
 
 import pipeline_stacks
 from mlsys_jax import cli
-from tests.compile_options import FAST_COMPILE
+from mlsys_jax.parallel.comm import FAST_COMPILE
 from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
 pytestmark = pytest.mark.slow   # each model is planned, compiled and run
 
-# Runs compile with FAST_COMPILE (tests/compile_options.py); the command line's own options are
+# Runs compile with FAST_COMPILE (parallel/comm.py); the command line's own options are
 # exercised by the haiku test below.
 
 # Four blocks on four stages: one block per stage, with interior stages that both receive and

@@ -13,7 +13,7 @@ from mlsys_jax.parallel import comm, ShardOptions, simulate
 def test_mobilenet_batchnorm_is_named_and_the_mesh_is_judged_by_the_noise():
     loss_fn, params, batch, optimizer = keras_mobilenet.train(alpha=0.1)
     r = simulate(loss_fn, params, batch, optimizer, {"data": 2}, ShardOptions(
-        steps=1, xla_options=comm.QUICK_COMPILE, time_repeats=0))
+        steps=1, xla_options=comm.FAST_COMPILE, time_repeats=0))
     assert not r.exact and not r.equal_on_this_batch and r.semantics == "per-shard"
     assert "training-mode BatchNorm" in r.reason and "reduce_sum over the batch axis" in r.reason
     assert "mesh computes exactly that" in r.reason

@@ -5,7 +5,7 @@ verdicts of flax's lm1b (with and without padding) and equinox's ViT are here to
 models' runs: each model is built once, and the verdict's whole-batch and per-shard programs are
 the ones its run compiled (the session's compilation cache gives them back without compiling).
 
-One run per (model, mesh), cached for the module; every program compiled alike (QUICK_COMPILE).
+One run per (model, mesh), cached for the module; every program compiled alike (FAST_COMPILE).
 """
 import re
 
@@ -45,7 +45,7 @@ def run(name, mesh, zero=0, steps=1):
     if key not in _REPORTS:
         loss_fn, params, batch, optimizer, *rules = built(name)
         _REPORTS[key] = simulate(loss_fn, params, batch, optimizer, mesh, ShardOptions(
-            zero=zero, steps=steps, xla_options=comm.QUICK_COMPILE, time_repeats=0),
+            zero=zero, steps=steps, xla_options=comm.FAST_COMPILE, time_repeats=0),
             rules=rules[0] if rules else None)
     return _REPORTS[key]
 
@@ -56,7 +56,7 @@ def verdict(name, data=2):
     if (name, data) not in _VERDICTS:
         loss_fn, params, batch, *_ = built(name)
         _VERDICTS[(name, data)] = separability_of(loss_fn, params, batch, data,
-                                                  options=comm.QUICK_COMPILE)
+                                                  options=comm.FAST_COMPILE)
     return _VERDICTS[(name, data)]
 
 

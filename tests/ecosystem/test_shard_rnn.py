@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from tests.ecosystem import rnn_factories
-from tests.compile_options import FAST_COMPILE
+from mlsys_jax.parallel.comm import FAST_COMPILE
 from mlsys_jax.parallel.shard import ShardOptions, simulate
 from mlsys_jax.parallel.shard.setup import prepare
 

@@ -27,7 +27,7 @@ def verdict(name, data=4):
         with init_bits():
             loss_fn, params, batch, *_ = FACTORIES[name]()
         _VERDICTS[(name, data)] = separability_of(loss_fn, params, batch, data,
-                                                  options=comm.QUICK_COMPILE)
+                                                  options=comm.FAST_COMPILE)
     return _VERDICTS[(name, data)]
 
 

@@ -20,7 +20,7 @@ import optax
 import pytest
 
 from mlsys_jax import cli
-from tests.compile_options import FAST_COMPILE
+from mlsys_jax.parallel.comm import FAST_COMPILE
 from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 from mlsys_jax.parallel.pipe.step import PipelinePlan
 from mlsys_jax.parallel.pipe.stochastic import off_switch, same_bits_widened, shared_leaves
@@ -28,7 +28,7 @@ from mlsys_jax.parallel.pipe.verdict import PipelineVerdict, _as64, judge_step
 
 ROWS, FEATURES, WIDTH, CLASSES, LAYERS = 16, 8, 16, 4, 4
 
-# Runs compile with FAST_COMPILE (tests/compile_options.py); the command line's own options are
+# Runs compile with FAST_COMPILE (parallel/comm.py); the command line's own options are
 # exercised by the last test.
 
 MODEL = """

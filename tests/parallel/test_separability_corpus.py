@@ -224,7 +224,7 @@ def test_scan_over_time_with_a_position_dependent_start_names_the_start():
                                   "scan_running_sum", "time_major"])
 def test_separable_on_the_numbers_too(name):
     loss, batch = SEPARABLE[name]
-    sep = separability_of(loss, P, batch, 2, options=comm.QUICK_COMPILE)
+    sep = separability_of(loss, P, batch, 2, options=comm.FAST_COMPILE)
     assert sep.separable and sep.equal_here and not sep.causes, sep.causes
 
 
@@ -232,7 +232,7 @@ def test_separable_on_the_numbers_too(name):
 @pytest.mark.parametrize("name", NOT_SEPARABLE)
 def test_negative_controls_really_mix(name):
     loss, batch, kind, _ = NOT_SEPARABLE[name]
-    sep = separability_of(loss, P, batch, 2, options=comm.QUICK_COMPILE)
+    sep = separability_of(loss, P, batch, 2, options=comm.FAST_COMPILE)
     assert not sep.separable and not sep.equal_here
     assert sep.grads.diff > 100 * max(sep.grads.noise, 1e-12)
     assert [m.kind for m in sep.mixing] == [kind]
