@@ -27,3 +27,17 @@ def test_plans_compiled_quick_when_one_is_timed_report_full_figures(monkeypatch)
         for p in plans:
             _, temp, flops = compile_grad(flat_applied(fr.graph, p), fr.flat)
             assert (p.compiled_temp_bytes, p.compiled_flops) == (temp, flops)
+
+
+def test_a_probe_likely_timed_is_compiled_in_full_at_once(monkeypatch):
+    """A bracketing probe between two plans usually is the plan timed: one full compile, not a
+    quick one and then a full one (``Frontier._bracket``)."""
+    monkeypatch.setattr(frontier_mod, "LONG_STEP_S", 0.0)
+    with jax.enable_x64(False):
+        fr = Frontier(loss, jnp.eye(32) / 2, jnp.ones((64, 32)))
+        lo, hi = fr.problem.min_peak_budget_bytes, fr.problem.store_all_bytes
+        plans = [fr.problem.solve(int(lo + f * (hi - lo))) for f in (0.0, 0.3)]
+        quick, full = fr.compile(plans[0]), fr.compile(plans[1], likely_timed=True)
+        assert fr.program(quick).quick and not fr.program(full).quick
+        assert fr.program(full).compile_s > 0 and fr.programs.full(fr.program(full)) is \
+            fr.program(full)

@@ -57,6 +57,13 @@ def test_policies_at_no_remats_bytes_or_twins_are_not_timed():
     assert skipped["nothing_saveable"] == "compiles to the same temp bytes as no remat: not timed"
     assert "more temp bytes than no remat" in skipped["checkpoint_dots"]
     assert "same temp bytes as dots_with_no_batch_dims_saveable" in skipped["dots_saveable"]
+    # over the report's budget a policy is no answer to it: listed with its share, not timed
+    timed, skipped = distinct(fr, built, budget_bytes=70)
+    assert list(timed) == ["dots_with_no_batch_dims_saveable"]
+    assert skipped["everything_saveable"] == ("compiles to 80% of no remat's temp bytes, over the "
+                                              "budget (70%): not timed")
+    assert "same temp bytes as dots_with_no_batch_dims_saveable" in skipped["dots_saveable"]
+    assert list(distinct(fr, built, budget_bytes=80)[0]) == list(distinct(fr, built)[0])
 
 
 def _chain(w, x):

@@ -9,8 +9,8 @@ compiled program (``remat.Frontier``): the budget is XLA's temp bytes (``PCT%`` 
 Printed: the plan (saved and recomputed values), its predicted peak, the compiled temp bytes and
 FLOPs, the step time ratio to no remat (measured side by side, in rounds that stop once the choice
 is settled: how many and why is printed), the gradients' max |Δ| against ``jax.grad``, and JAX's
-built-in policies compiled, those that save temp bytes timed in the same rounds beside the fastest
-plan within each policy's temp bytes (``--no-policies`` skips them). Progress goes to stderr (``--quiet``
+built-in policies compiled, those that save temp bytes within the budget timed in the same rounds
+beside the fastest plan within each policy's temp bytes (``--no-policies`` skips them). Progress goes to stderr (``--quiet``
 silences it). The user's model runs under JAX's defaults (float32), as in their own code.
 """
 from __future__ import annotations
@@ -185,9 +185,10 @@ def print_text(target: str, out) -> None:
                  "plan temp bytes": m["plan_temp_bytes"],
                  "plan step ratio": m["plan_step_time_ratio"],
                  "not dominated": m["not_dominated"], "why": m["why"]} for m in matched]
-        print("\n" + wrap("[JAX's built-in policies, jax.checkpoint(loss_fn, policy=...), timed "
-                          "in the same rounds, beside the fastest timed plan within each "
-                          "policy's compiled temp bytes]", first="", rest=" "))
+        print("\n" + wrap("[JAX's built-in policies, jax.checkpoint(loss_fn, policy=...); those "
+                          "that save temp bytes within the budget timed in the same rounds, "
+                          "beside the fastest timed plan within each policy's compiled temp "
+                          "bytes]", first="", rest=" "))
         print(format_table(rows))
 
 

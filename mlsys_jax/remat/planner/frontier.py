@@ -13,8 +13,10 @@ plan), until one lands within ``NEAR`` under it. Of the plans that fit, the ``TI
 budget (the nearest alone when steps are long) are timed beside no remat and the fastest is the
 answer. Where at most one plan will be timed (steps longer than ``LONG_STEP_S``: GPT-2 small on
 a CPU; on shapes none is), plans are compiled for XLA's figures only (``programs.QUICK``: the
-same temp bytes and FLOPs in about half the time) and the timed one in full after: a search
-compiles up to 2 + ``MAX_PROBES`` plans, so that saves compiles; with two timed it may not pay. ``ladder``
+same temp bytes and FLOPs in about two thirds of the time) and the timed one in full after: a
+search compiles up to 2 + ``MAX_PROBES`` plans, so that saves compiles; with two timed it may
+not pay. A probe between two compiled plans is compiled in full at once: it usually lands near
+the budget and is the plan timed (GPT-2 small at 50%: the third compile). ``ladder``
 compiles plans at fixed predicted budgets up front instead (the whole frontier: benchmarks,
 tests). ``points`` is the frontier of timed plans: none is larger and slower than another.
 """
@@ -86,8 +88,9 @@ class Frontier:
     def _known(self, p: Plan) -> Plan | None:
         return next((q for q in self.measured if plan_key(q) == plan_key(p)), None)
 
-    def compile(self, p: Plan) -> Plan:
-        """``p`` with its compiled temp bytes and FLOPs (compiled once per plan)."""
+    def compile(self, p: Plan, *, likely_timed: bool = False) -> Plan:
+        """``p`` with its compiled temp bytes and FLOPs (compiled once per plan; in full at once
+        when ``likely_timed``, even where plans are compiled quick: see ``_bracket``)."""
         known = self._known(p)
         if known is not None:
             return known
@@ -99,7 +102,8 @@ class Frontier:
                 f"{len(p.recomputed)} values recomputed in {len(p.segments)} segments, "
                 f"predicted peak {p.predicted_peak_bytes}")
         self.progress.item(len(self.measured), len(self.measured), f"compiling {label}: {what}")
-        prog = self.programs.compile(label, flat_applied(self.graph, p), quick=self._quick())
+        quick = self._quick() and (self.abstract or not likely_timed)
+        prog = self.programs.compile(label, flat_applied(self.graph, p), quick=quick)
         return self._record(p, prog, label)
 
     def _quick(self) -> bool:
@@ -202,7 +206,11 @@ class Frontier:
             solved = replace(self.problem.solve(target), pin=pin)
             if self._known(solved) is not None or not solved.recomputed:
                 return                      # nothing new between the bracket's ends
-            kept = "hi" if self.compile(solved).compiled_temp_bytes <= budget else "lo"
+            # between two plans the probe usually lands near and ends the search as the plan
+            # timed: compiled in full at once (a quick compile, then a full one to time it,
+            # costs more than one full compile; a probe that misses costs its extra optimizing)
+            probe = self.compile(solved, likely_timed=hi is not self.no_remat)
+            kept = "hi" if probe.compiled_temp_bytes <= budget else "lo"
             weight = {"lo": 1.0, "hi": 1.0, kept: weight[kept] / 2 if last == kept else 1.0}
             last = kept
 

@@ -12,7 +12,9 @@ noise), and as worse when it is slower in every round. FLOPs are shown, not judg
 
 The report (``distinct``) compiles the policies for their figures first (``Programs.compile``'s
 ``quick``) and times only those that could matter: a policy that compiles to no remat's temp
-bytes or more saves nothing (on XLA:CPU most do), and of policies with the same temp bytes only
+bytes or more saves nothing (on XLA:CPU most do), one over the budget is no answer to it (and
+timing it beside the plan takes rounds of seconds-long steps: docs/remat.md), and of policies
+with the same temp bytes only
 the one with the fewest compiled FLOPs is timed; the rest are listed with the reason, not timed.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jax
 
 from mlsys_jax import timing
 from mlsys_jax.remat.milp import plan_key
+from mlsys_jax.remat.planner.budget import percent
 from mlsys_jax.remat.planner.frontier import Frontier
 
 BUILTIN_POLICIES = ("everything_saveable", "nothing_saveable", "dots_saveable",
@@ -47,16 +50,25 @@ def policy_programs(frontier: Frontier, *, quick: bool = False) -> dict:
     return out
 
 
-def distinct(frontier: Frontier, built: dict) -> tuple[dict, dict]:
+def distinct(frontier: Frontier, built: dict, *, budget_bytes: int | None = None
+             ) -> tuple[dict, dict]:
     """(name -> Program worth timing, name -> why another is not timed): no fewer temp bytes than
-    no remat's saves nothing; the same temp bytes as another policy, with no fewer FLOPs (the
-    first in ``BUILTIN_POLICIES`` order on a tie), is that one's point of the frontier again."""
+    no remat's saves nothing; more than ``budget_bytes`` (the report's budget) is no answer to it
+    and, larger than every plan that fits, cannot be the smaller-and-faster of a pair with one;
+    the same temp bytes as another policy, with no fewer FLOPs (the first in
+    ``BUILTIN_POLICIES`` order on a tie), is that one's point of the frontier again."""
     base = frontier.no_remat.compiled_temp_bytes
     timed, skipped = {}, {}
     for name, prog in built.items():
         if prog.temp_bytes >= base:
             same = "the same temp bytes as" if prog.temp_bytes == base else "more temp bytes than"
             skipped[name] = f"compiles to {same} no remat: not timed"
+            continue
+        if budget_bytes is not None and prog.temp_bytes > budget_bytes:
+            pct = 100 * budget_bytes / base
+            skipped[name] = (f"compiles to {percent(prog.temp_bytes, base, pct)} of no remat's "
+                             f"temp bytes, over the budget ({percent(budget_bytes, base, pct)}): "
+                             "not timed")
             continue
         twin = next((n for n, q in built.items() if n != name and q.temp_bytes ==
                      prog.temp_bytes and (q.flops, BUILTIN_POLICIES.index(n)) <

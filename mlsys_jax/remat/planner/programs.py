@@ -5,8 +5,8 @@ and the timing.
 module and compiles it only if no program with the same module was compiled already (two built-in
 policies can be one program: ``checkpoint_dots`` is ``dots_saveable``). ``quick=True`` compiles
 for XLA's figures only (temp bytes, FLOPs), with LLVM's optimizations off (``QUICK``): XLA's HLO
-passes and buffer assignment are the same, so are the figures, and the compile takes about half
-the time; a quick program that is then timed is compiled again in full first (``full``).
+passes and buffer assignment are the same, so are the figures, and the compile takes about two
+thirds of the time; a quick program that is then timed is compiled again in full first (``full``).
 The reference's first call warms the process up and keeps its gradients; ``time`` measures step
 times side by side: interleaved rounds in a shuffled order, every program as often per round, as
 paired ratios to the reference (``timing.compare``, ``timing.ratio``). Each program runs once
@@ -67,13 +67,22 @@ def _fingerprint(lowered) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def grad_difference(grads, reference) -> tuple[float, float]:
-    """Max |Δ| over all leaves, and that over the reference's max |g| (relative)."""
-    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-             for a, b in zip(grads, reference)]
-    scale = max((float(np.max(np.abs(np.asarray(b)), initial=0.0)) for b in reference),
+def _max_abs(a, b=None) -> float:
+    """max |a - b| with one temporary, max |a| (no ``b``) with none: at GPT-2 small's size the
+    leaves are 0.5 GB, and each temporary a pass over them."""
+    if b is None:
+        return float(max(np.max(a, initial=0.0), -np.min(a, initial=0.0)))
+    d = np.subtract(a, b)
+    return float(np.max(np.abs(d, out=d), initial=0.0))
+
+
+def grad_difference(grads, reference, *, scale: float | None = None) -> tuple[float, float]:
+    """Max |Δ| over all leaves, and that over the reference's max |g| (relative; ``scale``: that
+    max, when known already)."""
+    worst = max((_max_abs(np.asarray(a), np.asarray(b)) for a, b in zip(grads, reference)),
                 default=0.0)
-    worst = max(diffs, default=0.0)
+    if scale is None:
+        scale = max((_max_abs(np.asarray(b)) for b in reference), default=0.0)
     return worst, worst / scale if scale else worst
 
 
@@ -89,6 +98,7 @@ class Programs:
         self._by_print: dict[str, Program] = {}
         self.reference: Program | None = None
         self._reference_grads = None    # paths of the reference's gradients (.npy, per leaf)
+        self._reference_scale = 0.0     # their max |g|, read while they were in memory
         self._folder = None
         self.zero_grad_leaves = 0       # leaves whose reference gradient is exactly zero
         self._warm: set = set()         # ids of the executables called once already
@@ -169,6 +179,7 @@ class Programs:
             grads = jax.block_until_ready(ref.executable(*self.args))
             ref.first_call_s = time.perf_counter() - t0
             self.zero_grad_leaves = sum(not np.any(np.asarray(g)) for g in grads)
+            self._reference_scale = max((_max_abs(np.asarray(g)) for g in grads), default=0.0)
             self._folder = tempfile.TemporaryDirectory(prefix="mlsys-remat-")
             self._reference_grads = []
             for k, g in enumerate(grads):
@@ -183,7 +194,8 @@ class Programs:
     def check(self, prog: Program, grads) -> None:
         """Record ``prog``'s distance to the reference's gradients (``grads``: its output)."""
         reference = [np.load(path, mmap_mode="r") for path in self._reference_grads]
-        prog.grads_max_abs_diff, prog.grads_max_rel_diff = grad_difference(grads, reference)
+        prog.grads_max_abs_diff, prog.grads_max_rel_diff = grad_difference(
+            grads, reference, scale=self._reference_scale)
 
     def time(self, progs: list[Program], repeats: int = 7, budget_s: float = 10.0, *,
              decide=None, least: int = 2) -> tuple[dict, dict]:

@@ -2,8 +2,9 @@
 
 ``Frontier.plan`` answers with the plan alone; a report (the ``remat`` command, a notebook) also
 wants what the answer was chosen among — each compiled program's temp bytes and step time — and
-JAX's built-in policies compiled (those that could matter timed in the same rounds, which stop
-once the outcome is settled: ``planner.rounds``). Doing that needs the frontier's
+JAX's built-in policies compiled (those that could matter — fewer temp bytes than no remat,
+within the budget — timed in the same rounds, which stop once the outcome is settled:
+``planner.rounds``). Doing that needs the frontier's
 steps in a different order (the policies join the plans' timing session), so it lives here, in
 the library, once: ``plan_report`` returns a ``PlanReport`` and callers only format it. On
 ``ShapeDtypeStruct`` parameters and batch nothing can run, so the same call plans on shapes
@@ -95,7 +96,9 @@ def plan_report(loss_fn, params, batch, budget, *, repeats: int = 7, policies: b
         if not candidates:
             raise fr.refusal(nbytes)
     built = policy_programs(fr, quick=True) if policies else {}
-    worth, skipped = distinct(fr, built)               # policies that save nothing: not timed
+    # policies that save nothing, or not enough to fit: not timed (for min, the least reached)
+    worth, skipped = distinct(fr, built, budget_bytes=candidates[0].compiled_temp_bytes
+                              if nbytes is None else nbytes)
     times = fr.time(candidates, extra=worth.values(), sequential=True)
     chosen = fr.choose(nbytes)
     versus = compare_policies(fr, built, times, candidates, skipped)
