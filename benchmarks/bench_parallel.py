@@ -110,7 +110,7 @@ def _user_transformer() -> dict | None:
         loss_fn, params, batch, opt = flax_transformer.train()
         for name, (mesh, stage) in layouts.items():
             p = prepare(loss_fn, params, batch, opt, mesh, stage)   # separable: the mesh runs p.loss
-            hlo = step.compile_sharded(p, p.loss, comm.QUICK_COMPILE).as_text()
+            hlo = step.compile_sharded(p, p.loss, comm.FAST_COMPILE).as_text()  # collectives
             rows = collectives.table(p.layout, hlo, collectives.formulas(
                 p.loss, p.trainable, p.batch, p.layout))
             out[name] = {"measured": sum(r["bytes"] for r in rows),
@@ -217,7 +217,8 @@ def run(quick: bool = False) -> dict:
     textbook_zero2 = 2 * comm.ring_bytes("all-gather", user["zero2"]["psi"], N)  # RS + AG
     figures["shard_transformer_zero2_over_textbook_ratio"] = user["zero2"]["measured"] / textbook_zero2
     notes += [f"flax transformer (examples/flax_transformer.py:train, 2 layers, float32) under "
-              f"jax.jit + NamedSharding on {N} devices; ring bytes one device sends per step, array "
+              f"jax.jit + NamedSharding on {N} devices (compiled with comm.FAST_COMPILE: the same "
+              "collectives); ring bytes one device sends per step, array "
               "payload (scalars such as the loss and norms apart), against the shard command's formulas: "
               "gradients all-reduced over data (their TP share), ZeRO-split parameters "
               "all-gathered once (stages 1-2 after the update, 3 for the forward), and for TP one "
@@ -242,7 +243,7 @@ def _user_pipeline(quick: bool) -> dict:
     if jax.device_count() % 8 or importlib.util.find_spec("flax") is None:
         return {"figures": {}, "notes": ["pipeline of a user's transformer skipped: needs flax "
                                          "and 8 simulated devices"]}
-    from mlsys_jax.parallel.comm import QUICK_COMPILE
+    from mlsys_jax.parallel.comm import FAST_COMPILE, QUICK_COMPILE
     from mlsys_jax.parallel.pipe import plan_pipeline, run_pipeline
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -258,9 +259,12 @@ def _user_pipeline(quick: bool) -> dict:
     if quick:
         runs.pop("remat")
     with jax.enable_x64(False):  # users' float32 world
-        args = pipeline_stacks.transformer(**size)
+        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+            args = pipeline_stacks.transformer(**size)
+        # quick: bytes sent, bubbles and values only, which FAST_COMPILE keeps (not the buffers)
+        options = FAST_COMPILE if quick else QUICK_COMPILE
         reports = {k: run_pipeline(plan_pipeline(*args, mesh, 8, schedule=sched, remat=remat), 3,
-                                   options=QUICK_COMPILE, stage_memory=False)
+                                   options=options, stage_memory=False)
                    for k, (mesh, sched, remat) in runs.items()}
     figures = {"pp_user_transformer_measured_over_formula_ratio": reports["1f1b"].p2p["ratio"],
                "pp_user_transformer_dp_measured_over_formula_ratio": reports["dp"].p2p["ratio"]}
@@ -277,7 +281,8 @@ def _user_pipeline(quick: bool) -> dict:
     size_note = ("tiny: d_model 16, 4 blocks" if quick else "its default size, 8 blocks")
     notes = [f"pipeline: examples/pipeline_stacks.py:transformer ({size_note}, "
              f"float32, batch {args[2]['tokens'].shape[0]}) as 4 stages, 8 microbatches, 3 "
-             f"AdamW steps; split {[s['units'] for s in r.stages]}; "
+             f"AdamW steps, compiled with comm.{'FAST' if quick else 'QUICK'}_COMPILE; split "
+             f"{[s['units'] for s in r.stages]}; "
              "point-to-point bytes = compiled collective-permutes x the sends that ran, formula "
              "= boundary activations x M forward + cotangents x M backward; teacher_forced_over"
              "_bound <= 1 means loss, gradients and new parameters equal one device's within "
