@@ -185,3 +185,24 @@ def test_the_search_ranks_by_the_model_and_passes_through_a_slower_step(tmp_path
     assert found.best_cost["time_us"] == pytest.approx(cost.estimate(found.best, hw=hw).time_us)
     convs = ir.primitive_counts(found.best)["conv_general_dilated"]
     assert convs == 1
+
+
+def test_a_figure_is_decided_when_its_first_rounds_pin_the_median():
+    """The first 3 of 5 rounds bound the median of all 5 between their lowest and highest: a
+    spread within ``DECIDED`` of the median decides it; the rest run the rounds left, and the
+    figure is the median of all of them."""
+    from mlsys_jax import timing
+    from mlsys_jax.cost.here import rounds
+
+    def t(*s):
+        return timing.Timing(sorted(s)[len(s) // 2], min(s), max(s), len(s), 7, s)
+    assert rounds.decided(t(1.0, 1.02, 1.04))
+    assert not rounds.decided(t(1.0, 1.02, 1.2))
+    joined = rounds._joined(t(1.0, 1.02, 1.2), t(1.5, 0.9))
+    assert (joined.median_s, joined.min_s, joined.max_s, joined.repeats, joined.number) == \
+        (1.02, 0.9, 1.5, 5, 7)
+    calls = {"a": lambda: 1, "b": lambda: 2}
+    out = rounds.timed(calls, repeats=5, min_time_s=1e-4)
+    assert all(v.repeats in (3, 5) and len(v.samples) == v.repeats for v in out.values())
+    for v in out.values():  # timed again exactly when its first 3 rounds did not decide it
+        assert rounds.decided(t(*v.samples[:3])) == (v.repeats == 3)

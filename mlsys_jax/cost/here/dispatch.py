@@ -69,17 +69,33 @@ def _chain(n: int):
     return partial(jax.jit(f), jnp.ones((4, 4), jnp.float32))
 
 
-def measure_dispatch(repeats: int = 5, min_time_s: float = 0.005) -> DispatchCost:
-    """Measure the overheads here (interleaved rounds, each the best of 2 batches; medians)."""
-    from mlsys_jax import timing
-
-    import jax
-
+def dispatch_calls() -> dict:
+    """The jit calls :func:`measure_dispatch` times (name -> zero-argument call), not compiled
+    yet: the measured model compiles them beside its first kernels (a cold run's cost)."""
     calls = {f"io{i}x{o}": _trivial(i, o) for i, o in GRID}
     calls.update({f"chain{n}": _chain(n) for n in CHAIN})
-    with ThreadPoolExecutor(4) as pool:  # compiled at once (outside the GIL): a cold run's cost
-        list(pool.map(lambda call: jax.block_until_ready(call()), calls.values()))
-    t = timing.compare(calls, repeats=repeats, min_time_s=min_time_s, best_of=2, shuffle=True)
+    return calls
+
+
+def warm(call) -> None:
+    """One call, waited for: its compile."""
+    import jax
+
+    jax.block_until_ready(call())
+
+
+def measure_dispatch(repeats: int = 5, min_time_s: float = 0.005,
+                     calls: dict | None = None) -> DispatchCost:
+    """Measure the overheads here (interleaved rounds, each the best of 2 batches; medians,
+    stopping early where decided: ``rounds.timed``). ``calls``: :func:`dispatch_calls`, already
+    compiled (else made and compiled here)."""
+    from mlsys_jax.cost.here.rounds import timed
+
+    if calls is None:
+        calls = dispatch_calls()
+        with ThreadPoolExecutor(4) as pool:  # compiled at once (outside the GIL): a cold run's cost
+            list(pool.map(warm, calls.values()))
+    t = timed(calls, repeats=repeats, min_time_s=min_time_s)
     design = np.array([[1.0, i, o] for i, o in GRID])
     us = np.array([t[f"io{i}x{o}"].median_us for i, o in GRID])
     (call, per_in, per_out), *_ = np.linalg.lstsq(design, us, rcond=None)

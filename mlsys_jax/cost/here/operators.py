@@ -2,7 +2,8 @@
 operator once on the device and caches it; the roofline stays the lecture's model).
 
 Each distinct kernel of the fused model (an op, or a fused group) is compiled alone and timed in
-interleaved rounds (each the best of two batches; the median), once per machine: its time is
+interleaved rounds (each the best of two batches; the median; ``rounds.py``), once per machine:
+its time is
 cached on disk (:mod:`mlsys_jax.cost.cache`, keyed by JAX/jaxlib, backend, device kind and
 machine) under its structural key (``programs.py``), so a later run, or another graph that
 shares the kernel (a search's candidates share almost all of theirs), reuses it. A program's
@@ -14,23 +15,21 @@ callback, a collective), keep the roofline and say why.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from mlsys_jax import timing
 from mlsys_jax.cost import cache
-from mlsys_jax.cost.here.dispatch import DispatchCost, measure_dispatch
 from mlsys_jax.cost.hardware import MEASURE_BUDGET_S
+from mlsys_jax.cost.here.dispatch import DispatchCost, dispatch_calls, measure_dispatch, warm
 from mlsys_jax.cost.here.graphs import span_program, spans
 from mlsys_jax.cost.here.programs import constants, kernel_program
+from mlsys_jax.cost.here.rounds import compile_all, timed
 
-CHUNK = 16  # kernels compiled, then timed side by side, at a time: the budget is checked between
-COMPILE_THREADS = 4  # kernels of a chunk compiled at once
+CHUNK = 32  # kernels compiled, then timed side by side, at a time: the budget is checked between
 
 
 def _usable(key: str, value) -> bool:
@@ -74,6 +73,8 @@ class OperatorModel:
         # kernel compiles; while set, the fused set's XLA graphs are read from it (``graphs``)
         self.side: SideWork | None = None
         self.hardware = None  # ``here`` timed by this object (``device.here_hardware``)
+        # the dispatch programs (``dispatch.dispatch_calls``), compiled beside the first kernels
+        self._dispatch_calls: dict | None = None
 
     # -- the figures ------------------------------------------------------------------------
     def dispatch(self) -> DispatchCost | None:
@@ -84,7 +85,8 @@ class OperatorModel:
         if self.budget_s <= self.spent_s:
             return None
         t0 = time.perf_counter()
-        found = measure_dispatch(self.dispatch_repeats)
+        found = measure_dispatch(self.dispatch_repeats, calls=self._dispatch_calls)
+        self._dispatch_calls = None
         self.spent_s += time.perf_counter() - t0
         self._save({"dispatch": found.to_dict()})
         return found
@@ -121,8 +123,7 @@ class OperatorModel:
                     calls[p.key], labels[p.key] = call, p.label
             if not calls:
                 continue
-            t = timing.compare(calls, repeats=self.repeats, warmup=1, min_time_s=self.min_time_s,
-                               best_of=2, shuffle=True)
+            t = timed(calls, repeats=self.repeats, min_time_s=self.min_time_s)
             self._save({"kernel:" + k: {"us": v.median_us, "min_us": v.min_s * 1e6,
                                         "max_us": v.max_s * 1e6, "rounds": v.repeats,
                                         "label": labels[k]} for k, v in t.items()})
@@ -140,16 +141,15 @@ class OperatorModel:
         return out
 
     def _compile_all(self, chunk: list) -> list:
-        """Each program of ``chunk`` compiled and warmed (:func:`_compiled`), several at once:
-        XLA compiles outside the GIL, and on a cold first run compiling is most of the time.
-        Failures are stored with their reason (they keep the roofline)."""
+        """Each program of ``chunk`` compiled and warmed (``rounds.compile_all``), beside the
+        side work and, when the dispatch is not cached yet, its programs. Failures are stored
+        with their reason (they keep the roofline)."""
         side = self.side if self.side is not None and self.side.future is None else None
-        workers = max(1, min(len(chunk) + (side is not None), os.cpu_count() or 1,
-                             COMPILE_THREADS))
-        with ThreadPoolExecutor(workers) as pool:  # joined (the side work too) before timing
-            if side is not None:
-                side.future = pool.submit(side.fn)
-            done = list(pool.map(_compiled, chunk))
+        extra = []
+        if self._dispatch_calls is None and "dispatch" not in self.entries:
+            self._dispatch_calls = dispatch_calls()
+            extra = [partial(warm, c) for c in self._dispatch_calls.values()]
+        done = compile_all(chunk, side=side, warm=extra)
         self._save({"failed:" + p.key: why for p, (_, why) in zip(chunk, done) if why})
         return [call for call, _ in done]
 
@@ -272,21 +272,6 @@ def _shared(members: list, p, time: tuple, d) -> list:
            "run as they do alone: the graph was compiled and timed alone, its time shared")
     return [replace(k, run_us=run * w / total, time_us=run * w / total + d.per_kernel_us,
                     model=source, why=why) for k, w in zip(members, weights)]
-
-
-def _compiled(p) -> tuple:
-    """``(call, "")``: ``p`` compiled, warmed and bound to seeded arguments (a zero-argument
-    call); or ``(None, why)`` when XLA cannot run the group alone (it then keeps the roofline,
-    with the reason)."""
-    import jax
-
-    fn, args = jax.jit(p.fn), p.example_arguments(seed=0)
-    try:
-        jax.block_until_ready(fn(*args))
-    except Exception as e:  # noqa: BLE001 — whatever XLA raises, the kernel is not timed
-        first = (str(e).strip().splitlines() or [""])[0][:120]
-        return None, f"could not run alone: {type(e).__name__}: {first}"
-    return partial(fn, *args), ""
 
 
 def derive(kernels: list, programs: list, shown: list, fused: bool, d) -> list:
