@@ -167,6 +167,10 @@ class Frontier:
         the whole backward pinned if that one does not fit."""
         if budget_bytes >= self.no_remat.compiled_temp_bytes:
             return [self.no_remat]
+        if not self.abstract:  # a step of seconds shows as its own stage, not as compiling
+            self.progress.stage("running no remat once: its gradients are the reference, its "
+                                "step time says how many plans to time")
+            self.n_timed()
         self.progress.stage(f"compiling plans that bracket {budget_bytes} temp bytes")
         least = self.problem.solve(self.problem.min_peak_budget_bytes)
         for pin in PINS:
