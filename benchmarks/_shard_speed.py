@@ -55,32 +55,37 @@ with jax.enable_x64(False):
 """
 
 
-def _plain(target: str) -> dict:
-    code = PLAIN.format(root=str(ROOT), target=target, mesh=MESH, zero=ZERO, steps=STEPS,
+EFFICIENTNET = "benchmarks/_shard_speed.py:keras_efficientnet"
+
+
+def _plain(target: str, mesh: dict = MESH, zero: int = ZERO) -> dict:
+    code = PLAIN.format(root=str(ROOT), target=target, mesh=mesh, zero=zero, steps=STEPS,
                         devices=DEVICES)
     run = timed([sys.executable, "-c", code])
     got = json.loads(run["stdout"].strip().splitlines()[-1])
     return {**run, **got, "seconds": run["wall_s"] - got["prepare_s"]}
 
 
-def _shard(target: str, *flags: str) -> dict:
-    mesh = ",".join(f"{k}={v}" for k, v in MESH.items())
-    run = timed(cli("--devices", str(DEVICES), "shard", target, "--mesh", mesh, "--zero",
-                    str(ZERO), "--steps", str(STEPS), "--json", *flags))
+def _shard(target: str, mesh: dict = MESH, zero: int = ZERO) -> dict:
+    axes = ",".join(f"{k}={v}" for k, v in mesh.items())
+    run = timed(cli("--devices", str(DEVICES), "shard", target, "--mesh", axes, "--zero",
+                    str(zero), "--steps", str(STEPS), "--json"))
     return {**run, **json.loads(run["stdout"])}
 
 
-def over_plain(quick: bool) -> dict:
+def over_plain(quick: bool, *, target: str | None = None, mesh: dict = MESH,
+               zero: int = ZERO) -> dict:
     """``{"ratio", "shard_s", "plain_s": [before, after], "exact", "semantics", "target"}``:
     the shard command's wall seconds over the plain script's (its mean before and after; the
-    quick tier: ``plain_s`` is ``[before]``)."""
-    target = QUICK if quick else FULL
+    quick tier: ``plain_s`` is ``[before]``). ``target``: GPT-2 (small; tiny when ``quick``)
+    unless given."""
+    target = target or (QUICK if quick else FULL)
     print(f"[bench parallel] shard {target} beside a plain NamedSharding script, back to back "
           f"({'seconds' if quick else 'minutes'}) ...", file=sys.stderr, flush=True)
-    plain_s = [_plain(target)["seconds"]]
-    shard = _shard(target)
+    plain_s = [_plain(target, mesh, zero)["seconds"]]
+    shard = _shard(target, mesh, zero)
     if not quick:
-        plain_s.append(_plain(target)["seconds"])
+        plain_s.append(_plain(target, mesh, zero)["seconds"])
     return {"ratio": shard["wall_s"] / (sum(plain_s) / len(plain_s)), "shard_s": shard["wall_s"],
             "plain_s": plain_s, "exact": shard["exact"],
             "semantics": shard["semantics"], "target": target}

@@ -13,7 +13,9 @@ rather than a median. What the analysis says and the figures check:
   kind by kind.
 * The same command's wall time on GPT-2 over a plain ``jax.jit`` + ``NamedSharding`` script of
   the same steps (``shard_gpt2_over_plain``: GPT-2 small; its tiny configuration in ``--quick``;
-  ``_shard_speed.py``).
+  ``_shard_speed.py``), and on Keras' EfficientNetV2B0 as shipped, whose training-mode
+  BatchNorm makes the loss not separable (``shard_efficientnet_over_plain``, ``--mesh data=2``;
+  not in ``--quick``).
 * The same command on a GPT-2-small-shaped flax model (``--mesh data=4,model=2 --zero 3``): its
   peak RSS over the training state, and beside it the parts that are no state of the run (the
   sharded step's working memory on all simulated devices, the factory alone), so the peak less
@@ -166,6 +168,15 @@ def _shard_over_plain(figures: dict, notes: list, quick: bool) -> None:
                  f"({when}; {' and '.join(f'{s:.1f}' for s in r['plain_s'])} s, whole process "
                  "less the seconds it spent deriving the layout's specs); no "
                  "--time, so shard runs no timing rounds")
+    if quick:
+        return
+    r = ss.over_plain(quick, target=ss.EFFICIENTNET, mesh={"data": 2}, zero=0)
+    figures["shard_efficientnet_over_plain_ratio"] = r["ratio"]
+    notes.append(f"shard_efficientnet_over_plain: mlsys-jax shard {r['target']} --mesh data=2 "
+                 f"--zero 0 --steps {ss.STEPS} (Keras 3's EfficientNetV2B0 as shipped, 64 px, "
+                 f"batch 4, training-mode BatchNormalization; exact: {r['exact']}, semantics "
+                 f"{r['semantics']}) {r['shard_s']:.0f} s over the plain script "
+                 f"({' and '.join(f'{s:.1f}' for s in r['plain_s'])} s), as above")
 
 
 def run(quick: bool = False) -> dict:
