@@ -119,6 +119,15 @@ def _covers(m: int, n: int, **geometry) -> bool:
         set(border_types(m, **geometry)) >= set(border_types(n, **geometry))
 
 
+def window_geometry(params: dict, kernel_shape: tuple) -> list[dict]:
+    """Per spatial axis of a ``conv_general_dilated`` (its params, its kernel's shape): the
+    keywords of :func:`border_types` and :func:`crop_length` along that axis."""
+    dn = params["dimension_numbers"]
+    return [dict(kernel=kernel_shape[a], stride=params["window_strides"][i],
+                 padding=tuple(params["padding"][i]), dilation=params["rhs_dilation"][i])
+            for i, a in enumerate(dn.rhs_spec[2:])]
+
+
 def _crop(eqn, old: tuple, new: tuple, kernel: tuple) -> None:
     """Allow a conv's image ``old`` cut to ``new`` along spatial axes (Unshrinkable otherwise):
     each axis keeps every border type, one cropped conv per side, one geometry per attempt."""
@@ -129,16 +138,15 @@ def _crop(eqn, old: tuple, new: tuple, kernel: tuple) -> None:
                            else "a second cropped conv on one side")
     if any(d != 1 for d in p["lhs_dilation"]):
         raise Unshrinkable("a transposed conv's image is not cropped")
-    window = tuple(kernel[a] for a in dn.rhs_spec[2:])
+    geometries = window_geometry(p, kernel)
     sizes = []
-    for i, axis in enumerate(dn.lhs_spec[2:]):
+    for axis, geometry in zip(dn.lhs_spec[2:], geometries):
         n, m = old[axis], new[axis]
-        if m != n and not _covers(m, n, kernel=window[i], stride=p["window_strides"][i],
-                                  padding=tuple(p["padding"][i]), dilation=p["rhs_dilation"][i]):
+        if m != n and not _covers(m, n, **geometry):
             raise Unshrinkable("the crop misses a border type of the conv")
         sizes.append((n, m))
-    shape = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec), window, tuple(sizes),
-             tuple(p["window_strides"]), tuple(map(tuple, p["padding"])), tuple(p["rhs_dilation"]))
+    shape = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec), tuple(sizes),
+             tuple(tuple(sorted(g.items())) for g in geometries))
     if ledger.geometry is not None and ledger.geometry != shape:
         raise Unshrinkable("the two sides crop convs of different geometry")
     ledger.geometry, ledger.cropped = shape, True

@@ -20,7 +20,8 @@ subnormal; integers: their extremes; docs/verification.md §1).
 
 Regions whose inputs are large run on one vector (every axis but the last cut to one row) or one
 example of their batch, where the rows provably compute the same function, and a conv's image on
-the fewest pixels that meet every border type of its window (``ir.rebatch``: the same verdict); regions whose linear site's weights are large, on a cut of its output features
+the fewest pixels that meet every border type of its window (``ir.rebatch``: the same verdict);
+regions whose linear site's weights are large, on a cut of its output features
 (``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
 (``feature_cut.coverage``; else the region is validated whole).
@@ -326,30 +327,33 @@ def _cropped(region: Region):
     the fewest pixels that meet every border type of the conv (``ir.rebatch``: the same verdict
     as on the whole image), or None where no conv reads an input or the region is small."""
     whole = [tuple(v.aval.shape) for v in region.inputs]
-    if max((math.prod(s) for s in whole), default=0) < ONE_ROW_ABOVE:
+    if not _large(whole):
         return None
     rows = _one_row(region) or whole
     for e in region.eqns:
         if e.primitive.name != "conv_general_dilated" or e.invars[0] not in region.inputs:
             continue
-        p, dn = e.params, e.params["dimension_numbers"]
         k = region.inputs.index(e.invars[0])
-        image, kernel = list(rows[k]), e.invars[1].aval.shape
-        for i, axis in enumerate(dn.lhs_spec[2:]):
-            image[axis] = rebatch.crop_length(
-                image[axis], kernel=kernel[dn.rhs_spec[2 + i]], stride=p["window_strides"][i],
-                padding=tuple(p["padding"][i]), dilation=p["rhs_dilation"][i])
+        image = list(rows[k])
+        for axis, geometry in zip(e.params["dimension_numbers"].lhs_spec[2:],
+                                  rebatch.window_geometry(e.params, e.invars[1].aval.shape)):
+            image[axis] = rebatch.crop_length(image[axis], **geometry)
         if tuple(image) != rows[k]:
             return rows[:k] + [tuple(image)] + rows[k + 1:]
         return None
     return None
 
 
+def _large(shapes: list) -> bool:
+    """The largest input has ``ONE_ROW_ABOVE`` elements or more: worth validating on fewer."""
+    return max((math.prod(s) for s in shapes), default=0) >= ONE_ROW_ABOVE
+
+
 def _cut_rows(region: Region, axes: int | None):
     """The inputs' shapes with their first ``axes`` axes (None: all but the last) cut to one
     row, where the largest input has ``ONE_ROW_ABOVE`` elements or more; else None."""
     shapes = [tuple(v.aval.shape) for v in region.inputs]
-    if max((math.prod(s) for s in shapes), default=0) < ONE_ROW_ABOVE:
+    if not _large(shapes):
         return None
     cut = [tuple(1 if a < (len(s) - 1 if axes is None else axes) else n
                  for a, n in enumerate(s)) for s in shapes]
@@ -368,9 +372,10 @@ def check(region: Region, replacement: Callable) -> tuple:
     """``(reason or None, scope)``: :func:`validate`'s verdict and what it covers — None for the
     whole region, else the cut's description (``feature_cut.Cut.describe``). The region runs on
     one example of its batch where every equation of both sides provably treats examples alike,
-    a conv's image cropped where its border types are kept (``ir.rebatch``), on a cut of its site's output features where its weights are large, no
-    equation mixes the features and every feature of the constants the rewrite ships is the
-    rule's own on a cut (``feature_cut.coverage``), else whole."""
+    a conv's image cropped where its border types are kept (``ir.rebatch``), on a cut of its
+    site's output features where its weights are large, no equation mixes the features and
+    every feature of the constants the rewrite ships is the rule's own on a cut
+    (``feature_cut.coverage``), else whole."""
     for v in region.inputs:
         if jax.dtypes.issubdtype(v.aval.dtype, jax.dtypes.extended):
             return (f"cannot validate: the region reads a {v.aval.dtype} value, which has no "
@@ -380,8 +385,8 @@ def check(region: Region, replacement: Callable) -> tuple:
     whole = [tuple(v.aval.shape) for v in region.inputs]
     cut, note = _covered_cut(region, replacement)
     # Cheapest first: the cut on one vector (or a conv's crop), on one row, on the whole batch,
-    # then the region on one vector (or the crop), on one row. The last attempt, the whole region (below), is the only one whose
-    # failure is the verdict.
+    # then the region on one vector (or the crop), on one row. The last attempt, the whole
+    # region (below), is the only one whose failure is the verdict.
     cuts = (cut, None) if cut is not None else (None,)
     crop = _cropped(region)
     small = (crop,) if crop is not None else (_one_vector(region),)
