@@ -29,15 +29,14 @@ def programs(plan, groups: int, options, *, narrow, random: bool, s0) -> tuple:
     microbatches), compiled with ``options``: another plan's, when it was built from the same
     objects (see the module doc), else compiled now."""
     t0 = plan.trainable
-    held = (*plan.source, plan.batch, plan.optimizer)
+    held = jax.tree.leaves((*plan.source, plan.batch, plan.optimizer), is_leaf=callable)
     key = None if not plan.source else (
-        tuple(map(id, jax.tree.leaves(held, is_leaf=callable))),
+        tuple(map(id, held)),
         str(jax.tree.structure(t0)), tuple(str(jax.typeof(x)) for x in jax.tree.leaves(t0)),
         groups, tuple(plan.program.shared), repr(sorted((options or {}).items())),
         narrow, random, x64_enabled())
     got = _KEPT.get(key) if key is not None else None
-    if got is not None and all(a is b for a, b in zip(
-            jax.tree.leaves(got[0], is_leaf=callable), jax.tree.leaves(held, is_leaf=callable))):
+    if got is not None and all(a is b for a, b in zip(got[0], held)):
         _KEPT.move_to_end(key)
         return got[1]
     built = (jax.jit(references(plan.loss, groups, plan.microbatch_loss, plan.program.shared))
