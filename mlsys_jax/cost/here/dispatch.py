@@ -14,7 +14,6 @@ cumulative sums).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -89,12 +88,11 @@ def measure_dispatch(repeats: int = 5, min_time_s: float = 0.005,
     """Measure the overheads here (interleaved rounds, each the best of 2 batches; medians,
     stopping early where decided: ``rounds.timed``). ``calls``: :func:`dispatch_calls`, already
     compiled (else made and compiled here)."""
-    from mlsys_jax.cost.here.rounds import timed
+    from mlsys_jax.cost.here.rounds import compile_all, timed
 
     if calls is None:
         calls = dispatch_calls()
-        with ThreadPoolExecutor(4) as pool:  # compiled at once (outside the GIL): a cold run's cost
-            list(pool.map(warm, calls.values()))
+        compile_all([], warm=[partial(warm, c) for c in calls.values()])  # at once: a cold cost
     t = timed(calls, repeats=repeats, min_time_s=min_time_s)
     design = np.array([[1.0, i, o] for i, o in GRID])
     us = np.array([t[f"io{i}x{o}"].median_us for i, o in GRID])
