@@ -323,6 +323,7 @@ def test_bad_pipeline_inputs_are_one_line_errors(mesh, m, match):
         plan_pipeline(loss, params, batch, optax.sgd(0.1), mesh, m, schedule="1f1b")
 
 
+@pytest.mark.slow  # three sets of one-device programs compiled: ~2 s
 def test_plans_of_one_loss_share_their_one_device_programs():
     """1F1B and GPipe plans of one loss, batch and optimizer are judged against the same
     one-device programs, compiled once; another batch object or another loss function (even
