@@ -1,7 +1,7 @@
 """The 'cpu' cost model against XLA:CPU (figures of ``bench passes``): the calibrated bandwidth
 checked against NumPy's copy, and the estimate's order checked against the measured order on
-the §4.2 block (original, folded, enlarged, final) and on a flax ResNet-18-style net (original
-vs optimized, with measured beside predicted speedup)."""
+the §4.2 block (original, folded, enlarged, final) and, outside ``--quick``, on a flax
+ResNet-18-style net (original vs optimized, with measured beside predicted speedup)."""
 from __future__ import annotations
 
 import importlib.util
@@ -53,7 +53,7 @@ def _example(path: Path):
     return module
 
 
-def flax_resnet(quick: bool) -> tuple[dict, list]:
+def flax_resnet() -> tuple[dict, list]:
     from mlsys_jax.cost.measure import measure_speedup
 
     try:
@@ -68,7 +68,7 @@ def flax_resnet(quick: bool) -> tuple[dict, list]:
         hw = cost.get_hardware("cpu")
         est = {k: cost.estimate(g, hw=hw).time_us for k, g in (("original", closed),
                                                                 ("optimized", after))}
-        measured = measure_speedup(closed, after, [x], repeats=5 if quick else 11)
+        measured = measure_speedup(closed, after, [x], repeats=11)
     predicted = est["original"] / est["optimized"]
     r = measured.ratio
     separated = r.low > 1 or r.high < 1  # every round agrees on which graph is faster
@@ -86,7 +86,8 @@ def flax_resnet(quick: bool) -> tuple[dict, list]:
 
 def run(quick: bool = False) -> tuple[dict, list]:
     figures, notes = {}, []
-    for part in (bandwidth(), block_order(quick), flax_resnet(quick)):
+    parts = (bandwidth(), block_order(quick)) + (() if quick else (flax_resnet(),))
+    for part in parts:
         figures.update(part[0])
         notes += part[1]
     return figures, notes

@@ -8,7 +8,6 @@ ratios is ``here_cold_inspect_over_build_compile_call_ratio`` (target ≤ 1.5).
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,11 +39,8 @@ def _seconds(cmd: list, env: dict) -> float:
     return time.perf_counter() - t0
 
 
-def cold_ratio(target: str = TARGET, rounds: int = 3,
-               keep: Path | None = None) -> tuple[dict, list, list]:
-    """Paired rounds of (cold ``inspect --hw here``, build + compile + one call); also the cold
-    runs' seconds. ``keep``: a folder the last cold run's cache is copied to (``XDG_CACHE_HOME``
-    of a second run that reuses it)."""
+def cold_ratio(target: str = TARGET, rounds: int = 3) -> tuple[dict, list]:
+    """Paired rounds of (cold ``inspect --hw here``, build + compile + one call)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax"}
     pairs, here_s, base_s = [], [], []
     for _ in range(rounds):
@@ -52,8 +48,6 @@ def cold_ratio(target: str = TARGET, rounds: int = 3,
             cold = {**env, "XDG_CACHE_HOME": tmp}
             here = _seconds([sys.executable, "-m", "mlsys_jax.cli", "inspect", target,
                              "--hw", "here", "--json", "--quiet"], cold)
-            if keep is not None:
-                shutil.copytree(tmp, keep, dirs_exist_ok=True)
         base = _seconds([sys.executable, "-c", BASELINE, target], env)
         pairs.append(here / base)
         here_s.append(here)
@@ -64,9 +58,9 @@ def cold_ratio(target: str = TARGET, rounds: int = 3,
             f"compiles and calls the model once, {rounds} paired rounds: {r.median:.3g} "
             f"[{r.low:.3g}–{r.high:.3g}] (target ≤ 1.5); medians {statistics.median(here_s):.1f} s "
             f"and {statistics.median(base_s):.1f} s")
-    return {"here_cold_inspect_over_build_compile_call_ratio": r.to_dict()}, [note], here_s
+    return {"here_cold_inspect_over_build_compile_call_ratio": r.to_dict()}, [note]
 
 
 if __name__ == "__main__":
-    figures, notes, _ = cold_ratio(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    figures, notes = cold_ratio(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 3)
     print(figures, *notes, sep="\n")

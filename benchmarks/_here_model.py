@@ -2,8 +2,8 @@
 
 1. Whole models, as ``inspect`` sees them (parameters are arguments): the project's flax
    ResNet, a flax imagenet-style ResNet-18, haiku's ResNet18, Keras' MobileNetV2 (α 0.35,
-   depthwise convolutions) and the 2-layer flax transformer (and Keras' ResNet50 outside
-   ``--quick``). The model measures its kernels into a fresh cache, as a new user's first run
+   depthwise convolutions), the 2-layer flax transformer and Keras' ResNet50 (none in
+   ``--quick``, whose one model is item 4's). The model measures its kernels into a fresh cache, as a new user's first run
    does, with the whole program compiled at hand as ``inspect`` hands it over (kernels XLA runs
    as one YNNPACK graph are timed as that graph too, ``cost/here/graphs.py``); then the whole
    program under ``jax.jit`` and every distinct kernel (and graph) alone are timed in the same
@@ -13,8 +13,7 @@
    prediction over the median whole time is the unpaired figure; each kernel's cached time
    over its time alone in the rounds is the per-kernel check (target 0.5–2×).
 2. A second run reuses the cache: ``inspect --hw here`` beside ``inspect --hw cpu``, each a fresh
-   process, in paired rounds (target: under 1.2× the time of ``--hw cpu``). ``--quick``: one
-   round, on item 5's model, whose cold run filled the cache (no first runs of its own).
+   process, in paired rounds (target: under 1.2× the time of ``--hw cpu``; not in ``--quick``).
 3. The search ranks graphs by the model (``search(..., hw=here)``, no graph timed whole) on the
    §4.2 block and (outside ``--quick``) on the project's flax ResNet (parameters constant, as
    ``optimize`` sees it):
@@ -52,7 +51,7 @@ from mlsys_jax.cost.xla import compile_on_shapes
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 MODELS = (  # (figure name, example file, factory, keyword arguments, also in --quick)
-    ("flax_resnet", "flax_resnet.py", "inspect", {}, True),
+    ("flax_resnet", "flax_resnet.py", "inspect", {}, False),
     ("flax_imagenet_resnet18_64px", "inference_nets.py", "flax_resnet18", {}, False),
     ("haiku_resnet18_64px", "inference_nets.py", "haiku_resnet18", {}, False),
     ("keras_mobilenetv2_a035_96px", "inference_nets.py", "keras_mobilenet", {}, False),
@@ -137,7 +136,8 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
             continue
         print(f"[bench passes] here: {name}", file=sys.stderr, flush=True)
         with jax.enable_x64(False):  # users' models, under JAX's defaults
-            f, args = make()
+            with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+                f, args = make()
             closed = ir.trace(f, *args)
             inputs = ir.partition(tuple(args), scalars=False)[0]
             t0 = time.perf_counter()
@@ -172,7 +172,8 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
                           "no kernel timed alone in the rounds") +
             f"{furthest}{least} ({seconds:.0f} s)")
         print(f"[bench passes] {notes[-1]}", file=sys.stderr, flush=True)
-    figures[f"{prefix}kernel_worst_ratio"] = max(worst, default=1.0)
+    if worst:  # none in --quick's tuned set
+        figures[f"{prefix}kernel_worst_ratio"] = max(worst)
     return figures, notes
 
 
@@ -185,25 +186,21 @@ def _inspect_seconds(target: str, hw: str, env: dict) -> float:
     return time.perf_counter() - t0
 
 
-def cache_reuse(quick: bool, cache_dir: Path, first: dict | None = None,
-                target: str = "examples/flax_resnet.py:inspect") -> tuple[dict, list]:
+def cache_reuse(cache_dir: Path, target: str = "examples/flax_resnet.py:inspect",
+                rounds: int = 5) -> tuple[dict, list]:
     """``inspect TARGET --hw here`` (its kernels cached by a first run) beside ``inspect --hw
-    cpu``. ``first``: the first runs' seconds (``{"here": s}``) where a cold run already filled
-    ``cache_dir`` (the CPU's calibration with it), else both first runs are made here."""
+    cpu``, after a first run of each (calibrating the CPU, measuring the kernels)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir), "PYTHONPATH": str(ROOT),
            "KERAS_BACKEND": "jax"}
-    if first is None:  # calibrate, then measure the kernels
-        first = {hw: _inspect_seconds(target, hw, env) for hw in ("cpu", "here")}
-    rounds = 1 if quick else 5
+    first = {hw: _inspect_seconds(target, hw, env) for hw in ("cpu", "here")}
     pairs = []
     for _ in range(rounds):
         pairs.append(_inspect_seconds(target, "here", env) / _inspect_seconds(target, "cpu", env))
     r = timing.Ratio(statistics.median(pairs), min(pairs), max(pairs))
-    how = (f"{first['cpu']:.1f} s for --hw cpu, calibrating" if "cpu" in first else
-           "the cold run of the figure below, which calibrated the CPU too")
     note = (f"a second run reuses the cache: `inspect {target} --hw here` over `--hw cpu`, fresh "
             f"processes, {rounds} paired rounds: {r.median:.3g} [{r.low:.3g}–{r.high:.3g}] "
-            f"(target < 1.2); the first run measured its kernels in {first['here']:.1f} s ({how})")
+            f"(target < 1.2); the first run measured its kernels in {first['here']:.1f} s "
+            f"({first['cpu']:.1f} s for --hw cpu, calibrating)")
     return {"here_cached_inspect_over_cpu_time_ratio": r.to_dict()}, [note]
 
 
@@ -255,14 +252,15 @@ def search_picks(quick: bool, cache_dir: Path) -> tuple[dict, list]:
     from benchmarks._resnet_block import block_graphs
 
     model = OperatorModel(cache_dir / "operators.json", budget_s=600.0)
-    rounds = 7 if quick else 11
+    rounds = 5 if quick else 11
     _, graphs, x = block_graphs(quick)
     picks = {"resnet_block": search_pick("the §4.2 block", graphs["original"], [x], model,
                                          rounds)}
     if quick:  # the smallest case: the block alone
         return _picks_figures(picks)
     with jax.enable_x64(False):
-        apply, (variables, image) = _factory("flax_resnet.py", "inspect", {})()
+        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+            apply, (variables, image) = _factory("flax_resnet.py", "inspect", {})()
         closed = ir.trace(partial(apply, variables), image)
         picks["flax_resnet"] = search_pick("the flax ResNet", closed, [image], model, rounds)
     return _picks_figures(picks)
@@ -275,16 +273,12 @@ def _picks_figures(picks: dict) -> tuple[dict, list]:
 
 
 def _reuse_and_cold(quick: bool, cache_dir: Path) -> tuple[dict, list]:
-    """Items 2 and 5. The quick tier's second run reuses the cache its cold run filled (item
-    5's model): no first runs of its own, two processes fewer (~50 CPU-s on 2 cores)."""
-    from benchmarks._here_cold import TARGET, cold_ratio
+    """Items 2 and 5 (``--quick``: item 5 alone, one round)."""
+    from benchmarks._here_cold import cold_ratio
 
-    if not quick:
-        reuse, cold = cache_reuse(quick, cache_dir), cold_ratio(rounds=5)
-    else:
-        filled = cache_dir / "cold"
-        cold = cold_ratio(rounds=1, keep=filled)
-        reuse = cache_reuse(quick, filled, first={"here": cold[2][-1]}, target=TARGET)
+    if quick:
+        return cold_ratio(rounds=1)
+    reuse, cold = cache_reuse(cache_dir), cold_ratio(rounds=5)
     return {**reuse[0], **cold[0]}, reuse[1] + cold[1]
 
 

@@ -54,7 +54,7 @@ def fuzz_rate(quick: bool) -> tuple[dict, list]:
     from mlsys_jax.fuzz.spec import generate_seeded, program_seed
     from mlsys_jax.passes import registry
 
-    programs = 6 if quick else 30
+    programs = 4 if quick else 30
     t0, c0 = time.perf_counter(), time.process_time()  # the CI tier's settings, one process
     s = run_campaign(programs, 0, options=CampaignOptions(gradient_every=2, system_every=100,
                                                           shrink_failures=False))

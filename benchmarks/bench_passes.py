@@ -83,7 +83,7 @@ def pipeline_scaling(pipeline, progs: dict, repeats: int) -> tuple[dict, dict]:
 def pipeline_vs_compile(quick: bool) -> tuple[dict, list]:
     repeats = 5 if quick else 11
     pipeline = default_pipeline()
-    sizes = (300, 3_000) if quick else (1_000, 10_000)
+    sizes = (200, 2_000) if quick else (1_000, 10_000)
     P.run(pipeline, generated_program(200), verify=True, cost=False)  # eager folding kernels compile
     progs = {n: generated_program(n) for n in sizes}
     t, wall = pipeline_scaling(pipeline, progs, repeats)

@@ -132,8 +132,8 @@ def run(quick: bool = False) -> dict:
     import equinox_gpt
     import flax_llama
 
-    # The quick tier: the same figures on a ~60M Llama over 8 devices (ratios of a kind; the
-    # 8B's wall times and RSS are the full tier's).
+    # The quick tier: inspect and FSDP's figures on a ~60M Llama over 8 devices (ratios of a
+    # kind; the 8B's wall times and RSS, and remat on shapes, are the full tier's).
     size, config, devices = ("small", flax_llama.SMALL, 8) if quick else (
         "8b", flax_llama.LLAMA_8B, 64)
     tag = f"llama{size}" if size == "8b" else f"llama_{size}"
@@ -152,10 +152,8 @@ def run(quick: bool = False) -> dict:
         "xla_argument_over_plain_fsdp_ratio": d["xla_argument_bytes"] / int(plain["stdout"]),
         "wall_s": run64["wall_s"], "peak_rss_gb": run64["rss_bytes"] / 1e9,
         "collective_kinds": len([r for r in fsdp["collectives"] if r["count"]])}
-    # quick: without JAX's five built-in policies, which no figure here reads (12 of 26 CPU-s)
-    figures[f"{tag}_remat_50pct"] = _remat(f"loss_{size}_no_remat",
-                                           *(["--no-policies"] if quick else []))
     if not quick:
+        figures[f"{tag}_remat_50pct"] = _remat(f"loss_{size}_no_remat")
         tp, run88 = _shard("train_8b", "data=8,model=8", 64)
         d = tp["per_device"]
         batch = 2 * 4 * flax_llama.LLAMA_8B.batch * flax_llama.LLAMA_8B.seq // 8  # int32 x2
@@ -171,9 +169,10 @@ def run(quick: bool = False) -> dict:
                          f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters"),
              "each command is a process of its own beside a plain JAX process that builds the "
              "abstract model and compiles the same gradient (inspect) or an FSDP step splitting "
-             f"every leaf {devices} ways (shard), or compiles the loss's gradient (remat, on the "
-             "model whose blocks are not checkpointed: the plan's temp bytes are over that "
-             "gradient's" + ("; --quick: remat --no-policies, the built-in policies' compiles "
-                             "left out" if quick else "") + "); peak RSS of each process alone",
+             f"every leaf {devices} ways (shard)" + (
+                 "" if quick else ", or compiles the loss's gradient (remat, on the model whose "
+                 "blocks are not checkpointed: the plan's temp bytes are over that gradient's)") +
+             "; peak RSS of each process alone" + ("; remat on shapes is the full tier's"
+                                                     if quick else ""),
              f"this machine: {os.cpu_count()} cores"]
     return {"figures": figures, "notes": notes}
