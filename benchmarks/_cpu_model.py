@@ -33,7 +33,7 @@ def block_order(quick: bool) -> tuple[dict, list]:
 
     shape = (4, 64, 28, 28)  # (n, c, h, w)
     _, steps = traced_block(shape)
-    cpu = measure_cpu(steps, shape, repeats=5 if quick else 9)
+    cpu = measure_cpu(steps, shape, repeats=3 if quick else 9)
     figures = {"resnet_block_cpu_estimate_order_matches": int(not cpu["disagree"]),
                "resnet_block_cpu_speedup_spread": cpu["speedup_spread"]}
     return figures, [cpu["note"]]
