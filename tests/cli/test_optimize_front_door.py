@@ -88,6 +88,7 @@ def test_a_conv_bn_fold_is_verified_where_its_rounding_is_the_originals(user_fil
     assert rc == 1 and "verified: no" in out
 
 
+@pytest.mark.slow  # ~5.6 s, the inner loop's longest: the full suite runs it
 def test_a_deliberately_wrong_fold_is_still_refuted(user_file, capsys, monkeypatch):
     """Folded weights rounded through bfloat16 (fold_conv_bn's mutant), with translation
     validation off so that only the value check stands between it and the user."""
