@@ -11,6 +11,7 @@ run here says so.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import pkgutil
@@ -21,6 +22,17 @@ from pathlib import Path
 
 TIERS = ("full", "quick")  # run(quick=False) and run(quick=True): ``bench --quick``
 TIMES_FILE = "bench_times.json"
+
+
+@contextlib.contextmanager
+def building():
+    """Within: a benchmark builds a model whose traced graph alone it measures. Threefry's
+    non-partitionable lowering (in this thread): the model's init compiles several times faster on
+    XLA:CPU, and only its parameters' values differ; the graph is traced after, outside it."""
+    import jax
+
+    with jax.threefry_partitionable(False):
+        yield
 
 
 def discover() -> dict[str, str]:

@@ -14,6 +14,7 @@ import jax
 from mlsys_jax import cost, ir, passes as P
 from mlsys_jax.passes.registry import pipeline as default_pipeline
 
+from benchmarks import building
 from benchmarks._resnet_block import traced_block
 
 FLAX_RESNET = Path(__file__).resolve().parents[1] / "examples" / "flax_resnet.py"
@@ -61,7 +62,7 @@ def flax_resnet() -> tuple[dict, list]:
     except ImportError:
         return {}, ["flax ResNet figures skipped: flax is not installed (the 'ecosystem' extra)"]
     with jax.enable_x64(False):  # a user's model, under JAX's defaults
-        with jax.threefry_partitionable(False):  # building only: the judged graph has no draws
+        with building():
             apply, (variables, x) = _example(FLAX_RESNET).inspect()
         closed = ir.trace(partial(apply, variables), x)  # inference: parameters are constants
         after = P.run(default_pipeline(), closed, verify=True, cost=False).jaxpr

@@ -3,8 +3,9 @@
 1. Whole models, as ``inspect`` sees them (parameters are arguments): the project's flax
    ResNet, a flax imagenet-style ResNet-18, haiku's ResNet18, Keras' MobileNetV2 (α 0.35,
    depthwise convolutions), the 2-layer flax transformer and Keras' ResNet50 (none in
-   ``--quick``, whose one model is item 4's). The model measures its kernels into a fresh cache, as a new user's first run
-   does, with the whole program compiled at hand as ``inspect`` hands it over (kernels XLA runs
+   ``--quick``, whose one model is item 4's). The model measures its kernels into a fresh
+   cache, as a new user's first run does, with the whole program compiled at hand as
+   ``inspect`` hands it over (kernels XLA runs
    as one YNNPACK graph are timed as that graph too, ``cost/here/graphs.py``); then the whole
    program under ``jax.jit`` and every distinct kernel (and graph) alone are timed in the same
    interleaved rounds, and each round's prediction (the model's formula on that
@@ -47,6 +48,8 @@ from mlsys_jax import cost, ir, timing
 from mlsys_jax.cost.here import OperatorModel, here_hardware
 from mlsys_jax.cost.here.operators import SideWork
 from mlsys_jax.cost.xla import compile_on_shapes
+
+from benchmarks import building
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -136,7 +139,7 @@ def whole_models(quick: bool, cache_dir: Path, *, unseen: bool = False) -> tuple
             continue
         print(f"[bench passes] here: {name}", file=sys.stderr, flush=True)
         with jax.enable_x64(False):  # users' models, under JAX's defaults
-            with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+            with building():
                 f, args = make()
             closed = ir.trace(f, *args)
             inputs = ir.partition(tuple(args), scalars=False)[0]
@@ -259,7 +262,7 @@ def search_picks(quick: bool, cache_dir: Path) -> tuple[dict, list]:
     if quick:  # the smallest case: the block alone
         return _picks_figures(picks)
     with jax.enable_x64(False):
-        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+        with building():
             apply, (variables, image) = _factory("flax_resnet.py", "inspect", {})()
         closed = ir.trace(partial(apply, variables), image)
         picks["flax_resnet"] = search_pick("the flax ResNet", closed, [image], model, rounds)

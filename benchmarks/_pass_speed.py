@@ -128,20 +128,19 @@ MODELS = {  # name -> (example file, full tier's factory, quick tier's)
 
 def _inference_graph(file: str, factory: str):
     """A factory's ``(apply, (params, x))`` traced with the parameters as constants, as
-    ``optimize`` traces it (an inference graph: every fold has constants to fold). The model is
-    built with threefry's non-partitionable lowering: its jitted init compiles several times
-    faster on XLA:CPU, and the traced graph holds no random draw (only the parameters' values
-    differ)."""
+    ``optimize`` traces it (an inference graph: every fold has constants to fold); the model built
+    ``benchmarks.building()``."""
     from functools import partial
     from pathlib import Path
 
     import jax
 
+    from benchmarks import building
     from benchmarks._cpu_model import _example
     from mlsys_jax import ir
 
     with jax.enable_x64(False):  # a user's model, under JAX's defaults
-        with jax.threefry_partitionable(False):
+        with building():
             apply, (params, *args) = getattr(_example(
                 Path(__file__).resolve().parents[1] / "examples" / file), factory)()
         return ir.trace(partial(apply, params), *args)

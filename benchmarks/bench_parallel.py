@@ -32,6 +32,7 @@ import optax
 
 from pathlib import Path
 
+from benchmarks import building
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import comm
 from mlsys_jax.parallel.lecture import data, tensor, zero
@@ -91,8 +92,8 @@ def _pp(width: int, layers: int, microbatches: int = 4, per_mb: int = 2) -> dict
 
 
 def _user_transformer(quick: bool) -> dict | None:
-    """measured / formula ring bytes of the flax transformer's compiled step, per layout (``--quick``:
-    not ZeRO-1 nor data × model)."""
+    """measured / formula ring bytes of the flax transformer's compiled step, per layout
+    (``--quick``: not ZeRO-1 nor data × model)."""
     import sys
 
     if importlib.util.find_spec("flax") is None:
@@ -112,7 +113,7 @@ def _user_transformer(quick: bool) -> dict | None:
         layouts.pop("zero1"), layouts.pop("tp_dp")
     out = {}
     with jax.enable_x64(False):  # users' float32 world
-        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+        with building():
             loss_fn, params, batch, opt = flax_transformer.train()
         for name, (mesh, stage) in layouts.items():
             p = prepare(loss_fn, params, batch, opt, mesh, stage)   # separable: the mesh runs p.loss
@@ -274,7 +275,7 @@ def _user_pipeline(quick: bool) -> dict:
     if quick:  # the two schedules of one mesh (they share their one-device references)
         runs.pop("remat"), runs.pop("dp")
     with jax.enable_x64(False):  # users' float32 world
-        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+        with building():
             args = pipeline_stacks.transformer(**size)
         # quick: bytes sent, bubbles and values only, which FAST_COMPILE keeps (not the buffers)
         options = FAST_COMPILE if quick else QUICK_COMPILE

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import building
 from benchmarks._remat_gpt2 import gpt2_figures
 from mlsys_jax import timing
 from mlsys_jax.remat import every_k, store_all
@@ -113,7 +114,7 @@ def _versus_builtins(module_name: str, repeats: int) -> tuple[dict, list[str]]:
 
     with _examples_on_path(), jax.enable_x64(False):
         module = __import__(module_name)
-        with jax.threefry_partitionable(False):  # building only (its init compiles faster)
+        with building():
             built = module.loss()
         t0 = time.perf_counter()
         frontier = Frontier(*built, ladder=LADDER)
@@ -149,7 +150,7 @@ def _least_on_shipped() -> tuple[dict, list[str]]:
         import shipped_nets
     for name in ("keras_mobilenet_v2", "equinox_vit"):
         with jax.enable_x64(False):
-            with jax.threefry_partitionable(False):  # building only: the loss is traced after
+            with building():
                 built = getattr(shipped_nets, name)()
             t0 = time.perf_counter()
             fr = Frontier(*built, repeats=3, timing_budget_s=5.0)
