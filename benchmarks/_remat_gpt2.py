@@ -123,25 +123,24 @@ def gpt2_figures(quick: bool) -> tuple[dict, list[str]]:
             plan["compiled_temp_bytes"] / before["temp_bytes"],
         f"{size}_plan_step_time_ratio": plan["step_time_ratio"],
         f"{size}_plan_grads_max_rel_diff": plan["grads_max_abs_diff"] / plain[0]["max_abs_grad"]})
-    stages = [ln.split(": ", 1)[1] for ln in plan["stderr"].splitlines()
-              if ln.startswith("mlsys-jax remat: [")]
+
+    def both(key: str) -> str:  # the yardstick's figure: once in --quick, before and after
+        return (f"{before[key]:.1f} s" if quick else
+                f"{before[key]:.1f} s and {after[key]:.1f} s")
+    what = ("one plain process (build, compile jax.grad, one step)" if quick else
+            "one compile of jax.grad, whole process")
+    note = (f"{size} (examples/flax_gpt2.py:{factory}): {what} {both('wall_s')} (building the "
+            f"model {both('setup_s')}, lower + compile {both('compile_s')}), peak RSS "
+            f"{rss / 1e9:.2f} GB; remat --budget {budget} --no-policies {plan['wall_s']:.1f} s, "
+            f"{plan['rss_bytes'] / 1e9:.2f} GB")
     if quick:
-        notes = [f"{size} (examples/flax_gpt2.py:{factory}): one plain process (build, compile "
-                 f"jax.grad, one step) {before['wall_s']:.1f} s (building the model "
-                 f"{before['setup_s']:.1f} s, lower + compile {before['compile_s']:.1f} s), peak "
-                 f"RSS {rss / 1e9:.2f} GB; remat --budget {budget} --no-policies "
-                 f"{plan['wall_s']:.1f} s, {plan['rss_bytes'] / 1e9:.2f} GB (the figures with "
-                 "JAX's policies are the full tier's)"]
+        note += " (the figures with JAX's policies are the full tier's)"
     else:
         policies = runs["with_policies_"]
-        notes = [f"{size} (examples/flax_gpt2.py:{factory}): one compile of jax.grad, whole "
-                 f"process {before['wall_s']:.1f} s and {after['wall_s']:.1f} s (building the "
-                 f"model {before['setup_s']:.1f} s and {after['setup_s']:.1f} s, lower + compile "
-                 f"{before['compile_s']:.1f} s and {after['compile_s']:.1f} s), peak RSS "
-                 f"{rss / 1e9:.2f} GB; remat --budget {budget} --no-policies "
-                 f"{plan['wall_s']:.1f} s, {plan['rss_bytes'] / 1e9:.2f} GB; with the policies "
-                 f"{policies['wall_s']:.1f} s, {policies['rss_bytes'] / 1e9:.2f} GB; plain "
-                 f"(build, compile, one step) {plain[0]['wall_s']:.1f} s before --no-policies, "
-                 f"{plain[1]['wall_s']:.1f} s before the policies"]
-    notes.append(f"{size} remat stages (elapsed): " + "; ".join(stages))
-    return figures, notes
+        note += (f"; with the policies {policies['wall_s']:.1f} s, "
+                 f"{policies['rss_bytes'] / 1e9:.2f} GB; plain (build, compile, one step) "
+                 f"{plain[0]['wall_s']:.1f} s before --no-policies, {plain[1]['wall_s']:.1f} s "
+                 "before the policies")
+    stages = [ln.split(": ", 1)[1] for ln in plan["stderr"].splitlines()
+              if ln.startswith("mlsys-jax remat: [")]
+    return figures, [note, f"{size} remat stages (elapsed): " + "; ".join(stages)]

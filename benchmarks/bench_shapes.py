@@ -164,15 +164,14 @@ def run(quick: bool = False) -> dict:
             "collective_kinds": len([r for r in tp["collectives"] if r["count"]])}
     if not quick:
         figures["gpt2_small_shapes_equal_arrays"] = _gpt2_equal()
+    remat = ("; remat on shapes is the full tier's" if quick else
+             ", or compiles the loss's gradient (remat, on the model whose blocks are not "
+             "checkpointed: the plan's temp bytes are over that gradient's)")
     notes = [f"Llama-style {size}: {psi:,} parameters, batch {config.batch}×{config.seq} "
              f"tokens" + ("" if quick else "; equinox GPT 1B: "
                          f"{equinox_gpt.parameter_count(equinox_gpt.GPT_1B):,} parameters"),
              "each command is a process of its own beside a plain JAX process that builds the "
              "abstract model and compiles the same gradient (inspect) or an FSDP step splitting "
-             f"every leaf {devices} ways (shard)" + (
-                 "" if quick else ", or compiles the loss's gradient (remat, on the model whose "
-                 "blocks are not checkpointed: the plan's temp bytes are over that gradient's)") +
-             "; peak RSS of each process alone" + ("; remat on shapes is the full tier's"
-                                                     if quick else ""),
+             f"every leaf {devices} ways (shard){remat}; peak RSS of each process alone",
              f"this machine: {os.cpu_count()} cores"]
     return {"figures": figures, "notes": notes}
