@@ -26,7 +26,8 @@ import numpy as np
 
 FLOOR_EPS = 16
 EPS32 = float(np.finfo(np.float32).eps)
-BLOCK = 1 << 20   # elements compared at a time: float64 copies of a block, never of a leaf
+BLOCK = 1 << 16   # elements compared at a time (a float64 block of 512 KiB stays in cache):
+#                   never a float64 copy of a leaf
 
 
 def _spans_processes(x) -> bool:
@@ -58,16 +59,27 @@ def _pieces(x):
         yield (), np.asarray(x)
 
 
-def _blockwise_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
-    """max |a - b| (max |a| without ``b``) in float64, BLOCK elements at a time; NaN if any."""
+def _blocks(a: np.ndarray, b: np.ndarray | None):
+    """``a - b`` (``a`` without ``b``) in float64, BLOCK elements at a time, each block written
+    into one reused buffer: no temporary per block (a fresh float64 block per step is a page
+    fault per 4 KiB where large blocks are mapped on their own, ``step.map_large_blocks``)."""
     a = a.reshape(-1)
     b = None if b is None else b.reshape(-1)
-    worst = np.float64(0.0)
+    buffer = np.empty(min(BLOCK, a.size), np.float64)
     for i in range(0, a.size, BLOCK):
-        d = a[i:i + BLOCK].astype(np.float64)
-        if b is not None:
-            d -= b[i:i + BLOCK]
-        worst = np.maximum(worst, np.max(np.abs(d), initial=0.0))
+        d = buffer[:min(BLOCK, a.size - i)]
+        if b is None:
+            d[...] = a[i:i + d.size]
+        else:
+            np.subtract(a[i:i + d.size], b[i:i + d.size], out=d, dtype=np.float64)
+        yield d
+
+
+def _blockwise_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """max |a - b| (max |a| without ``b``) in float64, block by block; NaN if any."""
+    worst = np.float64(0.0)
+    for d in _blocks(a, b):
+        worst = np.maximum(worst, np.max(np.abs(d, out=d), initial=0.0))
     return float(worst)
 
 
@@ -90,16 +102,8 @@ def leaf_diffs(a, b) -> list[float]:
 
 
 def _blockwise_sumsq(a: np.ndarray, b: np.ndarray | None = None) -> float:
-    """sum (a - b)² (sum a² without ``b``) in float64, BLOCK elements at a time."""
-    a = a.reshape(-1)
-    b = None if b is None else b.reshape(-1)
-    total = 0.0
-    for i in range(0, a.size, BLOCK):
-        d = a[i:i + BLOCK].astype(np.float64)
-        if b is not None:
-            d -= b[i:i + BLOCK]
-        total += float(np.sum(np.square(d)))
-    return total
+    """sum (a - b)² (sum a² without ``b``) in float64, block by block."""
+    return float(sum(np.dot(d, d) for d in _blocks(a, b)))
 
 
 def _rms_diff(u, v) -> float:

@@ -92,8 +92,15 @@ def copier(shardings) -> Callable:
     its device, so donating that would delete the source)."""
     if jax.process_count() > 1:
         return lambda tree: place(tree, shardings)
-    return jax.jit(lambda tree: jax.tree.map(lambda x: x + jax.numpy.zeros((), x.dtype), tree),
-                   out_shardings=shardings)
+
+    def copy(tree):
+        # a leaf that lands whole on a device is copied first (``may_alias=False`` does not stop
+        # that aliasing); the others are sliced into fresh shards (no compiled program: a
+        # jitted ``x + 0`` took ~1.7x as long on GPT-2 small, and compiled on first use)
+        fresh = jax.tree.map(lambda x, s: x.copy() if s.shard_shape(x.shape) == x.shape else x,
+                             tree, shardings)
+        return jax.device_put(fresh, shardings, may_alias=False)
+    return copy
 
 
 def place(tree, shardings):
