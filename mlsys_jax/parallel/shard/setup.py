@@ -47,6 +47,15 @@ class ShardSetup:
         return set(self.closed.jaxpr.invars[n:])
 
     @functools.cached_property
+    def walk(self):
+        """The batch axis followed through the loss's equations (``batch.rules.follow_batch``):
+        which mix examples."""
+        from mlsys_jax.parallel.shard.batch.rules import follow_batch
+        rows = jax.tree.leaves(self.batch)[0].shape[0]
+        return follow_batch(self.closed, self.batch_invars, rows,
+                            (self.axis_name,) if self.axis_name else ())
+
+    @functools.cached_property
     def batch_axes(self) -> tuple:
         """Each batch leaf's axis holding the examples (1 for a time-major leaf), from the
         loss's dataflow (``separability.batch_axes``)."""

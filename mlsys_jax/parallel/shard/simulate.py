@@ -35,9 +35,20 @@ class OneDevicePrograms(dict):
     def __init__(self, losses: dict, trainable, batch, n: int, options):
         super().__init__()
         self.losses, self.args, self.n, self.options = losses, (trainable, batch), n, options
+        self.pending: dict = {}   # name -> the future of its compile on a compile thread
+
+    def ahead(self, names) -> None:
+        """Start compiling ``names`` on the compile threads, in that order (each lowered here:
+        the user's loss is traced on this thread only)."""
+        for name in names:
+            if name not in self and name not in self.pending:
+                lowered = step.lower_value_and_grad(self.losses[name], *self.args)
+                self.pending[name] = step.in_background(lowered, self.options)
 
     def __missing__(self, name: str):
-        if name == "shards_loop":
+        if name in self.pending:
+            self[name] = self.pending.pop(name).result()
+        elif name == "shards_loop":
             self[name] = step.shard_by_shard(self.losses["_per"].shard_loss, *self.args, self.n,
                                              self.options)
         else:
@@ -53,23 +64,24 @@ def one_device(setup, options, progress=None, check: bool = True,
     where the dataflow leaves the verdict open (:func:`_separability`). ``stash``: keep the
     whole batch's and the shards' results at the given parameters on disk for the run's first
     step (``run.Stash``; else ``"stash"`` is None)."""
-    from mlsys_jax.parallel.shard.batch.rules import follow_batch
-
     losses, folded = semantics.one_device_losses(setup)
     t, b, n = setup.trainable, setup.batch, setup.data_size
     programs = OneDevicePrograms(losses, t, b, n, options)
-    programs["advance"] = step.update(setup.optimizer, t, setup.layout.opt_shapes, options)
+    # compiled two at a time while this thread traces the next (the shards: the separability
+    # check's and the run's twin); the optimizer's update after them
+    programs.ahead(["whole", "shards"] if n > 1 and check else ["whole"])
+    advance = step.in_background(step.lower_update(setup.optimizer, t, setup.layout.opt_shapes),
+                                 options)
     programs["init"] = jax.jit(setup.optimizer.init)
     # the whole batch's loss, from the program the run compiles anyway, before anything compares
     # it; its gradients there are the separability check's first point
     first = programs["whole"](t, b)
     inputs.check_finite_loss(setup.loss, t, b, value=first[0])
+    programs["advance"] = advance.result()
     kept = run.Stash(t, 2) if stash else None
     if kept is not None:
         kept.put("whole", first)
-    rows = jax.tree.leaves(b)[0].shape[0]
-    synced = (setup.axis_name,) if setup.axis_name else ()
-    walk = follow_batch(setup.closed, setup.batch_invars, rows, synced)
+    walk = setup.walk
     positional = any(m.kind == "position" for m in walk.mixing)
     sep = None
     if n > 1 and check:
@@ -208,12 +220,13 @@ def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache,
     progress.stage("traced the loss and laid out the state")
     cache = {} if cache is None else cache
     key = ("one device", setup.data_size, str(xla_options), separable)
+    ahead = _mesh_ahead(setup, o)
     if key not in cache:
         cache[key] = one_device(setup, xla_options, progress, check=separable is None,
                                 everywhere=False, stash=True)
     ref = cache[key]
     try:
-        sep, sem, mesh_step, measured, figures = _run(setup, ref, o, progress)
+        sep, sem, mesh_step, measured, figures = _run(setup, ref, o, progress, ahead)
     finally:
         if ref["stash"] is not None:   # taken by the run's first step, or never
             ref["stash"].close()
@@ -251,9 +264,22 @@ def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache,
     return out
 
 
-def _run(setup, ref: dict, o: ShardOptions, progress) -> tuple:
+def _mesh_ahead(setup, o: ShardOptions):
+    """The sharded step that runs the user's loss as one global program (what a separable loss,
+    the usual verdict, or a single data shard runs: ``semantics.choose``) compiling on a compile
+    thread while the one-device programs run: ``step.compile_ahead``'s ``(future, jaxpr)``, or
+    None where the semantics cannot be that (a model axis name bound to the data axis; a verdict
+    of not separable given, or certain from the dataflow: an equation mixes examples)."""
+    if setup.axis_name is not None or setup.data_size > 1 and (o.separable is False or any(
+            not m.synced and m.kind != "unfollowed" for m in setup.walk.mixing)):
+        return None
+    return step.compile_ahead(setup, setup.loss, o.xla_options, donate=True)
+
+
+def _run(setup, ref: dict, o: ShardOptions, progress, ahead=None) -> tuple:
     """What the mesh computes, its step compiled and run: ``(separability, semantics, compiled
-    step, its bytes, run.RunFigures)``."""
+    step, its bytes, run.RunFigures)``. ``ahead``: :func:`_mesh_ahead`'s, taken where the
+    semantics is that step's (else left to finish unused)."""
     sep, record = ref["separability"], o.record
     sem = semantics.choose(setup, o.separable if sep is None else sep.separable, ref["losses"],
                            ref["folded"], ref["positional"])
@@ -262,7 +288,8 @@ def _run(setup, ref: dict, o: ShardOptions, progress) -> tuple:
     step.release_memory()
     progress.stage("compiling the sharded step")
     traced: list = []
-    mesh_step = step.compile_sharded(setup, sem.mesh, o.xla_options, donate=True, traced=traced)
+    mesh_step = step.compile_sharded(setup, sem.mesh, o.xla_options, donate=True, traced=traced,
+                                     ahead=ahead if sem.mesh is setup.loss else None)
     _check_memory(setup, mesh_step)
     # the step's bytes from the trace its compile made (read now: the trace is not held through
     # the run)

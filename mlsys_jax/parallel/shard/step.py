@@ -7,6 +7,7 @@ rounds differently, and that difference would be charged to the mesh.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import jax
@@ -31,26 +32,64 @@ def make_step(loss: Callable, optimizer: optax.GradientTransformation, layout=No
     return step
 
 
-def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
-                    donate: bool = False, traced: list | None = None):
-    """The sharded step of ``setup``'s layout, differentiating ``mesh_loss``; with ``donate``
-    the new parameters and optimizer state take the buffers of the old ones (the step's
-    caller must not use its inputs again). ``traced``: a list that receives the step's
-    ClosedJaxpr, the trace this compile made (a second trace of the step costs as much)."""
+def lower_sharded(setup, mesh_loss: Callable, donate: bool = False) -> tuple:
+    """``(lowered, jaxpr)``: the sharded step of ``setup``'s layout differentiating
+    ``mesh_loss``, traced (its ClosedJaxpr: a second trace of the step costs as much) and lowered,
+    to compile here (:func:`compile_sharded`) or on a compile thread (:func:`in_background`).
+    With ``donate`` the new parameters and optimizer state take the buffers of the old ones (the
+    step's caller must not use its inputs again)."""
     lay = setup.layout
     fn = jax.jit(make_step(mesh_loss, setup.optimizer, lay),
                  in_shardings=(lay.params, lay.opt_state, lay.batch),
                  out_shardings=(lay.params, lay.opt_state, lay.replicated, lay.grads),
                  donate_argnums=(0, 1) if donate else ())
     trace = fn.trace(setup.trainable, lay.opt_shapes, setup.batch)
+    return trace.lower(), trace.jaxpr
+
+
+def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
+                    donate: bool = False, traced: list | None = None, ahead=None):
+    """The sharded step (:func:`lower_sharded`) compiled. ``traced``: a list that receives the
+    step's ClosedJaxpr, the trace this compile made. ``ahead``: :func:`compile_ahead`'s
+    ``(future, jaxpr)`` for this very step, whose executable is taken instead."""
+    lowered, jaxpr = (None, ahead[1]) if ahead is not None else lower_sharded(setup, mesh_loss,
+                                                                               donate)
     if traced is not None:
-        traced.append(trace.jaxpr)
-    return trace.lower().compile(options)
+        traced.append(jaxpr)
+    return ahead[0].result() if ahead is not None else lowered.compile(options)
+
+
+def compile_ahead(setup, mesh_loss: Callable, options: dict | None = None,
+                  donate: bool = False) -> tuple:
+    """``(future, jaxpr)``: the sharded step lowered here and compiled on a compile thread
+    (:func:`in_background`), for :func:`compile_sharded`'s ``ahead``."""
+    lowered, jaxpr = lower_sharded(setup, mesh_loss, donate)
+    return in_background(lowered, options), jaxpr
+
+
+_COMPILE_THREADS = 2   # this machine class has 2 cores; XLA compiles a program on one of them
+_compiles: ThreadPoolExecutor | None = None
+
+
+def in_background(lowered, options: dict | None = None) -> Future:
+    """``lowered.compile(options)`` on a compile thread (XLA compiles outside the GIL), for a
+    caller with other work meanwhile; the future's result is the executable, or raises what the
+    compile raised. Only XLA runs there: the user's code is traced and lowered on the caller's
+    thread."""
+    global _compiles
+    if _compiles is None:
+        _compiles = ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="mlsys-jax-compile")
+    return _compiles.submit(lowered.compile, options)
 
 
 def value_and_grad(loss: Callable, trainable, batch, options: dict | None = None):
     """``loss``'s value and gradient on one device, compiled."""
-    return jax.jit(jax.value_and_grad(loss)).lower(trainable, batch).compile(options)
+    return lower_value_and_grad(loss, trainable, batch).compile(options)
+
+
+def lower_value_and_grad(loss: Callable, trainable, batch):
+    """``loss``'s value and gradient on one device, lowered."""
+    return jax.jit(jax.value_and_grad(loss)).lower(trainable, batch)
 
 
 def shard_by_shard(shard_loss: Callable, trainable, batch, n: int, options: dict | None = None):
@@ -80,10 +119,15 @@ def shard_by_shard(shard_loss: Callable, trainable, batch, n: int, options: dict
 
 def update(optimizer, trainable, opt_shapes, options: dict | None = None):
     """One device's optimizer alone, compiled: ``advance(g, s, t) -> (t', s')``."""
+    return lower_update(optimizer, trainable, opt_shapes).compile(options)
+
+
+def lower_update(optimizer, trainable, opt_shapes):
+    """:func:`update`, lowered."""
     def advance(g, s, t):
         u, s = optimizer.update(g, s, t)
         return optax.apply_updates(t, u), s
-    return jax.jit(advance).lower(trainable, opt_shapes, trainable).compile(options)
+    return jax.jit(advance).lower(trainable, opt_shapes, trainable)
 
 
 def copier(shardings) -> Callable:
