@@ -42,7 +42,10 @@ class OneDevicePrograms(dict):
         the user's loss is traced on this thread only)."""
         for name in names:
             if name not in self and name not in self.pending:
-                lowered = step.lower_value_and_grad(self.losses[name], *self.args)
+                try:
+                    lowered = step.lower_value_and_grad(self.losses[name], *self.args)
+                except Exception:  # noqa: BLE001 — raised again, in its place, when first asked
+                    continue
                 self.pending[name] = step.in_background(lowered, self.options)
 
     def __missing__(self, name: str):
@@ -273,7 +276,10 @@ def _mesh_ahead(setup, o: ShardOptions):
     if setup.axis_name is not None or setup.data_size > 1 and (o.separable is False or any(
             not m.synced and m.kind != "unfollowed" for m in setup.walk.mixing)):
         return None
-    return step.compile_ahead(setup, setup.loss, o.xla_options, donate=True)
+    try:
+        return step.compile_ahead(setup, setup.loss, o.xla_options, donate=True)
+    except Exception:  # noqa: BLE001 — the semantics may be another; if not, raised again there
+        return None
 
 
 def _run(setup, ref: dict, o: ShardOptions, progress, ahead=None) -> tuple:
