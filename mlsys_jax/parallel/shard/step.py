@@ -52,11 +52,13 @@ def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
     """The sharded step (:func:`lower_sharded`) compiled. ``traced``: a list that receives the
     step's ClosedJaxpr, the trace this compile made. ``ahead``: :func:`compile_ahead`'s
     ``(future, jaxpr)`` for this very step, whose executable is taken instead."""
-    lowered, jaxpr = (None, ahead[1]) if ahead is not None else lower_sharded(setup, mesh_loss,
-                                                                               donate)
+    if ahead is not None:
+        future, jaxpr = ahead
+    else:
+        lowered, jaxpr = lower_sharded(setup, mesh_loss, donate)
     if traced is not None:
         traced.append(jaxpr)
-    return ahead[0].result() if ahead is not None else lowered.compile(options)
+    return future.result() if ahead is not None else lowered.compile(options)
 
 
 def compile_ahead(setup, mesh_loss: Callable, options: dict | None = None,
@@ -67,7 +69,9 @@ def compile_ahead(setup, mesh_loss: Callable, options: dict | None = None,
     return in_background(lowered, options), jaxpr
 
 
-_COMPILE_THREADS = 2   # this machine class has 2 cores; XLA compiles a program on one of them
+# programs compiled at once (XLA compiles each on one core): the whole batch's and the shards'
+# are needed first, together; the cores left run the one-device programs meanwhile
+_COMPILE_THREADS = 2
 _compiles: ThreadPoolExecutor | None = None
 
 
@@ -117,13 +121,8 @@ def shard_by_shard(shard_loss: Callable, trainable, batch, n: int, options: dict
     return f
 
 
-def update(optimizer, trainable, opt_shapes, options: dict | None = None):
-    """One device's optimizer alone, compiled: ``advance(g, s, t) -> (t', s')``."""
-    return lower_update(optimizer, trainable, opt_shapes).compile(options)
-
-
 def lower_update(optimizer, trainable, opt_shapes):
-    """:func:`update`, lowered."""
+    """One device's optimizer alone, lowered: ``advance(g, s, t) -> (t', s')``."""
     def advance(g, s, t):
         u, s = optimizer.update(g, s, t)
         return optax.apply_updates(t, u), s
