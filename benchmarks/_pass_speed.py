@@ -124,6 +124,7 @@ MODELS = {  # name -> (example file, full tier's factory, quick tier's)
     "resnet50": ("flax_resnet50.py", "inspect", "inspect_tiny"),
     "gpt2_small": ("flax_gpt2.py", "inspect", "inspect_tiny"),
 }
+QUICK_NAMES = {"resnet50": "resnet50_tiny", "gpt2_small": "gpt2_tiny"}  # the figures' names
 
 
 def _inference_graph(file: str, factory: str):
@@ -160,7 +161,8 @@ def model_validation_cost(compile_fn, quick: bool) -> tuple[dict, list]:
     pipeline = default_pipeline()
     repeats = 3 if quick else 5
     figures, notes = {}, []
-    for name, (file, full, tiny) in MODELS.items():
+    for model, (file, full, tiny) in MODELS.items():
+        name = QUICK_NAMES[model] if quick else model
         try:
             closed = _inference_graph(file, tiny if quick else full)
         except ImportError as e:  # flax: the 'ecosystem' extra
@@ -175,7 +177,7 @@ def model_validation_cost(compile_fn, quick: bool) -> tuple[dict, list]:
                "unvalidated": lambda: P.run(pipeline, closed, verify=True, cost=False,  # noqa: B023
                                             validate=False)}
         fns["compiled"] = lambda: validated(1)  # noqa: B023
-        if name == "resnet50":
+        if model == "resnet50":
             fns["xla_compile"] = lambda: compile_fn(closed)  # noqa: B023
         before = dict(validate_compiled.STATS)
         t = timing.compare(fns, repeats=repeats, warmup=1, number=1)
@@ -192,7 +194,7 @@ def model_validation_cost(compile_fn, quick: bool) -> tuple[dict, list]:
                 f"process {cold * 1e6:.4g} µs; every region validated compiled and batched "
                 f"{t['compiled'].summary()}: ×{rc.median:.3g} [{rc.low:.3g}–{rc.high:.3g}] "
                 f"({stats['reused']} runs of {stats['compiled']} pair programs)")
-        if name == "resnet50":
+        if model == "resnet50":
             c = timing.ratio(t["validated"], t["xla_compile"])
             cc = timing.ratio(t["compiled"], t["xla_compile"])
             figures["verified_pipeline_over_xla_compile_ratio"] = c.to_dict()
