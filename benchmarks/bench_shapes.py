@@ -162,7 +162,6 @@ def run(quick: bool = False) -> dict:
                 (d["param_bytes"] + d["optimizer_bytes"] + batch) / d["xla_argument_bytes"],
             "wall_s": run88["wall_s"], "peak_rss_gb": run88["rss_bytes"] / 1e9,
             "collective_kinds": len([r for r in tp["collectives"] if r["count"]])}
-    if not quick:
         figures["gpt2_small_shapes_equal_arrays"] = _gpt2_equal()
     remat = ("; remat on shapes is the full tier's" if quick else
              ", or compiles the loss's gradient (remat, on the model whose blocks are not "

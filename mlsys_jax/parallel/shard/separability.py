@@ -233,7 +233,7 @@ def check_separable(closed, batch_invars: set, programs: dict, trainable, batch,
     equal_here = grads.within and losses.within
     summed = summed and not equal_here
     causes, notes, why = batch_explain.causes_of(walk, equal_here, summed, grads, folded, explain)
-    real = [m for m in walk.mixing if not m.synced and m.kind != "unfollowed"]
+    real = walk.shown_mixing
     return Separability(equal_here and not real and not summed, equal_here, summed,
                         tuple(walk.mixing), tuple(causes), why, whole, mean, grads, count,
                         folded, synced=any(m.synced for m in walk.mixing), notes=tuple(notes))

@@ -273,8 +273,8 @@ def _mesh_ahead(setup, o: ShardOptions):
     thread while the one-device programs run: ``step.compile_ahead``'s ``(future, jaxpr)``, or
     None where the semantics cannot be that (a model axis name bound to the data axis; a verdict
     of not separable given, or certain from the dataflow: an equation mixes examples)."""
-    if setup.axis_name is not None or setup.data_size > 1 and (o.separable is False or any(
-            not m.synced and m.kind != "unfollowed" for m in setup.walk.mixing)):
+    if setup.axis_name is not None or setup.data_size > 1 and (
+            o.separable is False or setup.walk.shown_mixing):
         return None
     try:
         return step.compile_ahead(setup, setup.loss, o.xla_options, donate=True)

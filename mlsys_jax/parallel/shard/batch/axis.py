@@ -167,6 +167,12 @@ class BatchWalk:
     def kinds(self) -> list:
         return sorted({m.kind for m in self.mixing if not m.synced})
 
+    @property
+    def shown_mixing(self) -> list:
+        """The equations the walk shows mixing examples: neither a synchronised statistic (the
+        mesh computes it globally) nor one it could not follow (that one is unknown)."""
+        return [m for m in self.mixing if not m.synced and m.kind != "unfollowed"]
+
 
 _JAX_FILES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib))
 # files that only bind a library's primitive: the line that called them says more
