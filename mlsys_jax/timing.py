@@ -105,6 +105,9 @@ def percentile(values, p: float) -> float:
         ordered[i] + (ordered[i + 1] - ordered[i]) * (at - i)
 
 
+AIM = 1.1  # a calibrated round's length over the target (see _calibrate)
+
+
 def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter,
          keep: list | None = None) -> float:
     out = None
@@ -122,11 +125,13 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
                per_call_s: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> int:
     """Calls per round so that a round takes at least ``min_time_s`` (like timeit.autorange).
 
-    Starts from half the count that ``per_call_s`` (a warm call, if known) suggests. The best of
-    three trials decides: one trial stalled by another process must not leave the rounds too
-    short (short rounds are dominated by the wait for the result, not the calls). A first trial
-    under the target needs no others: a stall only lengthens a trial, so the count is too small
-    either way.
+    Starts from half the count that ``per_call_s`` (a warm call, if known) suggests, and steps
+    to ``AIM`` times the target at the rate the last trial measured: rounds just over the target,
+    not up to twice it (which a doubling step gives), since every round of the timing costs what
+    one round takes. The best of three trials decides: one trial stalled by another process must
+    not leave the rounds too short (short rounds are dominated by the wait for the result, not
+    the calls). A first trial under the target needs no others: a stall only lengthens a trial,
+    so the count is too small either way.
     """
     number = min(max_number, max(1, int(0.5 * min_time_s / per_call_s))) if per_call_s > 0 else 1
     while number < max_number:
@@ -135,9 +140,10 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
             best = min(best, *(_run(fn, number, clock) for _ in range(2)))
             if best >= min_time_s:
                 break
-        # jump towards the target at the measured rate (at least ×2, at most ×100 per step)
-        want = math.ceil(1.2 * number * min_time_s / max(best, 1e-9))
-        number = min(max_number, max(2 * number, min(100 * number, want)))
+        # towards AIM × the target at the measured rate: at least one call more (each step
+        # under the target grows the count by AIM or more), at most ×100
+        want = math.ceil(AIM * number * min_time_s / max(best, 1e-9))
+        number = min(max_number, max(number + 1, min(100 * number, want)))
     return number
 
 

@@ -86,3 +86,54 @@ def test_first_results_are_handed_over_once_each_outside_the_timing():
                    first_result=lambda name, out: handed.append((name, out)))
     assert sorted(handed) == [("a", ("a", 2)), ("b", ("b", 2))]     # the first batch's last call
     assert calls == {"a": 6, "b": 6}                                 # no extra call for it
+
+
+class _FakeClock:
+    """A clock that only the timed function moves: ``per_call_s`` a call, plus ``stalls`` (seconds
+    added to the first trials, one each: another process taking the core)."""
+
+    def __init__(self, per_call_s: float, stalls: list | None = None):
+        self.now, self.per_call_s, self.stalls, self.trials = 0.0, per_call_s, list(stalls or []), 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def fn(self):
+        self.now += self.per_call_s
+        return 0
+
+    def started(self):  # a trial begins: a stall lands on it, if one is left
+        self.trials += 1
+        if self.stalls:
+            self.now += self.stalls.pop(0)
+
+
+def _calibrated(clock: _FakeClock, per_call_guess_s: float, target_s: float = 3e-3) -> int:
+    def counting_clock():
+        return clock()
+    orig = timing._run
+
+    def run(fn, number, c=counting_clock, keep=None):
+        clock.started()
+        return orig(fn, number, c, keep)
+    timing._run = run
+    try:
+        return timing._calibrate(clock.fn, target_s, 10_000, per_call_guess_s, counting_clock)
+    finally:
+        timing._run = orig
+
+
+def test_calibrated_rounds_land_just_over_the_target_not_twice_it():
+    # a warm call that overstates the per-call time (its wait for the result) as warm-ups do
+    for per_call in (7e-6, 40e-6, 250e-6):
+        clock = _FakeClock(per_call)
+        n = _calibrated(clock, per_call_guess_s=3 * per_call)
+        assert 3e-3 <= n * per_call <= timing.AIM * 3e-3 + per_call, (per_call, n)
+        assert clock.trials <= 5  # the first guess, one step, two confirmations (and slack)
+
+
+def test_a_stalled_trial_does_not_leave_the_rounds_short():
+    # the first trial stalls past the target: the confirmations show it, and the count grows
+    clock = _FakeClock(7e-6, stalls=[5e-3])
+    n = _calibrated(clock, per_call_guess_s=20e-6)
+    assert n * 7e-6 >= 3e-3

@@ -84,7 +84,7 @@ def warm(call) -> None:
     jax.block_until_ready(call())
 
 
-def measure_dispatch(repeats: int = 5, min_time_s: float = 0.003,
+def measure_dispatch(repeats: int = 5, min_time_s: float = 0.002,
                      calls: dict | None = None) -> DispatchCost:
     """Measure the overheads here (interleaved rounds, each the best of 2 batches; medians,
     stopping early where decided: ``rounds.timed``). ``calls``: :func:`dispatch_calls`, already

@@ -57,7 +57,7 @@ class OperatorModel:
     """Measured kernel times of this machine, cached on disk, and the budget to measure more."""
 
     def __init__(self, path=None, budget_s: float = MEASURE_BUDGET_S, repeats: int = 5,
-                 min_time_s: float = 0.003, dispatch_repeats: int = 5, progress: bool = True):
+                 min_time_s: float = 0.002, dispatch_repeats: int = 5, progress: bool = True):
         self.identity = cache.identity()
         self.path = Path(path) if path else (cache.cache_dir() /
                                              f"operators-{cache.identity_key(self.identity)}.json")
