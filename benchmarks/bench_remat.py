@@ -185,9 +185,8 @@ def run(quick: bool = False) -> dict:
     notes += mn
     parts = [(_planner_scale, (500 if quick else 5000,)),
              (_versus_builtins, ("flax_mlp" if quick else "flax_transformer", 5 if quick else 9)),
+             *([] if quick else [(_least_on_shipped, ())]),
              (gpt2_figures, (quick,))]
-    if not quick:
-        parts.insert(2, (_least_on_shipped, ()))
     for part, args in parts:
         more, more_notes = part(*args)
         figures.update(more)

@@ -24,7 +24,9 @@ the fewest pixels that meet every border type of its window (``ir.rebatch``: the
 regions whose linear site's weights are large, on a cut of its output features
 (``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
-(``feature_cut.coverage``; else the region is validated whole).
+(``feature_cut.coverage``; else the region is validated whole). On one row of a batch longer
+than the draws, the draws run at once as rows of one evaluation (:func:`_stacked_pass`), each
+judged on its own row; all but a pass is judged again draw by draw.
 
 A region shape validated often in one process (``COMPILED``; ``validate_compiled.COMPILE_AFTER``
 times) is validated compiled: the region and its replacement one XLA program, run on every draw
@@ -444,7 +446,11 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
         if cut is None and COMPILED.get() != 0 and _compiled_pass(
                 region, replacement, shapes, given, floats=floats, narrow=narrow, low=low):
             return None
-    with rebatch.cropping():  # (the compiled pair's convs are not this attempt's)
+    with rebatch.cropping():  # (each attempt's convs are its own)
+        if _stacked_pass(region, replacement, shapes, given, cut, floats=floats, narrow=narrow,
+                         low=low):
+            return None
+    with rebatch.cropping():
         return _validate_eagerly(region, replacement, shapes, given, cut, floats=floats,
                                  narrow=narrow, low=low)
 
@@ -466,6 +472,13 @@ def _compiled_pass(region: Region, replacement: Callable, shapes: list, given: d
     except validate_compiled.NotCompiled:
         validate_compiled.STATS["eager"] += 1
         return False
+    return _every_draw_passes(runs, floats=floats, narrow=narrow, low=low)
+
+
+def _every_draw_passes(runs: list, *, floats: bool, narrow: bool, low) -> bool:
+    """``runs`` (per draw: the region's and the replacement's outputs in the program's dtypes,
+    and in float64 where ``narrow``) pass every test of :func:`_validate_eagerly` but the other
+    meanings of a removed constant (a failure is judged again draw by draw)."""
     for i, (before, after, before64, after64) in enumerate(runs):
         for k, (a, b) in enumerate(zip(before, after)):
             if a.shape != b.shape or (_finite(k, i, a, b) if is_float(a.dtype)
@@ -484,6 +497,48 @@ def _compiled_pass(region: Region, replacement: Callable, shapes: list, given: d
                 for k, (r, ap, bp) in enumerate(zip(before64, before, after))):
             return False
     return True
+
+
+def _stacked_pass(region: Region, replacement: Callable, shapes: list, given: dict, cut, *,
+                  floats: bool, narrow: bool, low) -> bool:
+    """Where the attempt runs one row of the batch (axis 0 of every input cut to one, from more
+    than ``DRAWS``): every draw at once, the draws stacked as rows — each row computed alone and
+    alike, as ``ir.rebatch`` binds a row (it refuses an equation that mixes them) — and judged
+    draw by draw, each on its own row, as :func:`_validate_eagerly` judges it. True only where
+    every test passes; anything else (a failure, a refusal to bind, an output whose rows cannot
+    be told apart) is judged again draw by draw, whose verdict and reason stand."""
+    if cut is not None:
+        shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
+    if not shapes or any(len(s) == 0 or s[0] != 1 or v.aval.shape[0] <= DRAWS
+                         for s, v in zip(shapes, region.inputs)):
+        return False
+    inputs = [np.concatenate([draw(s, v.aval.dtype, i) for i in range(DRAWS)])
+              for s, v in zip(shapes, region.inputs)]
+    try:
+        sides = [_evaluate(region, inputs, False, given, cut),
+                 _replaced(region, replacement, inputs, False, cut)]
+        if floats and narrow:
+            with jax.enable_x64(True):
+                sides += [_evaluate(region, inputs, True, given, cut),
+                          _replaced(region, replacement, inputs, True, cut)]
+    except Exception:  # noqa: BLE001 — Unshrinkable, a replacement that fails: draw by draw
+        return False
+    axes = [_row_axis(v, x) for v, x in zip(region.outputs, sides[0])]
+    if any(a is None for a in axes) or any(
+            np.shape(x) != np.shape(y) for side in sides[1:] for x, y in zip(sides[0], side)):
+        return False
+    runs = [[[np.take(x, [i], axis=a) for x, a in zip(side, axes)] for side in sides]
+            for i in range(DRAWS)]
+    return _every_draw_passes([r + [None] * (4 - len(r)) for r in runs], floats=floats,
+                              narrow=narrow, low=low)
+
+
+def _row_axis(var, x) -> int | None:
+    """The axis of output ``x`` (of ``var``, computed on ``DRAWS`` stacked rows) that holds the
+    rows: the one axis where it is ``DRAWS`` long and ``var`` longer; None where not one."""
+    traced = tuple(getattr(var.aval, "shape", ()))
+    found = [a for a, (n, m) in enumerate(zip(np.shape(x), traced)) if n == DRAWS < m]
+    return found[0] if len(found) == 1 and np.ndim(x) == len(traced) else None
 
 
 def _validate_eagerly(region: Region, replacement: Callable, shapes: list, given: dict, cut,

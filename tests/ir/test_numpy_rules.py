@@ -208,3 +208,16 @@ def test_a_declined_rule_leaves_the_equation_to_jax():
     assert numpy_rules.evaluate(eqn, [np.int32(7), np.int32(0)]) is None  # XLA's x/0 for ints
     eqn = jax.make_jaxpr(lax.exp)(np.float32(1)).jaxpr.eqns[0]
     assert numpy_rules.evaluate(eqn, [np.float32(1)]) is None
+
+
+@pytest.mark.parametrize("shape", [(700, 1500), (3, 1 << 20), (1 << 19, 3), (5, 7)])
+def test_a_transposed_result_is_copied_to_c_order_bit_for_bit(shape):
+    # large ones tile by tile (edges not a multiple of the tile), small ones in one call
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for view in (x.T, x[::2, ::-1], x.T[::3]):
+        got = numpy_rules.contiguous(view)
+        assert got.flags.c_contiguous and got.shape == view.shape and got.dtype == view.dtype
+        assert got.tobytes() == np.ascontiguousarray(view).tobytes()
+    assert numpy_rules.contiguous(x) is x  # already C order: no copy
+    cube = np.arange(60, dtype=np.int16).reshape(3, 4, 5).transpose(2, 0, 1)
+    assert numpy_rules.contiguous(cube).tobytes() == np.ascontiguousarray(cube).tobytes()

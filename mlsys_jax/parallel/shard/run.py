@@ -90,7 +90,7 @@ class _OnDisk:
     copy of a whole sharded array) and read back memory-mapped. ``directory`` is None where the
     disk cannot hold ``need`` bytes with room to spare: then nothing is kept. Not flushed: this
     process alone reads the files, through the page cache it wrote them to, and deletes them
-    (forcing each write to disk cost GPT-2 small's run ~3 s)."""
+    (forcing each write to disk cost GPT-2 small's run seconds: docs/shard.md)."""
 
     def __init__(self, need: int, prefix: str):
         room = shutil.disk_usage(tempfile.gettempdir()).free

@@ -139,7 +139,7 @@ def copier(shardings) -> Callable:
     def copy(tree):
         # a leaf that lands whole on a device is copied first (``may_alias=False`` does not stop
         # that aliasing); the others are sliced into fresh shards (no compiled program: a
-        # jitted ``x + 0`` took ~1.7x as long on GPT-2 small, and compiled on first use)
+        # jitted ``x + 0`` compiled on first use and was slower, docs/shard.md)
         fresh = jax.tree.map(lambda x, s: x.copy() if s.shard_shape(x.shape) == x.shape else x,
                              tree, shardings)
         return jax.device_put(fresh, shardings, may_alias=False)

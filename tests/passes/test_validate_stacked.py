@@ -1,0 +1,85 @@
+"""Translation validation with the draws stacked as rows (``passes/validate._stacked_pass``): a
+region run on one row of its batch runs every draw at once, one per row, and is judged draw by
+draw; a failure there is judged again draw by draw, whose verdict and reason stand."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlsys_jax import ir
+from mlsys_jax.passes import validate as V
+from mlsys_jax.passes.rewrite.level import Level
+
+
+def _dense_scale(shape):
+    """fold_matmul_scale's one rewrite of ``(x @ w) * s`` at ``shape``: its region and its right
+    replacement."""
+    from mlsys_jax.passes.rules import fold_matmul_scale as rule
+
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((shape[-1], 96)) / 11, jnp.float32)
+    s = jnp.asarray(np.linspace(0.5, 2.0, 96), jnp.float32)
+    with jax.enable_x64(False):
+        level = Level(ir.trace(lambda x: (x @ w) * s, jax.ShapeDtypeStruct(shape, jnp.float32)))
+    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
+    return rule.RULE.region(level, m), rule.RULE.replacement(level, m)
+
+
+def _draw_by_draw_refused(*_, **__):
+    raise AssertionError("judged draw by draw")
+
+
+def test_a_right_fold_on_a_batch_passes_with_every_draw_at_once(monkeypatch):
+    region, right = _dense_scale((4, 64, 128))
+    shapes = V._one_vector(region)
+    assert shapes == [(1, 1, 128)]
+    with monkeypatch.context() as m:
+        m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
+        assert V._validate(region, right, shapes) is None
+    assert V._validate(region, right, shapes) is None  # and draw by draw
+
+
+def test_each_row_is_its_draw_as_one_row_computes_it():
+    region, right = _dense_scale((4, 64, 128))
+    (shape,) = V._one_vector(region)
+    (v,) = region.inputs
+    given = V._given(region, with_removed=True)
+    stacked = np.concatenate([V.draw(shape, v.aval.dtype, i) for i in range(V.DRAWS)])
+    with jax.enable_x64(True):
+        (rows,) = V._evaluate(region, [stacked], True, given)
+        axis = V._row_axis(region.outputs[0], rows)
+        for i in range(V.DRAWS):
+            (alone,) = V._evaluate(region, [V.draw(shape, v.aval.dtype, i)], True, given)
+            np.testing.assert_allclose(np.take(rows, [i], axis=axis), alone, rtol=1e-13,
+                                       atol=0)
+
+
+@pytest.mark.parametrize("wrong_on", ["every draw", "the special values"])
+def test_a_wrong_fold_gets_the_reason_it_gets_draw_by_draw(monkeypatch, wrong_on):
+    region, right = _dense_scale((4, 64, 128))
+    shapes = V._one_vector(region)
+    if wrong_on == "every draw":
+        def wrong(read, widen):
+            return {k: x * 1.5 for k, x in right(read, widen).items()}
+    else:  # off only where a value is huge: on the special values' draw (the last) alone
+        def wrong(read, widen):
+            return {k: np.where(np.abs(x) > 1e6, np.asarray(x) * 1.5, x)
+                    for k, x in right(read, widen).items()}
+    stacked = V._validate(region, wrong, shapes)
+    with monkeypatch.context() as m:
+        m.setattr(V, "_stacked_pass", lambda *a, **k: False)
+        alone = V._validate(region, wrong, shapes)
+    assert stacked == alone and "differs in float64" in alone
+    if wrong_on == "the special values":
+        assert f"on input {V.DRAWS - 1}" in alone
+
+
+def test_a_batch_no_longer_than_the_draws_is_judged_draw_by_draw(monkeypatch):
+    # with 3 rows traced, the rows of an output could not be told from its other axes
+    region, right = _dense_scale((V.DRAWS, 64, 256))
+    shapes = V._one_vector(region)
+    with monkeypatch.context() as m:
+        m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
+        with pytest.raises(AssertionError, match="draw by draw"):
+            V._validate(region, right, shapes)
