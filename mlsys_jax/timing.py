@@ -106,6 +106,7 @@ def percentile(values, p: float) -> float:
 
 
 AIM = 1.1  # a calibrated round's length over the target (see _calibrate)
+AGREE = 1.25  # a trial's time a call over the last one's that is taken as no stall
 
 
 def _run(fn: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter,
@@ -128,18 +129,23 @@ def _calibrate(fn: Callable[[], Any], min_time_s: float, max_number: int,
     Starts from half the count that ``per_call_s`` (a warm call, if known) suggests, and steps
     to ``AIM`` times the target at the rate the last trial measured: rounds just over the target,
     not up to twice it (which a doubling step gives), since every round of the timing costs what
-    one round takes. The best of three trials decides: one trial stalled by another process must
-    not leave the rounds too short (short rounds are dominated by the wait for the result, not
-    the calls). A first trial under the target needs no others: a stall only lengthens a trial,
-    so the count is too small either way.
+    one round takes. A trial stalled by another process must not leave the rounds too short
+    (short rounds are dominated by the wait for the result, not the calls), and a stall only
+    lengthens a trial: so a trial over the target is taken where its calls ran no slower than
+    the trial before's (within ``AGREE``), and otherwise decided by the best of three. A trial
+    under the target needs no others: the count is too small either way.
     """
     number = min(max_number, max(1, int(0.5 * min_time_s / per_call_s))) if per_call_s > 0 else 1
+    rate = None  # seconds a call, in the last trial under the target
     while number < max_number:
         best = _run(fn, number, clock)
         if best >= min_time_s:
+            if rate is not None and best <= AGREE * rate * number:
+                break  # as fast a call as the trial before: not stalled
             best = min(best, *(_run(fn, number, clock) for _ in range(2)))
             if best >= min_time_s:
                 break
+        rate = best / number
         # towards AIM × the target at the measured rate: at least one call more (each step
         # under the target grows the count by AIM or more), at most ×100
         want = math.ceil(AIM * number * min_time_s / max(best, 1e-9))
