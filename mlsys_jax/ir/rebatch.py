@@ -16,6 +16,11 @@ A full-size operand cut to its first rows must be the same in every row (a broad
 per-channel table), else :class:`Unshrinkable`: the rows kept then compute what every dropped
 row computes, which is what lets one stand for all.
 
+Inside :func:`growing` an axis traced with length one may carry more rows instead (validation's
+draws stacked as rows of a batch of one): an elementwise op broadcasts its operands of one row
+to them, and ``broadcast_in_dim`` keeps them where it kept the one; every other equation treats
+them by the same rules, so each row is computed as that row alone would be.
+
 The rows kept are the first ones, unless ``picks`` says otherwise: ``{(length, kept): indices}``
 names, for an axis traced with ``length`` and cut to ``kept``, which ones (validation's cut of a
 linear site's output features, ``passes/feature_cut.py``); a full-size operand is then sliced at
@@ -61,6 +66,18 @@ class _Ledger:
 
 
 _CROPS: contextvars.ContextVar = contextvars.ContextVar("mlsys_jax_rebatch_crops", default=None)
+_GROWING: contextvars.ContextVar = contextvars.ContextVar("mlsys_jax_rebatch_grow",
+                                                         default=False)
+
+
+@contextlib.contextmanager
+def growing():
+    """Inside, an axis traced with length one may carry more rows (see the module doc)."""
+    token = _GROWING.set(True)
+    try:
+        yield
+    finally:
+        _GROWING.reset(token)
 
 
 @contextlib.contextmanager
@@ -219,10 +236,25 @@ def _elementwise(eqn, args, picks=None) -> list:
     if not full:
         return args
     rank = len(full[0][1])
-    # along each axis, the rows every operand that was not broadcast there (size > 1) keeps
-    target = tuple(min((_shape(a)[d] for a, o in full if o[d] != 1), default=1)
+    grow = _GROWING.get()
+    # along each axis, the rows every operand that was not broadcast there (size > 1) keeps;
+    # growing, an axis traced with one row takes the most any operand carries there
+    target = tuple(min((_shape(a)[d] for a, o in full if o[d] != 1),
+                       default=max(_shape(a)[d] for a, _ in full) if grow else 1)
                    for d in range(rank))
-    return [_slice_to(a, target, picks) if len(_shape(a)) == rank else a for a in args]
+    return [_rows(_slice_to(a, target, picks), target) if len(_shape(a)) == rank else a
+            for a in args]
+
+
+def _rows(x, shape: tuple):
+    """``x`` broadcast along the axes where it has one row and ``shape`` more (growing)."""
+    if _shape(x) == shape:
+        return x
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+        return np.broadcast_to(x, shape)
+    import jax.numpy as jnp
+
+    return jnp.broadcast_to(x, shape)
 
 
 def _params(eqn, args, picks=None) -> dict:
@@ -233,7 +265,7 @@ def _params(eqn, args, picks=None) -> dict:
     if prim == "broadcast_in_dim":
         shape = list(p["shape"])
         for i, d in enumerate(p["broadcast_dimensions"]):
-            if old[0][i] != 1:
+            if old[0][i] != 1 or (_GROWING.get() and p["shape"][d] == 1):
                 shape[d] = new[0][i]
         return {**p, "shape": tuple(shape)}
     if prim == "reshape":

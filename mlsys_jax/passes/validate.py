@@ -24,9 +24,10 @@ the fewest pixels that meet every border type of its window (``ir.rebatch``: the
 regions whose linear site's weights are large, on a cut of its output features
 (``passes/feature_cut.py``: a verdict on those features, and the log line says which), once
 every feature of the constants the rewrite ships is shown to be the rule's own on a cut
-(``feature_cut.coverage``; else the region is validated whole). On one row of a batch longer
-than the draws, the draws run at once as rows of one evaluation (:func:`_stacked_pass`), each
-judged on its own row; all but a pass is judged again draw by draw.
+(``feature_cut.coverage``; else the region is validated whole). On one row of its batch (cut
+from more rows than the draws, or traced with one), the draws run at once as rows of one
+evaluation (:func:`_stacked_pass`), each judged on its own row; all but a pass is judged again
+draw by draw.
 
 A region shape validated often in one process (``COMPILED``; ``validate_compiled.COMPILE_AFTER``
 times) is validated compiled: the region and its replacement one XLA program, run on every draw
@@ -501,29 +502,33 @@ def _every_draw_passes(runs: list, *, floats: bool, narrow: bool, low) -> bool:
 
 def _stacked_pass(region: Region, replacement: Callable, shapes: list, given: dict, cut, *,
                   floats: bool, narrow: bool, low) -> bool:
-    """Where the attempt runs one row of the batch (axis 0 of every input cut to one, from more
-    than ``DRAWS``): every draw at once, the draws stacked as rows — each row computed alone and
-    alike, as ``ir.rebatch`` binds a row (it refuses an equation that mixes them) — and judged
-    draw by draw, each on its own row, as :func:`_validate_eagerly` judges it. True only where
+    """Where the attempt runs one row along axis 0 of every input — cut to one from more than
+    ``DRAWS``, or traced with one (a batch of one) — every draw at once, the draws stacked as
+    rows there: each row computed alone and alike, as ``ir.rebatch`` binds rows (it refuses an
+    equation that mixes them; an axis traced with one row grows inside ``rebatch.growing``).
+    Each draw is judged on its own row, as :func:`_validate_eagerly` judges it. True only where
     every test passes; anything else (a failure, a refusal to bind, an output whose rows cannot
     be told apart) is judged again draw by draw, whose verdict and reason stand."""
     if cut is not None:
         shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
-    if not shapes or any(len(s) == 0 or s[0] != 1 or v.aval.shape[0] <= DRAWS
-                         for s, v in zip(shapes, region.inputs)):
-        return False
+    grown = [len(s) > 0 and v.aval.shape[0] == 1 for s, v in zip(shapes, region.inputs)]
+    if not shapes or any(len(s) == 0 or s[0] != 1 or 1 < v.aval.shape[0] <= DRAWS
+                         for s, v in zip(shapes, region.inputs)) or len(set(grown)) != 1:
+        return False  # (all grown or all cut: where the rows are in an output is then known)
     inputs = [np.concatenate([draw(s, v.aval.dtype, i) for i in range(DRAWS)])
               for s, v in zip(shapes, region.inputs)]
+    grow = grown[0]
     try:
-        sides = [_evaluate(region, inputs, False, given, cut),
-                 _replaced(region, replacement, inputs, False, cut)]
-        if floats and narrow:
-            with jax.enable_x64(True):
-                sides += [_evaluate(region, inputs, True, given, cut),
-                          _replaced(region, replacement, inputs, True, cut)]
+        with rebatch.growing() if grow else contextlib.nullcontext():
+            sides = [_evaluate(region, inputs, False, given, cut),
+                     _replaced(region, replacement, inputs, False, cut)]
+            if floats and narrow:
+                with jax.enable_x64(True):
+                    sides += [_evaluate(region, inputs, True, given, cut),
+                              _replaced(region, replacement, inputs, True, cut)]
     except Exception:  # noqa: BLE001 — Unshrinkable, a replacement that fails: draw by draw
         return False
-    axes = [_row_axis(v, x) for v, x in zip(region.outputs, sides[0])]
+    axes = [_row_axis(v, x, grow) for v, x in zip(region.outputs, sides[0])]
     if any(a is None for a in axes) or any(
             np.shape(x) != np.shape(y) for side in sides[1:] for x, y in zip(sides[0], side)):
         return False
@@ -533,11 +538,13 @@ def _stacked_pass(region: Region, replacement: Callable, shapes: list, given: di
                               narrow=narrow, low=low)
 
 
-def _row_axis(var, x) -> int | None:
+def _row_axis(var, x, grown: bool = False) -> int | None:
     """The axis of output ``x`` (of ``var``, computed on ``DRAWS`` stacked rows) that holds the
-    rows: the one axis where it is ``DRAWS`` long and ``var`` longer; None where not one."""
+    rows: the one axis where it is ``DRAWS`` long and ``var`` longer (``grown``: one long; a
+    conv's crop may be ``DRAWS`` long too, but was never one); None where not one."""
     traced = tuple(getattr(var.aval, "shape", ()))
-    found = [a for a, (n, m) in enumerate(zip(np.shape(x), traced)) if n == DRAWS < m]
+    found = [a for a, (n, m) in enumerate(zip(np.shape(x), traced))
+             if n == DRAWS and (m == 1 if grown else m > DRAWS)]
     return found[0] if len(found) == 1 and np.ndim(x) == len(traced) else None
 
 

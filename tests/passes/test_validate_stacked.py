@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mlsys_jax import ir
+from mlsys_jax.compat import Literal
 from mlsys_jax.passes import validate as V
 from mlsys_jax.passes.rewrite.level import Level
 
@@ -83,3 +84,79 @@ def test_a_batch_no_longer_than_the_draws_is_judged_draw_by_draw(monkeypatch):
         m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
         with pytest.raises(AssertionError, match="draw by draw"):
             V._validate(region, right, shapes)
+
+
+# ---- a batch of one: the draws grow the axis traced with one row (rebatch.growing) ----------
+
+def _conv_scale_batch_of_one():
+    """fold_conv_bn's one rewrite of a 3×3 conv then a per-channel scale on one 64×64 image (a
+    ResNet's inference graph at batch 1): its region and its right replacement."""
+    from jax import lax
+
+    from mlsys_jax.passes.rules import fold_conv_bn as rule
+
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((3, 3, 8, 8)) / 8, jnp.float32)
+    s = jnp.asarray(np.linspace(0.5, 2.0, 8), jnp.float32)
+
+    def f(x):
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC")) * s
+    with jax.enable_x64(False):
+        level = Level(ir.trace(f, jax.ShapeDtypeStruct((1, 64, 64, 8), jnp.float32)))
+    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
+    return rule.RULE.region(level, m), rule.RULE.replacement(level, m)
+
+
+def test_a_fold_on_a_batch_of_one_runs_its_draws_as_three_rows(monkeypatch):
+    region, right = _conv_scale_batch_of_one()
+    crop = V._cropped(region)
+    assert crop == [(1, 3, 3, 8)]  # the crop's 3 pixels: the rows are told by the traced 1
+    with monkeypatch.context() as m:
+        m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
+        assert V._validate(region, right, crop) is None
+
+    def wrong(read, widen):
+        return {k: np.where(np.abs(x) > 1e6, np.asarray(x) * 1.5, x)
+                for k, x in right(read, widen).items()}
+    stacked = V._validate(region, wrong, crop)
+    with monkeypatch.context() as m:
+        m.setattr(V, "_stacked_pass", lambda *a, **k: False)
+        assert stacked == V._validate(region, wrong, crop)
+    assert f"on input {V.DRAWS - 1}" in stacked
+
+
+def test_rows_grow_only_inside_growing_and_never_across_a_reduction():
+    from functools import partial
+
+    from mlsys_jax.ir import rebatch
+    from mlsys_jax.ir.evaluate import eval_equation
+
+    table = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)
+
+    def f(x):  # an elementwise op with a constant of one row, a broadcast, a transpose
+        y = jnp.tanh(x * table)
+        return jnp.broadcast_to(y[:, None, :], (1, 2, 8)).transpose(1, 0, 2)
+    closed = jax.make_jaxpr(f)(jax.ShapeDtypeStruct((1, 8), jnp.float32))
+    rows = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+
+    def run(x):
+        env = dict(zip(closed.jaxpr.constvars, closed.consts))
+        env[closed.jaxpr.invars[0]] = x
+        for e in closed.jaxpr.eqns:
+            vals = [v.val if type(v) is Literal else env[v] for v in e.invars]
+            env.update(zip(e.outvars, rebatch.rebind(e, vals, partial(eval_equation))))
+        return np.asarray(env[closed.jaxpr.outvars[0]])
+    with pytest.raises(rebatch.Unshrinkable):  # a row more than traced: not outside growing
+        run(rows)
+    with rebatch.growing():
+        grown = run(rows)
+    assert grown.shape == (2, 3, 8)
+    for i in range(3):
+        np.testing.assert_array_equal(grown[:, i:i + 1], run(rows[i:i + 1]))
+
+    mean = jax.make_jaxpr(lambda x: jnp.mean(x, axis=0))(jax.ShapeDtypeStruct((1, 8),
+                                                                               jnp.float32))
+    (s, *_) = mean.jaxpr.eqns
+    with rebatch.growing(), pytest.raises(rebatch.Unshrinkable):
+        rebatch.rebind(s, [rows], partial(eval_equation))
