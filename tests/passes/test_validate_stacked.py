@@ -12,6 +12,7 @@ from mlsys_jax import ir
 from mlsys_jax.compat import Literal
 from mlsys_jax.passes import validate as V
 from mlsys_jax.passes.rewrite.level import Level
+from tests.passes.test_validate_crop import _conv_scaled, _region
 
 
 def _dense_scale(shape):
@@ -88,28 +89,10 @@ def test_a_batch_no_longer_than_the_draws_is_judged_draw_by_draw(monkeypatch):
 
 # ---- a batch of one: the draws grow the axis traced with one row (rebatch.growing) ----------
 
-def _conv_scale_batch_of_one():
-    """fold_conv_bn's one rewrite of a 3×3 conv then a per-channel scale on one 64×64 image (a
-    ResNet's inference graph at batch 1): its region and its right replacement."""
-    from jax import lax
-
-    from mlsys_jax.passes.rules import fold_conv_bn as rule
-
-    rng = np.random.default_rng(0)
-    w = jnp.asarray(rng.standard_normal((3, 3, 8, 8)) / 8, jnp.float32)
-    s = jnp.asarray(np.linspace(0.5, 2.0, 8), jnp.float32)
-
-    def f(x):
-        return lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC")) * s
-    with jax.enable_x64(False):
-        level = Level(ir.trace(f, jax.ShapeDtypeStruct((1, 64, 64, 8), jnp.float32)))
-    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
-    return rule.RULE.region(level, m), rule.RULE.replacement(level, m)
-
-
 def test_a_fold_on_a_batch_of_one_runs_its_draws_as_three_rows(monkeypatch):
-    region, right = _conv_scale_batch_of_one()
+    # fold_conv_bn's rewrite of a 3×3 conv and a per-channel scale on one 64×64 image (a
+    # ResNet's inference graph at batch 1)
+    region, right = _region(_conv_scaled(), (1, 64, 64, 8))
     crop = V._cropped(region)
     assert crop == [(1, 3, 3, 8)]  # the crop's 3 pixels: the rows are told by the traced 1
     with monkeypatch.context() as m:
