@@ -32,6 +32,22 @@ def _draw_by_draw_refused(*_, **__):
     raise AssertionError("judged draw by draw")
 
 
+def _off_where_huge(right):
+    """``right`` off only where a value is huge: on the special values' draw (the last) alone."""
+    def wrong(read, widen):
+        return {k: np.where(np.abs(x) > 1e6, np.asarray(x) * 1.5, x)
+                for k, x in right(read, widen).items()}
+    return wrong
+
+
+def _reasons(region, wrong, shapes, monkeypatch) -> tuple:
+    """The verdict with the draws stacked, and draw by draw alone."""
+    stacked = V._validate(region, wrong, shapes)
+    with monkeypatch.context() as m:
+        m.setattr(V, "_stacked_pass", lambda *a, **k: False)
+        return stacked, V._validate(region, wrong, shapes)
+
+
 def test_a_right_fold_on_a_batch_passes_with_every_draw_at_once(monkeypatch):
     region, right = _dense_scale((4, 64, 128))
     shapes = V._one_vector(region)
@@ -64,14 +80,9 @@ def test_a_wrong_fold_gets_the_reason_it_gets_draw_by_draw(monkeypatch, wrong_on
     if wrong_on == "every draw":
         def wrong(read, widen):
             return {k: x * 1.5 for k, x in right(read, widen).items()}
-    else:  # off only where a value is huge: on the special values' draw (the last) alone
-        def wrong(read, widen):
-            return {k: np.where(np.abs(x) > 1e6, np.asarray(x) * 1.5, x)
-                    for k, x in right(read, widen).items()}
-    stacked = V._validate(region, wrong, shapes)
-    with monkeypatch.context() as m:
-        m.setattr(V, "_stacked_pass", lambda *a, **k: False)
-        alone = V._validate(region, wrong, shapes)
+    else:
+        wrong = _off_where_huge(right)
+    stacked, alone = _reasons(region, wrong, shapes, monkeypatch)
     assert stacked == alone and "differs in float64" in alone
     if wrong_on == "the special values":
         assert f"on input {V.DRAWS - 1}" in alone
@@ -98,15 +109,8 @@ def test_a_fold_on_a_batch_of_one_runs_its_draws_as_three_rows(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
         assert V._validate(region, right, crop) is None
-
-    def wrong(read, widen):
-        return {k: np.where(np.abs(x) > 1e6, np.asarray(x) * 1.5, x)
-                for k, x in right(read, widen).items()}
-    stacked = V._validate(region, wrong, crop)
-    with monkeypatch.context() as m:
-        m.setattr(V, "_stacked_pass", lambda *a, **k: False)
-        assert stacked == V._validate(region, wrong, crop)
-    assert f"on input {V.DRAWS - 1}" in stacked
+    stacked, alone = _reasons(region, _off_where_huge(right), crop, monkeypatch)
+    assert stacked == alone and f"on input {V.DRAWS - 1}" in alone
 
 
 def test_rows_grow_only_inside_growing_and_never_across_a_reduction():
