@@ -361,8 +361,8 @@ TILED_ABOVE = 1 << 22   # bytes: smaller results are copied in one call
 def contiguous(y: np.ndarray) -> np.ndarray:
     """``y`` in C order (a view of another layout copied; ``ascontiguousarray`` makes 0-d 1-d).
     A large transposed matrix is copied a tile at a time: ``ndarray.copy`` walks the source a
-    column at a time, one cache miss per element (GPT-2's transposed 154 MB embedding: ~4x
-    slower)."""
+    column at a time, one cache miss per element (GPT-2's transposed embedding: its figures in
+    docs/verification.md)."""
     if y.flags.c_contiguous:
         return y
     if y.ndim != 2 or y.nbytes < TILED_ABOVE:
