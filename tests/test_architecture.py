@@ -11,7 +11,7 @@ BENCHMARKS = ROOT / "benchmarks"
 # `experiments` (the lecture) and `benchmarks` (top-level packages) build on the whole library and
 # the library never imports them; `cli` (the `mlsys-jax` command) sits on top of everything but
 # `api` (the commands as Python functions, which call the commands' computing parts).
-RANK = {"errors": 0, "compat": 0, "defaults": 0, "results": 1, "tables": 1, "timing": 1,
+RANK = {"errors": 0, "compat": 0, "defaults": 0, "contexts": 0, "results": 1, "tables": 1, "timing": 1,
         "runtime": 1, "progress": 1, "ir": 2,
         "cost": 3, "models": 3, "passes": 4, "remat": 4, "parallel": 4, "execute": 5,
         "planning": 5, "fuzz": 6,

@@ -18,7 +18,6 @@ raises or does to the process is reported as its failure (``user_code.py``).
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import inspect
 import sys
@@ -29,6 +28,7 @@ from typing import Any, Callable
 
 from mlsys_jax import runtime
 from mlsys_jax.cli import user_code
+from mlsys_jax.contexts import setting
 from mlsys_jax.errors import MlsysError
 
 FN_AND_ARGS = "(f, args)"
@@ -36,14 +36,9 @@ FN_AND_ARGS = "(f, args)"
 _ABSTRACT: ContextVar[bool] = ContextVar("abstract factories", default=False)
 
 
-@contextlib.contextmanager
 def factories_on_shapes(on: bool):
     """While open, :func:`load_factory` runs factories under ``jax.eval_shape`` when ``on``."""
-    token = _ABSTRACT.set(bool(on))
-    try:
-        yield
-    finally:
-        _ABSTRACT.reset(token)
+    return setting(_ABSTRACT, bool(on))
 
 
 @dataclass(frozen=True)

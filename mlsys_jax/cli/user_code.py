@@ -31,6 +31,7 @@ import time
 import weakref
 from typing import Callable
 
+from mlsys_jax.contexts import setting
 from mlsys_jax.errors import INTERRUPTED, MlsysError
 
 DEFAULT_IMPORT_TIMEOUT_S = 120.0
@@ -47,12 +48,8 @@ def time_bound(seconds: float | None):
     """Bound every :func:`run` inside the block by ``seconds`` (None: the default bound). The
     block is a command's work on the user's code, so a check in that code failing as its
     program runs is reported there as the user's failure (:func:`runtime_failures`)."""
-    token = _BOUND.set(seconds)
-    try:
-        with runtime_failures():
-            yield
-    finally:
-        _BOUND.reset(token)
+    with setting(_BOUND, seconds), runtime_failures():
+        yield
 
 
 def run(fn: Callable, doing: str, failed: str):

@@ -47,6 +47,7 @@ import math
 import numpy as np
 
 from mlsys_jax.compat import Literal
+from mlsys_jax.contexts import setting
 from mlsys_jax.ir.primitives import ELEMENTWISE, REDUCTIONS, TRANSPARENT_CALLS
 from mlsys_jax.ir.walk import bodies
 
@@ -70,24 +71,14 @@ _GROWING: contextvars.ContextVar = contextvars.ContextVar("mlsys_jax_rebatch_gro
                                                          default=False)
 
 
-@contextlib.contextmanager
 def growing():
     """Inside, an axis traced with length one may carry more rows (see the module doc)."""
-    token = _GROWING.set(True)
-    try:
-        yield
-    finally:
-        _GROWING.reset(token)
+    return setting(_GROWING, True)
 
 
-@contextlib.contextmanager
 def cropping():
     """Inside, a conv may read an image cropped along its spatial axes (see the module doc)."""
-    token = _CROPS.set(_Ledger())
-    try:
-        yield
-    finally:
-        _CROPS.reset(token)
+    return setting(_CROPS, _Ledger())
 
 
 @contextlib.contextmanager

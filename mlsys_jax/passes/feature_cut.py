@@ -39,7 +39,6 @@ sample, and by ``optimize``'s value check on every element.
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from dataclasses import dataclass
 
@@ -47,6 +46,7 @@ import jax
 import numpy as np
 
 from mlsys_jax.compat import Literal, Tracer, bind_equation
+from mlsys_jax.contexts import setting
 from mlsys_jax.ir import aval_bytes
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
 from mlsys_jax.ir.rebatch import take
@@ -235,20 +235,9 @@ def traced() -> bool:
     return bool(_TRACING.get())
 
 
-@contextlib.contextmanager
 def tracing():
     """Inside, :func:`bind_traced` binds equations on tracers (the replacement or region traced)."""
-    with _tracing():
-        yield
-
-
-@contextlib.contextmanager
-def _tracing():
-    token = _TRACING.set(True)
-    try:
-        yield
-    finally:
-        _TRACING.reset(token)
+    return setting(_TRACING, True)
 
 
 def _trace(region, replacement, cut: Cut | None):
@@ -263,7 +252,7 @@ def _trace(region, replacement, cut: Cut | None):
         read = dict(zip(region.inputs, vals)).__getitem__
         outs = replacement(read, False) if cut is None else replacement(read, False, cut)
         return [unwrap(outs[v]) for v in region.outputs]
-    with _tracing():
+    with tracing():
         return jax.make_jaxpr(fn)(*args)
 
 

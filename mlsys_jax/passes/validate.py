@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mlsys_jax.compat import Literal, bind_equation, eval_context
+from mlsys_jax.contexts import setting
 from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.consts import is_pure
 from mlsys_jax.ir.evaluate import eval_equation
@@ -83,24 +84,14 @@ _ON = contextvars.ContextVar("mlsys_jax_validate", default=False)
 COMPILED = contextvars.ContextVar("mlsys_jax_validate_compiled", default=None)
 
 
-@contextlib.contextmanager
 def compiled(after: int | None = 1):
     """Inside, a region shape is validated compiled once seen ``after`` times (0: never)."""
-    token = COMPILED.set(after)
-    try:
-        yield
-    finally:
-        COMPILED.reset(token)
+    return setting(COMPILED, after)
 
 
-@contextlib.contextmanager
 def validating(on: bool = True):
     """Rewrites made inside are validated (``passes.run`` and the search enter this)."""
-    token = _ON.set(bool(on))
-    try:
-        yield
-    finally:
-        _ON.reset(token)
+    return setting(_ON, bool(on))
 
 
 def enabled() -> bool:
