@@ -8,7 +8,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from mlsys_jax.compat import ClosedJaxpr, Literal, bind_equation
+from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer, bind_equation
 from mlsys_jax.ir.consts import Consts
 from mlsys_jax.ir.opview import consumers
 from mlsys_jax.ir.rebatch import rebind
@@ -67,15 +67,26 @@ class Emit:
 
     def once(self, key, compute: Callable):
         """``compute()``, computed once per ``key``, precision and cut among the emits that share
-        ``memo`` (validation's runs of one replacement: what the rule computes from constants
-        alone, a fold's scaled kernel, is the same for every draw); every time without one."""
-        if self.memo is None or feature_cut.traced():  # (a trace computes its own)
+        ``memo`` (validation's runs of one replacement and the rewrite itself: what the rule
+        computes from constants alone, a fold's scaled kernel, is the same for every draw, and
+        the rewrite ships the bits validated); every time without one."""
+        if self.memo is None:
             return compute()
         cut = None if self.cut is None else (self.cut.size, tuple(np.asarray(self.cut.keep)))
         key = (key, self.widen, cut)
-        if key not in self.memo:
-            self.memo[key] = compute()
-        return self.memo[key]
+        if key in self.memo:
+            return self.memo[key]
+        got = compute()
+        if not any(isinstance(x, (Tracer, feature_cut.TracedValue))
+                   for x in jax.tree_util.tree_leaves(got)):  # (a trace's values are its own)
+            self.memo[key] = got
+        return got
+
+    @staticmethod
+    def shipped(memo: dict) -> dict:
+        """What of ``memo`` the rewrite reads: the program's dtypes, whole (the widened and cut
+        values of a validation are let go, not held until the pass ends)."""
+        return {k: x for k, x in memo.items() if not k[1] and k[2] is None}
 
     def value(self, v):
         """Atom ``v``'s value: a known constant's (widened when widening), else ``read(v)``."""

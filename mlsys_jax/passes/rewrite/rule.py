@@ -142,10 +142,12 @@ class Rule:
                                            s.x)
         return Region(tuple(eqns), tuple(inputs), consts, tuple(m.outputs), removed, site)
 
-    def replacement(self, level: Level, m: Match) -> Callable:
+    def replacement(self, level: Level, m: Match, memo: dict | None = None) -> Callable:
         """``m``'s emit as a function of the region's inputs (what ``validate`` runs), on a cut
-        of the site's output features when given one."""
-        memo: dict = {}  # what the emit computes from constants alone, once per precision
+        of the site's output features when given one. ``memo``: what the emit computes from
+        constants alone, once per precision and cut (``Emit.once``); the rewrite that shares it
+        ships the very constants validated."""
+        memo = {} if memo is None else memo
 
         def run(read, widen, cut=None):
             return self.emit(m, Emit(level, read, widen, concrete=True, cut=cut, memo=memo))
@@ -162,22 +164,22 @@ class Rule:
                 matches = matches[only:only + 1]
             at = {}
             for m in matches:
-                scope = None  # validated whole, or on the features named
+                scope, memo = None, {}  # validated whole, or on the features named
                 if enabled():
-                    why, scope = check(self.region(level, m), self.replacement(level, m))
+                    why, scope = check(self.region(level, m), self.replacement(level, m, memo))
                     if why is not None:
                         log.refused(level.where(m.anchor), f"translation validation: {why}",
                                     check="translation_validation")
                         continue
-                at[_placement(level, m)[0]] = (m, scope)
+                at[_placement(level, m)[0]] = (m, scope, Emit.shipped(memo))
             if not at:
                 return None
 
             def rule(i, eqn, invals, lookup, here):
                 if i not in at:
                     return None
-                m, scope = at[i]
-                outs = self.emit(m, Emit(level, lookup))
+                m, scope, memo = at[i]
+                outs = self.emit(m, Emit(level, lookup, memo=memo))
                 log.fired(level.where(m.anchor), m.detail if scope is None else
                           f"{m.detail} (translation validation on {scope})")
                 return outs
