@@ -32,10 +32,12 @@ A conv's image may be cropped along its spatial axes too (:func:`crop_length`): 
 position computes one function of its window, which depends on the position only through which
 of the kernel's taps fall on padding (its *border type*). A crop that keeps every border type of
 the full image, with the same alignment to the stride at the far edge, tests every function the
-full image computes. That holds for one conv at a time: a conv reading a cropped conv's output
+full image computes. That holds for one image at a time: a conv reading a cropped conv's output
 sees borders of borders, so each side of a validation (:func:`side`, inside :func:`cropping`)
-may crop at most one conv, and both sides' cropped convs must have the same geometry (two
-paddings would pair border types the crop may not pair).
+may crop the convs of one image only — those that read that very array (parallel convs, as a
+merge of them reads it), not a value computed from one of them — and every cropped conv, on
+both sides, must have the same geometry (two paddings would pair border types the crop may
+not pair).
 """
 from __future__ import annotations
 
@@ -59,11 +61,11 @@ class Unshrinkable(Exception):
 
 
 class _Ledger:
-    """The cropped convs of one validation attempt: their common geometry, and whether the
-    side being evaluated has cropped one already."""
+    """The cropped convs of one validation attempt: their common geometry, and the image the
+    side being evaluated has cropped a conv of (None: none yet)."""
 
     def __init__(self):
-        self.geometry, self.cropped = None, False
+        self.geometry, self.image = None, None
 
 
 _CROPS: contextvars.ContextVar = contextvars.ContextVar("mlsys_jax_rebatch_crops", default=None)
@@ -84,10 +86,10 @@ def cropping():
 @contextlib.contextmanager
 def side():
     """One side of the comparison (the region, or its replacement) is evaluated inside: it may
-    crop one conv."""
+    crop the convs of one image."""
     ledger = _CROPS.get()
     if ledger is not None:
-        ledger.cropped = False
+        ledger.image = None
     yield
 
 
@@ -136,12 +138,14 @@ def window_geometry(params: dict, kernel_shape: tuple) -> list[dict]:
             for i, a in enumerate(dn.rhs_spec[2:])]
 
 
-def _crop(eqn, old: tuple, new: tuple, kernel: tuple) -> None:
-    """Allow a conv's image ``old`` cut to ``new`` along spatial axes (Unshrinkable otherwise):
-    each axis keeps every border type, one cropped conv per side, one geometry per attempt."""
+def _crop(eqn, image, old: tuple, new: tuple, kernel: tuple) -> None:
+    """Allow a conv's ``image``, traced ``old``, cut to ``new`` along spatial axes
+    (Unshrinkable otherwise): each axis keeps every border type, one image cropped per side
+    (convs that read that very array, not a value computed from one of them), one geometry
+    per attempt."""
     p, dn = eqn.params, eqn.params["dimension_numbers"]
     ledger = _CROPS.get()
-    if ledger is None or ledger.cropped:
+    if ledger is None or (ledger.image is not None and ledger.image is not image):
         raise Unshrinkable("conv rows other than its batch" if ledger is None
                            else "a second cropped conv on one side")
     if any(d != 1 for d in p["lhs_dilation"]):
@@ -157,7 +161,7 @@ def _crop(eqn, old: tuple, new: tuple, kernel: tuple) -> None:
              tuple(tuple(sorted(g.items())) for g in geometries))
     if ledger.geometry is not None and ledger.geometry != shape:
         raise Unshrinkable("the two sides crop convs of different geometry")
-    ledger.geometry, ledger.cropped = shape, True
+    ledger.geometry, ledger.image = shape, image
 
 
 def _shape(x) -> tuple:
@@ -281,7 +285,7 @@ def _params(eqn, args, picks=None) -> dict:
         if set(_changed(old[0], new[0])) & set(dn.lhs_spec[2:]):
             if set(_changed(old[1], new[1])) & set(dn.rhs_spec[2:]):
                 raise Unshrinkable("conv kernel cut along its window")
-            _crop(eqn, old[0], new[0], tuple(old[1]))
+            _crop(eqn, args[0], old[0], new[0], tuple(old[1]))
         cut = [a for a in _changed(old[1], new[1]) if (old[1][a], new[1][a]) in (picks or {})]
         if cut and (cut != [dn.rhs_spec[0]] or p["feature_group_count"] != 1
                     or p["batch_group_count"] != 1):

@@ -1,6 +1,7 @@
 """A conv region validated on a crop of its image (ir/rebatch.py, passes/validate.py): the crop
-keeps every border type of the full image, each side crops at most one conv, both sides with one
-geometry; anything else is refused the crop and validated on more."""
+keeps every border type of the full image, each side crops the convs of one image (parallel convs
+of it, not a chain), all with one geometry; anything else is refused the crop and validated on
+more."""
 from __future__ import annotations
 
 import itertools
@@ -79,14 +80,20 @@ def test_a_crop_is_refused_outside_validation_short_of_a_border_type_or_off_the_
         rebind(strided, [x[:, :4, :4], w], _bind)  # 9 - 4 is odd: the far edge moved
 
 
-def test_each_side_crops_one_conv_and_both_sides_one_geometry():
+def test_each_side_crops_the_convs_of_one_image_and_both_sides_one_geometry():
     eqn, w = _conv_eqn()
     x = np.ones((1, 3, 3, 4), np.float32)
     with rebatch.cropping():
         with rebatch.side():
             (y,) = rebind(eqn, [x, w], _bind)
+            rebind(eqn, [x, w * 2], _bind)  # a parallel conv of the same image
             with pytest.raises(Unshrinkable, match="second cropped conv"):
                 rebind(eqn, [np.asarray(y), w], _bind)  # a chain: borders of borders
+            with pytest.raises(Unshrinkable, match="second cropped conv"):
+                rebind(eqn, [x.copy(), w], _bind)  # equal, but not the image cropped
+            wide, _ = _conv_eqn(padding=((2, 2), (2, 2)))
+            with pytest.raises(Unshrinkable, match="different geometry"):
+                rebind(wide, [x, w], _bind)  # the same image, another padding
         with rebatch.side():
             rebind(eqn, [x, w], _bind)  # the other side, the same geometry
         other, w = _conv_eqn(padding=((2, 0), (1, 1)))
@@ -173,3 +180,30 @@ def test_a_broken_fold_is_refused_on_the_crop(name, monkeypatch):
     assert refused and "differs in float64" in refused[0].reason
     shapes, crop, why = ran[0]
     assert shapes == crop == [(1, 4, 3, 3)] and why is not None
+
+
+def test_parallel_convs_merged_are_validated_on_one_crop_and_a_wrong_merge_refused_there():
+    from mlsys_jax.passes.rewrite.level import Level
+    from mlsys_jax.passes.rules import merge_parallel_convs as rule
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (jnp.asarray(rng.standard_normal((1, 1, 8, n)) / 3, jnp.float32) for n in (8, 16))
+
+    def f(x):
+        conv = partial(lax.conv_general_dilated, window_strides=(1, 1), padding="VALID",
+                       dimension_numbers=NHWC)
+        return conv(x, w1) * 2.0, conv(x, w2) - 1.0
+    with jax.enable_x64(False):
+        level = Level(ir.trace(f, jax.ShapeDtypeStruct((2, 64, 64, 8), jnp.float32)))
+    (m,) = [x for x in rule.match(level) if not isinstance(x, rule.Refused)]
+    region, right = rule.RULE.region(level, m), rule.RULE.replacement(level, m)
+    assert sum(e.primitive.name == "conv_general_dilated" for e in region.eqns) == 2
+    crop = V._cropped(region)
+    assert crop == [(1, 1, 1, 8)]
+    assert V._validate(region, right, crop) is None  # both convs of the region cropped
+
+    def wrong(read, widen):
+        outs = right(read, widen)
+        first = region.outputs[0]
+        return {**outs, first: np.asarray(outs[first]) * (1 + 1e-3)}
+    assert "differs in float64" in V._validate(region, wrong, crop)
