@@ -7,19 +7,28 @@ kernel for every new (primitive, shape, dtype), which at the size of a test or a
 most of the cost; NumPy computes these primitives directly, in the precision XLA:CPU computes them
 (16-bit floats in float32, rounded back; integers in int64, wrapped back to their width).
 ``ir/numpy_rules.py`` is the other NumPy table: exact XLA bits, for the bitwise oracle.
-A large contraction is the exception: NumPy's tap-by-tap conv costs more than XLA's kernel, whose
-compile JAX caches per shape (a search validates the same conv many times), so convs and
-dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
+A float64 conv is one BLAS product of the matrix of its windows with its kernel where that
+matrix is modest (``WINDOWS_ELEMENTS``: a crop's few windows of a real model's kernel, 2–3× faster
+than XLA:CPU's float64 conv kernel there). Otherwise NumPy's tap-by-tap conv costs more than XLA's
+kernel, whose compile JAX caches per shape (a search validates the same conv many times), so such
+convs and dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from mlsys_jax.compat import Tracer
 from mlsys_jax.ir.widen import is_float
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+CONV = "conv_general_dilated"
 NUMPY_MACS = 2_000_000  # above: XLA's kernel (one compile per shape) beats NumPy's contraction
+# A conv's matrix of windows (``_by_windows``) up to this many elements: one BLAS product beats
+# XLA:CPU's conv kernel on a crop's few windows of a large kernel, and holds 32 MiB in float64
+WINDOWS_ELEMENTS = 1 << 22
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -63,7 +72,11 @@ def _dilate(x, factors):
 
 def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
           feature_group_count, batch_group_count, **_):
-    """lax.conv_general_dilated by the taps of the kernel: each tap one contraction."""
+    """lax.conv_general_dilated in float64 as one matrix product of its windows
+    (:func:`_by_windows`) where they fit ``WINDOWS_ELEMENTS``; else tap by tap where it is small
+    (``NUMPY_MACS``), else None (XLA's kernel). Narrower floats never take the windows' product:
+    XLA:CPU flushes subnormals, and a BLAS product of the special values' draw (±tiny times a
+    weight) computes them, several times slower than XLA's kernel."""
     if batch_group_count != 1:
         return None
     dn = dimension_numbers
@@ -76,15 +89,56 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
     out_sp = tuple(max(0, (n - (k - 1) * r - 1) // s + 1) for n, k, r, s in
                    zip(x.shape[2:], kernel, rhs_dilation, window_strides))
     n, g, o, i = x.shape[0], feature_group_count, w.shape[0], w.shape[1]
+    dtype = np.result_type(x.dtype, w.dtype)
+    taps = math.prod(kernel)
+    if not all(out_sp):
+        out = np.zeros((n, o) + out_sp, dtype)
+    elif dtype == F64 and n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS:
+        out = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation)
+    elif n * math.prod(out_sp) * o * i * taps <= NUMPY_MACS:
+        out = _by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
+            (n, o) + out_sp)
+    else:
+        return None
+    return np.transpose(out.astype(dtype, copy=False), np.argsort(dn.out_spec))
+
+
+def _by_windows(x, w, g, kernel, out_sp, strides, dilation):
+    """The conv (``x`` padded (N, C, ...), ``w`` (O, I, ...)) as a product of a matrix of its
+    windows (a row per output position, per group) with the kernel's: one BLAS call a group,
+    faster than XLA:CPU's conv kernel where the windows are few and the kernel large (a
+    validation's crop of a real model's conv)."""
+    n, o, i = x.shape[0], w.shape[0], w.shape[1]
+    d = len(kernel)
+    extent = tuple((k - 1) * r + 1 for k, r in zip(kernel, dilation))
+    win = sliding_window_view(x, extent, axis=tuple(range(2, 2 + d)))
+    win = win[(slice(None), slice(None))
+              + tuple(slice(None, (m - 1) * s + 1, s) for m, s in zip(out_sp, strides))
+              + tuple(slice(None, None, r) for r in dilation)]  # (N, C, *out_sp, *kernel)
+    win = win.reshape((n, g, i) + out_sp + kernel)
+    # rows (N, *out_sp), then the group, then (*kernel, I): the order of an HWIO kernel's
+    # elements, so its matrix is the kernel itself, not a transposed copy of it
+    spatial, taps = tuple(range(3, 3 + d)), tuple(range(3 + d, 3 + 2 * d))
+    rows, depth = n * math.prod(out_sp), i * math.prod(kernel)
+    cols = np.ascontiguousarray(win.transpose((0,) + spatial + (1,) + taps + (2,)))
+    weights = w.reshape((g, o // g, i) + kernel).transpose((0,) + tuple(range(3, 3 + d)) + (2, 1))
+    out = np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
+                    weights.reshape(g, depth, o // g))  # (g, rows, o // g)
+    out = out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,))
+    return np.moveaxis(out, -1, 1)
+
+
+def _by_taps(x, w, g, kernel, out_sp, strides, dilation):
+    """The conv tap by tap: each tap of the kernel one contraction (no window matrix)."""
+    n, o, i = x.shape[0], w.shape[0], w.shape[1]
     out = np.zeros((n, g, o // g) + out_sp, np.result_type(x.dtype, w.dtype))
-    if all(out_sp):
-        for tap in np.ndindex(*kernel):
-            sl = tuple(slice(t * r, t * r + (m - 1) * s + 1, s) for t, r, m, s in
-                       zip(tap, rhs_dilation, out_sp, window_strides))
-            patch = x[(slice(None), slice(None)) + sl].reshape((n, g, i) + out_sp)
-            taps = w[(slice(None), slice(None)) + tap].reshape(g, o // g, i)
-            out += np.einsum("ngi...,goi->ngo...", patch, taps, optimize=True)
-    return np.transpose(out.reshape((n, o) + out_sp), np.argsort(dn.out_spec))
+    for tap in np.ndindex(*kernel):
+        sl = tuple(slice(t * r, t * r + (m - 1) * s + 1, s) for t, r, m, s in
+                   zip(tap, dilation, out_sp, strides))
+        patch = x[(slice(None), slice(None)) + sl].reshape((n, g, i) + out_sp)
+        taps = w[(slice(None), slice(None)) + tap].reshape(g, o // g, i)
+        out += np.einsum("ngi...,goi->ngo...", patch, taps, optimize=True)
+    return out
 
 
 def _convert(x, new_dtype, **_):
@@ -103,17 +157,17 @@ OPS = {
     if dimensions is None else None,
     "squeeze": lambda x, dimensions, **_: np.squeeze(x, tuple(dimensions)),
     "transpose": lambda x, permutation, **_: np.transpose(x, permutation),
-    "dot_general": _dot, "conv_general_dilated": _conv,
+    "dot_general": _dot, CONV: _conv,
 }
 IGNORED = ("sharding", "out_sharding", "accuracy", "out_dtype", "weak_type", "precision",
            "preferred_element_type")
 
 
-def _macs(eqn) -> int:
+def macs(eqn) -> int:
     """Multiply-adds of a conv or dot_general (0 for anything else): the output's size times
     what each output element contracts."""
     name = eqn.primitive.name
-    if name not in ("conv_general_dilated", "dot_general"):
+    if name not in (CONV, "dot_general"):
         return 0
     out = int(np.prod(eqn.outvars[0].aval.shape))
     rhs = eqn.invars[1].aval.shape
@@ -128,7 +182,7 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
     """``eqn`` on ``invals`` as NumPy computes it, the result in ``out_dtype``; None where this
     table has no rule (the caller binds it through XLA)."""
     fn = OPS.get(eqn.primitive.name)
-    if fn is None or eqn.primitive.multiple_results or _macs(eqn) > NUMPY_MACS:
+    if fn is None or eqn.primitive.multiple_results:
         return None
     if any(isinstance(x, Tracer) for x in invals):
         return None  # under a trace (a jitted float64 twin): JAX binds it
@@ -140,6 +194,8 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
                                        "sin", "cos"):
         return None  # truncating division and the like: XLA's own rules
     wide = compute_dtype(np.result_type(*[x.dtype for x in xs]) if xs else out_dtype)
+    if macs(eqn) > NUMPY_MACS and not (wide == F64 and eqn.primitive.name == CONV):
+        return None  # (a float64 conv decides by its windows: _conv)
     xs = [x.astype(wide) if x.dtype != wide else x for x in xs]
     params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
     with np.errstate(all="ignore"):

@@ -76,6 +76,9 @@ PRECISION_MARGIN = 2.0
 # convolution at a real model's size, several times, in two dtypes, costs seconds; a small
 # region runs whole, on the kernels its program's own evaluation compiled already.
 ONE_ROW_ABOVE = 1 << 15
+# A conv of this many multiply-adds runs on a crop of its image however few pixels it has: its
+# weights are the cost (ResNet-50's last stage, 3×3×512×512 on 7×7, 0.1 G a draw).
+CROP_MACS = 1 << 22
 _ON = contextvars.ContextVar("mlsys_jax_validate", default=False)
 # After how many validations of a region's shape in this process it is validated compiled and
 # batched (``passes/validate_compiled.py``; failures are judged again eagerly): None, the
@@ -319,14 +322,15 @@ def _one_vector(region: Region):
 def _cropped(region: Region):
     """The inputs' shapes cut to one example, the image a conv of the region reads cropped to
     the fewest pixels that meet every border type of the conv (``ir.rebatch``: the same verdict
-    as on the whole image), or None where no conv reads an input or the region is small."""
+    as on the whole image), or None where no conv reads an input or the region is small (its
+    inputs, and the conv's work: ``CROP_MACS``)."""
     whole = [tuple(v.aval.shape) for v in region.inputs]
-    if not _large(whole):
-        return None
     rows = _one_row(region) or whole
     for e in region.eqns:
         if e.primitive.name != "conv_general_dilated" or e.invars[0] not in region.inputs:
             continue
+        if not _large(whole) and numpy_eval.macs(e) < CROP_MACS:
+            return None
         k = region.inputs.index(e.invars[0])
         image = list(rows[k])
         for axis, geometry in zip(e.params["dimension_numbers"].lhs_spec[2:],

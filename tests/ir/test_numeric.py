@@ -41,11 +41,35 @@ def _conv_agrees(layout, k, stride, pad, lhs_dil, rhs_dil, groups):
     np.testing.assert_allclose(got, np.asarray(conv(x, w)), rtol=1e-12, atol=1e-12)
 
 
-def test_numpy_conv_is_laxs_on_every_kind_of_param():
+@pytest.mark.parametrize("windows", [numpy_eval.WINDOWS_ELEMENTS, 0])
+def test_numpy_conv_is_laxs_on_every_kind_of_param(windows, monkeypatch):
     # a sample with each layout, padding, dilation, stride and group count (each config is a
-    # compile of lax's kernel; all 144 agree too, to 1e-12)
+    # compile of lax's kernel; all 144 agree too, to 1e-12), as one product of the windows
+    # and tap by tap
+    monkeypatch.setattr(numpy_eval, "WINDOWS_ELEMENTS", windows)
+    calls = []
+    real = numpy_eval._by_windows
+    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: calls.append(1) or real(*a))
     for config in SAMPLE:
         _conv_agrees(*config)
+    assert len(calls) == (len(SAMPLE) if windows else 0)
+
+
+def test_a_float32_conv_is_never_a_product_of_its_windows(monkeypatch):
+    """XLA:CPU flushes subnormals; a BLAS product would compute them (slowly): a large float32
+    conv goes to XLA, a small one runs tap by tap."""
+    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: pytest.fail("windows in float32"))
+
+    def conv_eqn(x, w):
+        (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))(x, w).jaxpr.eqns
+        return eqn
+    x, w = np.ones((3, 3, 3, 256), np.float32), np.ones((3, 3, 256, 256), np.float32)
+    assert numpy_eval.evaluate(conv_eqn(x, w), [x, w], np.float32) is None
+    x, w = x[..., :8], w[:, :, :8, :8]
+    (got,) = numpy_eval.evaluate(conv_eqn(x, w), [x, w], np.float32)
+    np.testing.assert_allclose(got, lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), rtol=1e-6)
 
 
 def test_numpy_dot_general_and_the_dtype_it_computes_in():
