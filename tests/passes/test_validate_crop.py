@@ -207,3 +207,19 @@ def test_parallel_convs_merged_are_validated_on_one_crop_and_a_wrong_merge_refus
         first = region.outputs[0]
         return {**outs, first: np.asarray(outs[first]) * (1 + 1e-3)}
     assert "differs in float64" in V._validate(region, wrong, crop)
+
+
+def test_a_large_conv_on_a_small_image_is_cropped_all_the_same():
+    """ResNet-50's last stage: 7×7 pixels, too few to count as a large input, but a 3×3×512×512
+    kernel; the conv's work (``CROP_MACS``) decides the crop."""
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((3, 3, 64, 256)) / 24, jnp.float32)
+    s = jnp.asarray(np.linspace(0.5, 2.0, 256), jnp.float32)
+    conv = partial(lax.conv_general_dilated, window_strides=(1, 1), padding="SAME",
+                   dimension_numbers=NHWC)
+    region, right = _region(lambda x: conv(x, w) * s, (1, 9, 9, 64))
+    assert not V._large([tuple(v.aval.shape) for v in region.inputs])
+    assert V._cropped(region) == [(1, 3, 3, 64)]
+    assert V.validate(region, right) is None
+    small, _ = _region(lambda x: conv(x, w[..., :8]) * s[:8], (1, 9, 9, 64))
+    assert V._cropped(small) is None  # a small conv on a small image runs whole
