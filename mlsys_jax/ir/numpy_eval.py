@@ -70,6 +70,18 @@ def _dilate(x, factors):
     return out
 
 
+def _pad(x, spatial: list):
+    """``x`` (N, C, spatial...) with zeros around each spatial axis (``np.pad``'s result, at a
+    tenth of its cost on a crop)."""
+    if not any(lo or hi for lo, hi in spatial):
+        return x
+    out = np.zeros(x.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], spatial)),
+                   x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(lo, lo + n) for n, (lo, _) in
+                                           zip(x.shape[2:], spatial))] = x
+    return out
+
+
 def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
           feature_group_count, batch_group_count, **_):
     """lax.conv_general_dilated in float64 as one matrix product of its windows
@@ -82,7 +94,7 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
     dn = dimension_numbers
     x, w = np.transpose(x, dn.lhs_spec), np.transpose(w, dn.rhs_spec)  # (N, C, ..), (O, I, ..)
     x = _dilate(x, lhs_dilation)
-    x = np.pad(x, [(0, 0), (0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
+    x = _pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
     x = x[(slice(None), slice(None)) + tuple(
         slice(max(-lo, 0), n - max(-hi, 0)) for (lo, hi), n in zip(padding, x.shape[2:]))]
     kernel = w.shape[2:]

@@ -27,8 +27,8 @@ before the sample is validated, the replacement is traced in the program's dtype
 (``jax.make_jaxpr``: no value computed but the rule's own NumPy arithmetic on constants) once
 whole — the constants it binds are those the rewrite splices into the program, by the same
 emit — and once on each of the consecutive cuts that cover all the features (:func:`windows`:
-as many features as ``CUT_ABOVE`` bytes of weights hold, what a site validated whole holds; at
-most half of them, at least ``KEEP``), one at a time. Every constant it binds on a cut must be,
+at most as many features as ``CUT_ABOVE`` bytes of weights hold, what a site validated whole
+holds, and half of them, spread evenly; at least ``KEEP``), one at a time. Every constant it binds on a cut must be,
 bit for bit, the whole one's at those features, and every equation the same but for the
 features' length. Where a constant differs, the region is validated whole (the test that judges
 the constants the program ships), and a refusal says where it differed; where the replacement
@@ -141,11 +141,14 @@ def choose(site: Site | None) -> Cut | None:
 
 
 def window(cut: Cut) -> int:
-    """How many features each cut of the coverage check holds: as many as ``CUT_ABOVE`` bytes
-    of the site's weights hold (fewer cuts, fewer traces), at most half of them (every cut is a
-    cut), at least ``KEEP``."""
+    """How many features each cut of the coverage check holds: at most as many as ``CUT_ABOVE``
+    bytes of the site's weights hold (fewer cuts, fewer traces) and half of them (every cut is a
+    cut), spread evenly over that many cuts (the last overlaps the one before by less than a
+    cut's count of features), at least ``KEEP``."""
     per_feature = max(1, aval_bytes(cut.site.weight.aval) // cut.size)
-    return int(max(KEEP, min(cut.size // 2, CUT_ABOVE // per_feature)))
+    most = max(1, min(cut.size // 2, CUT_ABOVE // per_feature))
+    cuts = -(-cut.size // most)
+    return int(max(KEEP, -(-cut.size // cuts)))
 
 
 def windows(cut: Cut) -> list:
