@@ -64,7 +64,7 @@ def folded(em, site: LinearSite, aff):
     """(W ⊙ a, B ⊙ a + b) in the dtypes ``em`` computes in (see the module doc); a and b as
     ``em`` reads the site's features (``Emit.features``: on a validation cut, cut alike)."""
     a, b = em.features(aff.a), em.features(aff.b)
-    new_w = scale_weights(em.value(site.w), a, site, em.dtype(site.w))
+    new_w = scale_weights(em.value(site.w, widened=False), a, site, em.dtype(site.w))
     dtype = em.dtype(site.out)
     b0 = None if site.b is None else em.value(site.b)
     with np.errstate(over="ignore", invalid="ignore"):  # an Inf is judged by validation

@@ -88,8 +88,10 @@ class Emit:
         values of a validation are let go, not held until the pass ends)."""
         return {k: x for k, x in memo.items() if not k[1] and k[2] is None}
 
-    def value(self, v):
-        """Atom ``v``'s value: a known constant's (widened when widening), else ``read(v)``."""
+    def value(self, v, widened: bool = True):
+        """Atom ``v``'s value: a known constant's (widened when widening, unless not
+        ``widened``: as the program holds it, for arithmetic that widens each element itself,
+        exactly, as a fold's float64 scaling of its weights does), else ``read(v)``."""
         if isinstance(v, Literal):
             return literal_value(v, self.widen)
         known = self.level.value(v)
@@ -97,7 +99,7 @@ class Emit:
             return self.read(v)
         if self.cut is not None:
             known = self.cut.constant(v, known)
-        if self.widen:
+        if self.widen and widened:
             return widen_value(known)
         return np.asarray(known) if self.concrete else known
 
