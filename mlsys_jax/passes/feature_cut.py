@@ -28,9 +28,9 @@ before the sample is validated, the replacement is traced in the program's dtype
 whole — the constants it binds are those the rewrite splices into the program, by the same
 emit — and once on each of the consecutive cuts that cover all the features (:func:`windows`:
 at most as many features as ``CUT_ABOVE`` bytes of weights hold, what a site validated whole
-holds, and half of them, spread evenly; at least ``KEEP``), one at a time. Every constant it binds on a cut must be,
-bit for bit, the whole one's at those features, and every equation the same but for the
-features' length. Where a constant differs, the region is validated whole (the test that judges
+holds, and half of them, spread evenly; at least ``KEEP``), one at a time. Every constant it
+binds on a cut must be, bit for bit, the whole one's at those features, and every equation the
+same but for the features' length. Where a constant differs, the region is validated whole (the test that judges
 the constants the program ships), and a refusal says where it differed; where the replacement
 cannot be traced or compared so, it is validated whole too. So the cut's verdict holds at every
 output feature whose constants the rule derives from that feature's values alone, as at the
