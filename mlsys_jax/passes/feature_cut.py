@@ -27,8 +27,8 @@ before the sample is validated, the replacement is traced in the program's dtype
 (``jax.make_jaxpr``: no value computed but the rule's own NumPy arithmetic on constants) once
 whole — the constants it binds are those the rewrite splices into the program, by the same
 emit — and once on each of the consecutive cuts that cover all the features (:func:`windows`:
-at most as many features as ``CUT_ABOVE`` bytes of weights hold, what a site validated whole
-holds, and half of them, spread evenly; at least ``KEEP``), one at a time. Every constant it
+at most as many features as ``WINDOW_BYTES`` of weights hold and half of them, spread evenly;
+at least ``KEEP``), one at a time. Every constant it
 binds on a cut must be, bit for bit, the whole one's at those features, and every equation the
 same but for the features' length. Where a constant differs, the region is validated whole (the test that judges
 the constants the program ships), and a refusal says where it differed; where the replacement
@@ -53,7 +53,10 @@ from mlsys_jax.ir.rebatch import take
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import is_float
 
-CUT_ABOVE = 1 << 22   # bytes of a site's weights from which its region runs on a cut
+CUT_ABOVE = 1 << 24   # bytes of a site's weights from which its region runs on a cut: below,
+# validating whole (the stronger test) is no slower than the cut and its coverage traces, and its
+# float64 copies are small
+WINDOW_BYTES = 1 << 22  # bytes of weights a cut of the coverage check holds at most
 KEEP = 64             # output features kept: the first two, the last two and a seeded sample
 EDGES = 2             # kept at each end
 _TRACING = contextvars.ContextVar("mlsys_jax_feature_cut_tracing", default=False)
@@ -141,12 +144,12 @@ def choose(site: Site | None) -> Cut | None:
 
 
 def window(cut: Cut) -> int:
-    """How many features each cut of the coverage check holds: at most as many as ``CUT_ABOVE``
-    bytes of the site's weights hold (fewer cuts, fewer traces) and half of them (every cut is a
-    cut), spread evenly over that many cuts (the last overlaps the one before by less than a
-    cut's count of features), at least ``KEEP``."""
+    """How many features each cut of the coverage check holds: at most as many as
+    ``WINDOW_BYTES`` of the site's weights hold (fewer cuts, fewer traces; few bytes at a time)
+    and half of them (every cut is a cut), spread evenly over that many cuts (the last overlaps
+    the one before by less than a cut's count of features), at least ``KEEP``."""
     per_feature = max(1, aval_bytes(cut.site.weight.aval) // cut.size)
-    most = max(1, min(cut.size // 2, CUT_ABOVE // per_feature))
+    most = max(1, min(cut.size // 2, WINDOW_BYTES // per_feature))
     cuts = -(-cut.size // most)
     return int(max(KEEP, -(-cut.size // cuts)))
 

@@ -129,6 +129,6 @@ def test_the_cuts_cover_every_feature_one_length(monkeypatch):
         cuts = feature_cut.windows(feature_cut.Cut(cut.site, cut.axis, cut.keep, size))
         assert {len(w.keep) for w in cuts} == {per_cut}  # at most half: each is a cut
         assert set(np.concatenate([w.keep for w in cuts]).tolist()) == set(range(size))
-    monkeypatch.setattr(feature_cut, "CUT_ABOVE", 1 << 13)  # 8 KiB: 64 features of 128 B a cut
+    monkeypatch.setattr(feature_cut, "WINDOW_BYTES", 1 << 13)  # 8 KiB: 64 features of 128 B a cut
     assert [int(w.keep[0]) for w in feature_cut.windows(cut)] == list(range(0, COUT, 64))
     assert feature_cut.coverage(region, rule.RULE.replacement(level, m), cut) is None
