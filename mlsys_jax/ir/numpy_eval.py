@@ -93,25 +93,29 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
         return None
     dn = dimension_numbers
     x, w = np.transpose(x, dn.lhs_spec), np.transpose(w, dn.rhs_spec)  # (N, C, ..), (O, I, ..)
-    x = _dilate(x, lhs_dilation)
-    x = _pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
-    x = x[(slice(None), slice(None)) + tuple(
-        slice(max(-lo, 0), n - max(-hi, 0)) for (lo, hi), n in zip(padding, x.shape[2:]))]
     kernel = w.shape[2:]
-    out_sp = tuple(max(0, (n - (k - 1) * r - 1) // s + 1) for n, k, r, s in
-                   zip(x.shape[2:], kernel, rhs_dilation, window_strides))
+    # the image's length along each axis dilated and padded (negative padding crops), and the
+    # output's: the way is chosen before any copy of the image is made
+    padded = [max(0, ((m - 1) * f + 1 if m else 0) + lo + hi)
+              for m, f, (lo, hi) in zip(x.shape[2:], lhs_dilation, padding)]
+    out_sp = tuple(max(0, (m - (k - 1) * r - 1) // s + 1) for m, k, r, s in
+                   zip(padded, kernel, rhs_dilation, window_strides))
     n, g, o, i = x.shape[0], feature_group_count, w.shape[0], w.shape[1]
     dtype = np.result_type(x.dtype, w.dtype)
     taps = math.prod(kernel)
     if not all(out_sp):
-        out = np.zeros((n, o) + out_sp, dtype)
-    elif dtype == F64 and n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS:
+        return np.transpose(np.zeros((n, o) + out_sp, dtype), np.argsort(dn.out_spec))
+    windows = dtype == F64 and n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS
+    if not windows and n * math.prod(out_sp) * o * i * taps > NUMPY_MACS:
+        return None
+    x = _pad(_dilate(x, lhs_dilation), [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
+    x = x[(slice(None), slice(None)) + tuple(
+        slice(max(-lo, 0), m - max(-hi, 0)) for (lo, hi), m in zip(padding, x.shape[2:]))]
+    if windows:
         out = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation)
-    elif n * math.prod(out_sp) * o * i * taps <= NUMPY_MACS:
+    else:
         out = _by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
             (n, o) + out_sp)
-    else:
-        return None
     return np.transpose(out.astype(dtype, copy=False), np.argsort(dn.out_spec))
 
 

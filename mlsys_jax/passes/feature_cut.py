@@ -28,14 +28,14 @@ before the sample is validated, the replacement is traced in the program's dtype
 whole — the constants it binds are those the rewrite splices into the program, by the same
 emit — and once on each of the consecutive cuts that cover all the features (:func:`windows`:
 at most as many features as ``WINDOW_BYTES`` of weights hold and half of them, spread evenly;
-at least ``KEEP``), one at a time. Every constant it
-binds on a cut must be, bit for bit, the whole one's at those features, and every equation the
-same but for the features' length. Where a constant differs, the region is validated whole (the test that judges
-the constants the program ships), and a refusal says where it differed; where the replacement
-cannot be traced or compared so, it is validated whole too. So the cut's verdict holds at every
-output feature whose constants the rule derives from that feature's values alone, as at the
-sampled ones; a rule wrong only on features of some value (not of some index) is judged on the
-sample, and by ``optimize``'s value check on every element.
+at least ``KEEP``), one at a time. Every constant it binds on a cut must be, bit for bit, the
+whole one's at those features, and every equation the same but for the features' length. Where
+a constant differs, the region is validated whole (the test that judges the constants the
+program ships), and a refusal says where it differed; where the replacement cannot be traced
+or compared so, it is validated whole too. So the cut's verdict holds at every output feature
+whose constants the rule derives from that feature's values alone, as at the sampled ones; a
+rule wrong only on features of some value (not of some index) is judged on the sample, and by
+``optimize``'s value check on every element.
 """
 from __future__ import annotations
 
