@@ -1,5 +1,6 @@
 """mlsys_jax.timing: shapes of the results and the ratio arithmetic (no assertion on a time)."""
 import statistics
+from unittest import mock
 
 import pytest
 
@@ -110,18 +111,13 @@ class _FakeClock:
 
 
 def _calibrated(clock: _FakeClock, per_call_guess_s: float, target_s: float = 3e-3) -> int:
-    def counting_clock():
-        return clock()
     orig = timing._run
 
-    def run(fn, number, c=counting_clock, keep=None):
+    def run(fn, number, c=clock, keep=None):
         clock.started()
         return orig(fn, number, c, keep)
-    timing._run = run
-    try:
-        return timing._calibrate(clock.fn, target_s, 10_000, per_call_guess_s, counting_clock)
-    finally:
-        timing._run = orig
+    with mock.patch.object(timing, "_run", run):
+        return timing._calibrate(clock.fn, target_s, 10_000, per_call_guess_s, clock)
 
 
 def test_calibrated_rounds_land_just_over_the_target_not_twice_it():
