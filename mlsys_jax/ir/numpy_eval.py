@@ -7,17 +7,24 @@ kernel for every new (primitive, shape, dtype), which at the size of a test or a
 most of the cost; NumPy computes these primitives directly, in the precision XLA:CPU computes them
 (16-bit floats in float32, rounded back; integers in int64, wrapped back to their width).
 ``ir/numpy_rules.py`` is the other NumPy table: exact XLA bits, for the bitwise oracle.
-A float64 conv is one BLAS product of the matrix of its windows with its kernel where that
-matrix is modest (``WINDOWS_ELEMENTS``: a crop's few windows of a real model's kernel, 2–3× faster
-than XLA:CPU's float64 conv kernel there). Otherwise NumPy's tap-by-tap conv costs more than XLA's
-kernel, whose compile JAX caches per shape (a search validates the same conv many times), so such
-convs and dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
+A conv is one product of the matrix of its windows with its kernel where that matrix is modest
+(``WINDOWS_ELEMENTS``: a crop's few windows of a real model's kernel): in float64 a BLAS product,
+2–3× faster than XLA:CPU's float64 conv kernel there; in float32, ungrouped and above
+``XLA_MATMUL_MACS`` multiply-adds, XLA's own float32 dot (:func:`_xla_matmul`), faster than its
+conv kernel on a crop (1.5–3× on ResNet-50's) and computing as that kernel does: float32 sums,
+subnormals flushed (NumPy's product computes them, ten times slower on the special values'
+draw). Otherwise NumPy's tap-by-tap conv costs more than XLA's kernel, whose compile JAX caches
+per shape (a search validates the same conv many times), so such convs (a large 16-bit one too:
+XLA's kernel on its own dtypes) and dot_generals above ``NUMPY_MACS`` multiply-adds are left to
+XLA.
 """
 from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
+from jax import lax
 from numpy.lib.stride_tricks import sliding_window_view
 
 from mlsys_jax.compat import Tracer
@@ -29,6 +36,9 @@ NUMPY_MACS = 2_000_000  # above: XLA's kernel (one compile per shape) beats NumP
 # A conv's matrix of windows (``_by_windows``) up to this many elements: one BLAS product beats
 # XLA:CPU's conv kernel on a crop's few windows of a large kernel, and holds 32 MiB in float64
 WINDOWS_ELEMENTS = 1 << 22
+# A float32 conv of more multiply-adds is XLA's dot of its windows (one compile per shape): NumPy's
+# product computes the special draw's subnormals, ten times slower than XLA, which flushes them
+XLA_MATMUL_MACS = 1 << 16
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -84,11 +94,10 @@ def _pad(x, spatial: list):
 
 def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
           feature_group_count, batch_group_count, **_):
-    """lax.conv_general_dilated in float64 as one matrix product of its windows
-    (:func:`_by_windows`) where they fit ``WINDOWS_ELEMENTS``; else tap by tap where it is small
-    (``NUMPY_MACS``), else None (XLA's kernel). Narrower floats never take the windows' product:
-    XLA:CPU flushes subnormals, and a BLAS product of the special values' draw (±tiny times a
-    weight) computes them, several times slower than XLA's kernel."""
+    """lax.conv_general_dilated as one matrix product of its windows (:func:`_by_windows`)
+    where they fit ``WINDOWS_ELEMENTS`` — in float64 by BLAS, in float32 (an ungrouped conv above
+    ``XLA_MATMUL_MACS``) by XLA's dot, which flushes subnormals as XLA's conv does; else tap by
+    tap where it is small (``NUMPY_MACS``), else None (XLA's kernel)."""
     if batch_group_count != 1:
         return None
     dn = dimension_numbers
@@ -105,8 +114,12 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
     taps = math.prod(kernel)
     if not all(out_sp):
         return np.transpose(np.zeros((n, o) + out_sp, dtype), np.argsort(dn.out_spec))
-    windows = dtype == F64 and n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS
-    if not windows and n * math.prod(out_sp) * o * i * taps > NUMPY_MACS:
+    fits = n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS
+    conv_macs = n * math.prod(out_sp) * o * i * taps
+    large = conv_macs > NUMPY_MACS
+    windows = fits and (dtype == F64 or (
+        x.dtype == w.dtype == F32 and g == 1 and conv_macs > XLA_MATMUL_MACS))
+    if not windows and large:
         return None
     x = _pad(_dilate(x, lhs_dilation), [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
     x = x[(slice(None), slice(None)) + tuple(
@@ -138,10 +151,20 @@ def _by_windows(x, w, g, kernel, out_sp, strides, dilation):
     rows, depth = n * math.prod(out_sp), i * math.prod(kernel)
     cols = np.ascontiguousarray(win.transpose((0,) + spatial + (1,) + taps + (2,)))
     weights = w.reshape((g, o // g, i) + kernel).transpose((0,) + tuple(range(3, 3 + d)) + (2, 1))
-    out = np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
-                    weights.reshape(g, depth, o // g))  # (g, rows, o // g)
+    if cols.dtype == F32:  # XLA's float32 product, subnormals flushed (ungrouped: _conv)
+        out = np.asarray(_xla_matmul(cols.reshape(rows, depth), weights.reshape(depth, o)))[None]
+    else:
+        out = np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
+                        weights.reshape(g, depth, o // g))  # (g, rows, o // g)
     out = out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,))
     return np.moveaxis(out, -1, 1)
+
+
+@jax.jit
+def _xla_matmul(a, b):
+    """``a @ b`` in float32 as XLA:CPU computes a conv's sums: float32, subnormals flushed
+    (compiled once per shape, as the conv's own kernel would be)."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
 
 
 def _by_taps(x, w, g, kernel, out_sp, strides, dilation):
@@ -210,8 +233,10 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
                                        "sin", "cos"):
         return None  # truncating division and the like: XLA's own rules
     wide = compute_dtype(np.result_type(*[x.dtype for x in xs]) if xs else out_dtype)
-    if macs(eqn) > NUMPY_MACS and not (wide == F64 and eqn.primitive.name == CONV):
-        return None  # (a float64 conv decides by its windows: _conv)
+    if macs(eqn) > NUMPY_MACS and not (eqn.primitive.name == CONV and (
+            wide == F64 or all(x.dtype == F32 for x in xs))):
+        return None  # (a float64 or float32 conv decides by its windows: _conv; a large
+        # 16-bit one is XLA's kernel on its own dtypes)
     xs = [x.astype(wide) if x.dtype != wide else x for x in xs]
     params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
     with np.errstate(all="ignore"):

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlsys_jax.compat import Literal, bind_equation, eval_context
+from mlsys_jax.compat import Literal, Tracer, bind_equation, eval_context
 from mlsys_jax.contexts import setting
 from mlsys_jax.ir import numpy_eval, numpy_rules
 from mlsys_jax.ir.consts import is_pure
@@ -59,8 +59,9 @@ from mlsys_jax.ir.evaluate import eval_equation
 from mlsys_jax.ir.precision import coarsest
 from mlsys_jax.ir.precision import narrow as narrow_dtype
 from mlsys_jax.ir.primitives import TRANSPARENT_CALLS
-from mlsys_jax.ir import rebatch
+from mlsys_jax.ir import rebatch, shared_contractions
 from mlsys_jax.ir.rebatch import Unshrinkable, rebind
+from mlsys_jax.ir.scaled import Scaled, output_scale
 from mlsys_jax.ir.walk import bodies
 from mlsys_jax.ir.widen import bind_widened_blocks, is_float, literal_value, widen_value
 from mlsys_jax.passes import feature_cut, validate_compiled
@@ -230,17 +231,44 @@ def approximate(eqn, args, widen: bool) -> list:
     (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen`` (``args``
     widened here, a contraction's large weights a block at a time: ``ir.widen``); bound on
     tracers where the replacement is traced for its constants (``feature_cut.coverage``)."""
+    if widen and any(isinstance(a, Scaled) for a in args):
+        return _scaled(eqn, args)
     traced = feature_cut.bind_traced(eqn, args, widen)
     if traced is not None:
         return traced
     if widen:
+        outs = shared_contractions.lookup(eqn, args)
+        if outs is not None:
+            return outs
         outs = bind_widened_blocks(eqn, args)
-        return outs if outs is not None else eval_equation(eqn, list(map(widen_value, args)), True)
+        if outs is None:
+            outs = eval_equation(eqn, list(map(widen_value, args)), True)
+        return shared_contractions.remember(eqn, args, outs)
     if len(eqn.outvars) == 1:
         got = numpy_eval.evaluate(eqn, args, eqn.outvars[0].aval.dtype)
         if got is not None:
             return got
     return eval_equation(eqn, args, False)
+
+
+MODEST = 1e150  # a float64 scale below this in magnitude factors out of a contraction exactly
+
+
+def _scaled(eqn, args) -> list:
+    """A float64 contraction reading a fold's scaled weights (``ir.scaled``) computed on the
+    weights, its output scaled — the contraction of the unscaled weights is then the region's own
+    (``ir.shared_contractions``); anything else, on the product materialized."""
+    k = [i for i, a in enumerate(args) if isinstance(a, Scaled)]
+    w = args[k[0]]
+    scale = None
+    if len(k) == 1 and len(eqn.outvars) == 1 and np.all(np.abs(w.vec) < MODEST) \
+            and not any(isinstance(a, (Tracer, feature_cut.TracedValue)) for a in args):
+        scale = output_scale(eqn, k[0], w, len(eqn.outvars[0].aval.shape))
+    if scale is None:
+        return approximate(eqn, [np.asarray(a) if isinstance(a, Scaled) else a for a in args],
+                           widen=True)
+    (z,) = approximate(eqn, [w.base if i == k[0] else a for i, a in enumerate(args)], widen=True)
+    return [np.asarray(z) * scale]
 
 
 def _evaluate(region: Region, inputs: list, widen: bool, given: dict, cut=None) -> list:
@@ -438,6 +466,11 @@ def _validate(region: Region, replacement: Callable, shapes: list, cut=None) -> 
     narrow = floats and _narrow(region)
     low = _low_precision(region) if narrow else None
     given = _given(region, with_removed=True, cut=cut)
+    with shared_contractions.sharing():
+        return _attempts(region, replacement, shapes, given, cut, floats, narrow, low)
+
+
+def _attempts(region, replacement, shapes, given, cut, floats, narrow, low) -> str | None:
     with rebatch.cropping():
         if cut is None and COMPILED.get() != 0 and _compiled_pass(
                 region, replacement, shapes, given, floats=floats, narrow=narrow, low=low):

@@ -55,21 +55,42 @@ def test_numpy_conv_is_laxs_on_every_kind_of_param(windows, monkeypatch):
     assert len(calls) == (len(SAMPLE) if windows else 0)
 
 
-def test_a_float32_conv_is_never_a_product_of_its_windows(monkeypatch):
-    """XLA:CPU flushes subnormals; a BLAS product would compute them (slowly): a large float32
-    conv goes to XLA, a small one runs tap by tap."""
-    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: pytest.fail("windows in float32"))
+def _conv_eqn(x, w, groups=1):
+    (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=groups))(x, w).jaxpr.eqns
+    return eqn
 
-    def conv_eqn(x, w):
-        (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
-            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))(x, w).jaxpr.eqns
-        return eqn
-    x, w = np.ones((3, 3, 3, 256), np.float32), np.ones((3, 3, 256, 256), np.float32)
-    assert numpy_eval.evaluate(conv_eqn(x, w), [x, w], np.float32) is None
-    x, w = x[..., :8], w[:, :, :8, :8]
-    (got,) = numpy_eval.evaluate(conv_eqn(x, w), [x, w], np.float32)
+
+def test_a_large_float32_conv_is_xlas_dot_of_its_windows_and_flushes_as_its_conv(monkeypatch):
+    """XLA:CPU flushes subnormals; a BLAS product would compute them (slowly, on the special
+    values' draw). A large ungrouped float32 conv is XLA's float32 dot of its windows: it agrees
+    with XLA's conv kernel to float32's rounding, and where that kernel flushes a subnormal sum
+    to zero, so does it."""
+    calls, real = [], numpy_eval._xla_matmul
+    monkeypatch.setattr(numpy_eval, "_xla_matmul", lambda a, b: calls.append(1) or real(a, b))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 3, 3, 256)).astype(np.float32)
+    x[2] = np.finfo(np.float32).tiny  # every product tiny × w (|w| < 1) is subnormal
+    w = rng.uniform(-0.9, 0.9, (3, 3, 256, 256)).astype(np.float32)
+    (got,) = numpy_eval.evaluate(_conv_eqn(x, w), [x, w], np.float32)
+    want = np.asarray(lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                               dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    assert calls == [1] and got.dtype == np.float32
+    np.testing.assert_allclose(got[:2], want[:2], rtol=1e-4, atol=1e-4)
+    assert not want[2].any() and not got[2].any()  # flushed, as XLA's conv flushes them
+
+
+def test_a_small_or_grouped_float32_conv_is_not_a_product_of_its_windows(monkeypatch):
+    """Below ``XLA_MATMUL_MACS`` a float32 conv runs tap by tap (no compile per shape); a grouped
+    large one goes to XLA's conv kernel."""
+    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: pytest.fail("windows in float32"))
+    x, w = np.ones((3, 3, 3, 8), np.float32), np.ones((3, 3, 8, 8), np.float32)
+    (got,) = numpy_eval.evaluate(_conv_eqn(x, w), [x, w], np.float32)
     np.testing.assert_allclose(got, lax.conv_general_dilated(
         x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), rtol=1e-6)
+    x, w = np.ones((3, 3, 3, 256), np.float32), np.ones((3, 3, 128, 256), np.float32)
+    assert numpy_eval.evaluate(_conv_eqn(x, w, groups=2), [x, w], np.float32) is None
 
 
 def test_numpy_dot_general_and_the_dtype_it_computes_in():

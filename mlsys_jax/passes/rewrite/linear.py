@@ -19,6 +19,7 @@ from jax import lax
 
 from mlsys_jax.compat import ClosedJaxpr, Literal, Tracer
 from mlsys_jax.ir.primitives import JIT
+from mlsys_jax.ir.scaled import Scaled
 from mlsys_jax.ir.widen import is_float
 from mlsys_jax.passes.rewrite.axes import provenance
 
@@ -196,10 +197,15 @@ def _block_axis(shape: tuple, blocks: int) -> int:
                 int(np.argmax(shape)) if shape else 0)
 
 
-def _scale_known(w: np.ndarray, v: np.ndarray, dtype) -> np.ndarray:
+def _scale_known(w: np.ndarray, v: np.ndarray, dtype):
     """``(w ⊙ v).astype(dtype)`` computed in ``v``'s wide dtype a block of ``w`` at a time: a
     whole wide copy of a large kernel (a factory's parameters) would take twice its size again.
-    The result is aligned (:func:`aligned_empty`)."""
+    The result is aligned (:func:`aligned_empty`). Asked for in ``v``'s own dtype from narrower
+    float weights (validation's float64 meaning of a fold), it is kept as its two factors
+    (``ir.scaled``: a contraction reading it computes on ``w`` and scales its output)."""
+    if w.ndim and np.dtype(dtype) == v.dtype and v.dtype.itemsize > w.dtype.itemsize \
+            and is_float(w.dtype) and is_float(v.dtype):
+        return Scaled(w, v)
     with np.errstate(over="ignore", invalid="ignore"):  # Inf is judged by validation
         if w.ndim == 0:
             return (w.astype(v.dtype) * v).astype(dtype)

@@ -1,0 +1,88 @@
+"""A validation's float64 contractions, each computed once for both sides of a rewrite.
+
+Translation validation (``passes/validate.py``) evaluates a region and its replacement in float64
+on the same draws, and the two sides often contract the same image with the same weights: a
+fold's float64 kernel is the region's own, scaled (``ir.scaled``). Reading the weights is what a
+contraction costs. Inside :func:`sharing`, a conv or dot_general whose params equal those of one
+computed before, and whose operands are that one's — a large operand (the weights) the very
+buffer (the same memory, shape, strides and dtype), a small one (the image) equal element by
+element — returns that result: the same function of the same values. The results handed out are
+read-only, so no caller can change the other side's value.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+
+CONTRACTIONS = ("conv_general_dilated", "dot_general")
+BY_VALUE = 1 << 16  # operands up to this many elements are compared element by element
+KEEP = 8  # contractions remembered (a region has a few)
+_MEMO = contextvars.ContextVar("mlsys_jax_shared_contractions", default=None)
+
+
+@contextlib.contextmanager
+def sharing():
+    """Inside, :func:`lookup` finds what :func:`remember` kept (one validation of one region)."""
+    token = _MEMO.set([])
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _arrays(args) -> list | None:
+    """``args`` as NumPy arrays (a CPU ``jax.Array`` viewed in place), None if one is not
+    concrete (a tracer) or not an array."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            out.append(a)
+        elif type(a).__module__.startswith("jax") and hasattr(a, "__array__") \
+                and hasattr(a, "is_fully_addressable"):
+            out.append(np.asarray(a))
+        else:
+            return None
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a is b:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.ctypes.data == b.ctypes.data and a.strides == b.strides:
+        return True
+    return a.size <= BY_VALUE and np.array_equal(a, b)
+
+
+def lookup(eqn, args) -> list | None:
+    """The outputs of a contraction computed inside this :func:`sharing` on these operands, or
+    None."""
+    memo = _MEMO.get()
+    if memo is None or eqn.primitive.name not in CONTRACTIONS:
+        return None
+    arrays = _arrays(args)
+    if arrays is None:
+        return None
+    for e, kept, outs in memo:
+        if e.primitive is eqn.primitive and len(kept) == len(arrays) and e.params == eqn.params \
+                and all(_same(a, b) for a, b in zip(kept, arrays)):
+            return list(outs)
+    return None
+
+
+def remember(eqn, args, outs: list) -> list:
+    """Keep ``outs`` (made read-only) for :func:`lookup`; returns them."""
+    memo = _MEMO.get()
+    if memo is None or eqn.primitive.name not in CONTRACTIONS:
+        return outs
+    arrays = _arrays(args)
+    if arrays is None or not all(isinstance(o, np.ndarray) for o in outs):
+        return outs
+    for o in outs:
+        o.flags.writeable = False
+    memo.append((eqn, arrays, list(outs)))
+    del memo[:-KEEP]
+    return outs

@@ -1,0 +1,136 @@
+"""A fold's float64 weights kept as their factors (``ir.scaled``) and a validation's float64
+contractions shared between its two sides (``ir.shared_contractions``): each computes what the
+materialized product and a fresh contraction compute, and a scale that does not factor out, or
+operands that differ, take the long way."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from mlsys_jax import ir, passes as P
+from mlsys_jax.ir import numpy_eval, shared_contractions
+from mlsys_jax.ir.scaled import Scaled, output_scale
+from mlsys_jax.passes import validate
+
+LAYOUTS = [("NHWC", "HWIO", "NHWC"), ("NCHW", "OIHW", "NCHW")]
+
+
+def _conv(layout, groups=1):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 5, 4) if layout[0] == "NHWC" else (2, 4, 5, 5))
+    w = rng.standard_normal((3, 3, 4 // groups, 6) if layout[1] == "HWIO"
+                            else (6, 4 // groups, 3, 3)).astype(np.float32)
+    (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=layout,
+        feature_group_count=groups))(x, w.astype(np.float64)).jaxpr.eqns
+    return eqn, x, w  # (the float32 weights widened where the float64 conv reads them)
+
+
+def _along(w, axis, seed=1):
+    shape = [1] * w.ndim
+    shape[axis] = w.shape[axis]
+    return np.random.default_rng(seed).uniform(0.5, 2.0, shape)
+
+
+def _materialized(eqn, args):
+    return validate.approximate(eqn, [np.asarray(a) for a in args], widen=True)[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_conv_on_scaled_weights_is_the_conv_on_the_weights_scaled(layout, groups):
+    with jax.enable_x64(True):
+        eqn, x, w = _conv(layout, groups)
+        out_axis = eqn.params["dimension_numbers"].rhs_spec[0]
+        k = Scaled(w, _along(w, out_axis))
+        assert output_scale(eqn, 1, k, 4) is not None
+        (got,) = validate.approximate(eqn, [x, k], widen=True)
+        np.testing.assert_allclose(got, _materialized(eqn, [x, k]), rtol=1e-13, atol=1e-13)
+        # a scale along the kernel's input features does not factor out: the product is read
+        k = Scaled(w, _along(w, eqn.params["dimension_numbers"].rhs_spec[1]))
+        assert output_scale(eqn, 1, k, 4) is None
+        (got,) = validate.approximate(eqn, [x, k], widen=True)
+        np.testing.assert_array_equal(got, _materialized(eqn, [x, k]))
+
+
+@pytest.mark.parametrize("weight_is_lhs", [False, True])
+def test_a_dot_on_scaled_weights_is_the_dot_scaled(weight_is_lhs):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4, 5))
+    w = rng.standard_normal((5, 7)).astype(np.float32)
+    with jax.enable_x64(True):
+        if weight_is_lhs:  # W (7, 5) · xᵀ: the weights' free axis is the output's first
+            w = w.T.copy()
+            f = lambda x, w: lax.dot_general(w, x, (((1,), (2,)), ((), ())))
+            args, k_index, free = (lambda k: [k, x]), 0, 0
+        else:
+            f = lambda x, w: lax.dot_general(x, w, (((2,), (0,)), ((), ())))
+            args, k_index, free = (lambda k: [x, k]), 1, 1
+        closed = jax.make_jaxpr(f)(x, w.astype(np.float64))
+        eqn = [e for e in closed.jaxpr.eqns if e.primitive.name == "dot_general"][0]
+        k = Scaled(w, _along(w, free))
+        assert output_scale(eqn, k_index, k, 3) is not None
+        (got,) = validate.approximate(eqn, args(k), widen=True)
+        np.testing.assert_allclose(got, _materialized(eqn, args(k)), rtol=1e-13, atol=1e-13)
+        k = Scaled(w, _along(w, 1 - free))  # along the contracted axis: read as the product
+        assert output_scale(eqn, k_index, k, 3) is None
+
+
+def test_the_product_is_each_element_multiplied_once_in_float64():
+    w = np.float32([[1.1, -2.3], [3.7, 0.0]])
+    v = np.array([[1 / 3, np.pi]])
+    assert np.array_equal(np.asarray(Scaled(w, v)), w.astype(np.float64) * v)
+    assert Scaled(w, v)[1, 0] == np.float64(np.float32(3.7)) / 3
+
+
+def test_a_contraction_is_shared_only_on_the_same_weights_and_an_equal_image():
+    with jax.enable_x64(True):
+        eqn, x, w = _conv(LAYOUTS[0])
+        assert shared_contractions.lookup(eqn, [x, w]) is None  # outside a validation
+        with shared_contractions.sharing():
+            (first,) = validate.approximate(eqn, [x, w], widen=True)
+            assert not first.flags.writeable  # no caller can change the other side's value
+            view = w[...]  # the same buffer, another array object: shared
+            assert shared_contractions.lookup(eqn, [x.copy(), view])[0] is first
+            other = x.copy()
+            other[0, 0, 0, 0] += 1
+            assert shared_contractions.lookup(eqn, [other, w]) is None
+            big = np.zeros((3, 3, 4, shared_contractions.BY_VALUE), np.float32)
+            (e2,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+                x, w, (1, 1), "SAME", dimension_numbers=LAYOUTS[0]))(
+                    x, big.astype(np.float64)).jaxpr.eqns
+            validate.approximate(e2, [x, big], widen=True)
+            # equal values in another buffer, too large to compare: computed again
+            assert shared_contractions.lookup(e2, [x, big.copy()]) is None
+            assert shared_contractions.lookup(e2, [x, big]) is not None
+
+
+def _conv_bn():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((3, 3, 16, 8)) / 10, jnp.float32)
+    gamma = jnp.asarray(rng.uniform(0.5, 2.0, 8), jnp.float32)
+    var = jnp.asarray(rng.uniform(0.5, 2.0, 8), jnp.float32)
+
+    def f(x):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=LAYOUTS[0])
+        return y * lax.rsqrt(var + 1e-5) * gamma
+    with jax.enable_x64(False):
+        return ir.trace(f, jax.ShapeDtypeStruct((2, 6, 6, 16), jnp.float32))
+
+
+def test_a_validated_fold_computes_its_float64_conv_once(monkeypatch):
+    """The region's conv and the fold's conv on its scaled weights read the same kernel on the
+    same draws: in float64 the conv runs once a draw (in float32 twice: the kernels differ),
+    and the fold is validated as before."""
+    convs, real = [], numpy_eval.OPS[numpy_eval.CONV]
+
+    def counted(x, w, **params):
+        convs.append(np.result_type(x, w))
+        return real(x, w, **params)
+    monkeypatch.setitem(numpy_eval.OPS, numpy_eval.CONV, counted)
+    res = P.run(P.fold_conv_bn(), _conv_bn())
+    assert len(res.rewrites) == 1 and not res.refusals
+    assert convs.count(np.float32) == 2 * convs.count(np.float64) > 0
