@@ -165,7 +165,8 @@ def _crop(eqn, image, old: tuple, new: tuple, kernel: tuple) -> None:
 
 
 def _shape(x) -> tuple:
-    return tuple(np.shape(x))
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(x))
 
 
 def _changed(old: tuple, new: tuple) -> list:

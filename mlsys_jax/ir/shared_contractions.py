@@ -17,7 +17,8 @@ import contextvars
 import numpy as np
 
 CONTRACTIONS = ("conv_general_dilated", "dot_general")
-BY_VALUE = 1 << 16  # operands up to this many elements are compared element by element
+BY_VALUE = 1 << 20  # operands up to this many elements are compared element by element
+# (a millisecond; a contraction reading them costs more)
 KEEP = 8  # contractions remembered (a region has a few)
 _MEMO = contextvars.ContextVar("mlsys_jax_shared_contractions", default=None)
 
@@ -47,14 +48,24 @@ def _arrays(args) -> list | None:
     return out
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    if a is b:
+def _buffer(a: np.ndarray, b: np.ndarray) -> bool | None:
+    """True: the same memory; False: cannot be equal; None: equal only if their values are."""
+    if a is b or (a.shape == b.shape and a.dtype == b.dtype
+                  and a.ctypes.data == b.ctypes.data and a.strides == b.strides):
         return True
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if a.shape != b.shape or a.dtype != b.dtype or a.size > BY_VALUE:
         return False
-    if a.ctypes.data == b.ctypes.data and a.strides == b.strides:
-        return True
-    return a.size <= BY_VALUE and np.array_equal(a, b)
+    return None
+
+
+def _same(kept: list, arrays: list) -> bool:
+    """The operands are those kept: each the same buffer, or small and equal element by
+    element (compared only once every other operand matches)."""
+    if len(kept) != len(arrays):
+        return False
+    buffers = [_buffer(a, b) for a, b in zip(kept, arrays)]
+    return all(x is not False for x in buffers) and all(
+        x or np.array_equal(a, b) for x, a, b in zip(buffers, kept, arrays))
 
 
 def lookup(eqn, args) -> list | None:
@@ -67,8 +78,7 @@ def lookup(eqn, args) -> list | None:
     if arrays is None:
         return None
     for e, kept, outs in memo:
-        if e.primitive is eqn.primitive and len(kept) == len(arrays) and e.params == eqn.params \
-                and all(_same(a, b) for a, b in zip(kept, arrays)):
+        if e.primitive is eqn.primitive and e.params == eqn.params and _same(kept, arrays):
             return list(outs)
     return None
 

@@ -31,8 +31,19 @@ F64 = np.dtype(np.float64)
 
 def is_float(dtype) -> bool:
     """A real floating dtype (float16/32/64, bfloat16, ...), not an extended (PRNG key) one."""
-    return not jax.dtypes.issubdtype(dtype, jax.dtypes.extended) and jnp.issubdtype(dtype,
-                                                                                   jnp.floating)
+    try:
+        return _IS_FLOAT[dtype]
+    except (KeyError, TypeError):  # (TypeError: an unhashable dtype-like, asked each time)
+        got = not jax.dtypes.issubdtype(dtype, jax.dtypes.extended) and jnp.issubdtype(
+            dtype, jnp.floating)
+    try:
+        _IS_FLOAT[dtype] = got
+    except TypeError:
+        pass
+    return got
+
+
+_IS_FLOAT: dict = {}  # dtype -> is_float: validation asks per value, JAX's answer costs µs
 
 
 def widen_dtype(dtype):
