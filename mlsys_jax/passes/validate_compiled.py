@@ -48,7 +48,11 @@ _EXECUTABLES: OrderedDict = OrderedDict()
 # loops), never on first sight; on a real model's activations (ResNet-50 at 224, GPT-2 small)
 # the time is the arithmetic (2 sides x 2 precisions x 3 draws of each conv), which the program
 # does no faster (under load slower: its threads contend), so those stay eager
-# (``mlsys-jax bench passes``: ``*_compiled_validation_over_unvalidated_ratio``).
+# (``mlsys-jax bench passes``: ``*_compiled_validation_over_unvalidated_ratio``). So do regions
+# on a crop of a real model's conv, small values but large weights: their cost is reading the
+# weights, which the eager path does faster (a BLAS float64 product of the windows, the float64
+# conv shared by both sides of a fold); compiled, ResNet-50's repeated runs slowed from 0.37 s
+# to 0.45 s once their last stage's shapes had been seen 64 times.
 COMPILE_AFTER = 64
 SMALL_ELEMENTS = 1 << 15
 _SEEN: dict = {}
@@ -62,10 +66,10 @@ class NotCompiled(Exception):
 def worth_compiling(region, shapes: list, after: int | None = None) -> bool:
     """Whether this region's shape (its equations' primitives and types, the draws' shapes) has
     been validated ``after`` (default :data:`COMPILE_AFTER`) times in this process, counting
-    this one, and (by default) its values are small (:data:`SMALL_ELEMENTS`): then its pair
-    program is compiled (or already is). ``after`` 1 forces it (tests, the benchmark). A cheap
-    key, for the policy only: which executable runs is decided by the pair's whole structure
-    (:func:`executable`)."""
+    this one, and (by default) its values and constants are small (:data:`SMALL_ELEMENTS`): then
+    its pair program is compiled (or already is). ``after`` 1 forces it (tests, the benchmark).
+    A cheap key, for the policy only: which executable runs is decided by the pair's whole
+    structure (:func:`executable`)."""
     if after is None and _largest(region, shapes) > SMALL_ELEMENTS:
         return False
     key = (tuple((e.primitive.name, tuple(str(v.aval) for v in e.invars if type(v) is not Literal),
@@ -78,9 +82,11 @@ def worth_compiling(region, shapes: list, after: int | None = None) -> bool:
 
 
 def _largest(region, shapes: list) -> int:
-    """Elements of the region's largest value: an input as drawn, or an equation's output."""
+    """Elements of the region's largest value: an input as drawn, an equation's output, or a
+    constant it reads (a conv's kernel)."""
     sizes = [math.prod(s) for s in shapes]
     sizes += [math.prod(getattr(v.aval, "shape", ())) for e in region.eqns for v in e.outvars]
+    sizes += [math.prod(np.shape(c)) for c in region.consts.values()]
     return max(sizes, default=0)
 
 

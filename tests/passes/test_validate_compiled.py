@@ -131,3 +131,24 @@ def test_by_default_a_small_region_shape_is_compiled_only_once_it_recurs(monkeyp
         before = dict(VC.STATS)
         _run(closed, None)
         assert VC.STATS["deferred"] - before["deferred"] == 1
+
+
+def test_by_default_a_region_reading_large_weights_stays_eager(monkeypatch):
+    """A region with small values but large weights (a crop of a real model's conv) costs the
+    reading of its weights, which eager validation does faster: it is never compiled by
+    default, however often its shape recurs."""
+    monkeypatch.setattr(VC, "COMPILE_AFTER", 2)
+    monkeypatch.setattr(VC, "SMALL_ELEMENTS", 100)  # values ≤ 64 elements, the kernel 512
+    monkeypatch.setattr(VC, "_SEEN", {})
+    w, gamma = _f32(60, (64, 8, 1, 1)), _f32(61, (1, 64, 1, 1), shift=1.0)
+
+    def f(x):
+        return gamma * lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NCHW)
+    with jax.enable_x64(False):
+        closed = ir.trace(f, jax.ShapeDtypeStruct((1, 8, 1, 1), jnp.float32))
+    for _ in range(3):
+        before = dict(VC.STATS)
+        res = _run(closed, None)
+        assert len(res.rewrites) == 1
+        assert VC.STATS["deferred"] - before["deferred"] == 1
+        assert VC.STATS["compiled"] + VC.STATS["reused"] == before["compiled"] + before["reused"]
