@@ -84,15 +84,15 @@ def lookup(eqn, args) -> list | None:
 
 
 def remember(eqn, args, outs: list) -> list:
-    """Keep ``outs`` (made read-only) for :func:`lookup`; returns them."""
+    """Keep ``outs`` (made read-only; XLA's as NumPy views) for :func:`lookup`; returns them."""
     memo = _MEMO.get()
     if memo is None or eqn.primitive.name not in CONTRACTIONS:
         return outs
-    arrays = _arrays(args)
-    if arrays is None or not all(isinstance(o, np.ndarray) for o in outs):
+    arrays, outs_np = _arrays(args), _arrays(outs)  # (XLA's outputs viewed in place)
+    if arrays is None or outs_np is None:
         return outs
-    for o in outs:
+    for o in outs_np:
         o.flags.writeable = False
-    memo.append((eqn, arrays, list(outs)))
+    memo.append((eqn, arrays, outs_np))
     del memo[:-KEEP]
-    return outs
+    return outs_np

@@ -134,3 +134,15 @@ def test_a_validated_fold_computes_its_float64_conv_once(monkeypatch):
     res = P.run(P.fold_conv_bn(), _conv_bn())
     assert len(res.rewrites) == 1 and not res.refusals
     assert convs.count(np.float32) == 2 * convs.count(np.float64) > 0
+
+
+def test_a_contraction_xla_computed_is_shared_as_a_numpy_view():
+    """A float64 contraction too large for NumPy's table comes back from XLA as a jax.Array: it
+    is kept (and handed out) as a read-only NumPy view of it."""
+    with jax.enable_x64(True):
+        eqn, x, w = _conv(LAYOUTS[0])
+        out = jnp.ones((2, 5, 5, 6), jnp.float64)
+        with shared_contractions.sharing():
+            (kept,) = shared_contractions.remember(eqn, [x, w], [out])
+            assert isinstance(kept, np.ndarray) and not kept.flags.writeable
+            assert shared_contractions.lookup(eqn, [x, w])[0] is kept
