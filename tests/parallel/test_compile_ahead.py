@@ -5,6 +5,7 @@ import importlib
 
 import jax.numpy as jnp
 import optax
+import pytest
 
 from mlsys_jax.models import mlp_loss
 from mlsys_jax.parallel import comm, ShardOptions, simulate
@@ -49,5 +50,22 @@ def test_nothing_is_compiled_ahead_where_the_semantics_cannot_be_global():
     assert simulate_module._mesh_ahead(mixed, ShardOptions()) is None
     plain = prepare(separable_loss, params, batch, opt, {"data": 2})
     assert simulate_module._mesh_ahead(plain, ShardOptions(separable=False)) is None
-    future, jaxpr = simulate_module._mesh_ahead(plain, ShardOptions())
-    assert future.result().memory_analysis() is not None and jaxpr.eqns
+    ahead = simulate_module._mesh_ahead(plain, ShardOptions())
+    assert ahead.future.result().memory_analysis() is not None and ahead.jaxpr.eqns
+
+
+def test_a_step_compiled_ahead_is_taken_for_that_step_only():
+    """compile_sharded refuses an ahead compiled for other arguments (its executable would
+    silently run another step) and takes it for the very step."""
+    params, batch, opt = _problem()
+    setup = prepare(separable_loss, params, batch, opt, {"data": 2})
+    ahead = step.compile_ahead(setup, setup.loss, comm.QUICK_COMPILE, donate=True)
+    with pytest.raises(ValueError, match="compiled for another"):
+        step.compile_sharded(setup, setup.loss, comm.QUICK_COMPILE, donate=False, ahead=ahead)
+    with pytest.raises(ValueError, match="compiled for another"):
+        step.compile_sharded(setup, lambda *a: setup.loss(*a), comm.QUICK_COMPILE, donate=True,
+                             ahead=ahead)
+    traced: list = []
+    got = step.compile_sharded(setup, setup.loss, comm.QUICK_COMPILE, donate=True,
+                               traced=traced, ahead=ahead)
+    assert got is ahead.future.result() and traced == [ahead.jaxpr]

@@ -270,7 +270,7 @@ def _simulate(loss_fn, params, batch, optimizer, mesh_shape, *, o, rules, cache,
 def _mesh_ahead(setup, o: ShardOptions):
     """The sharded step that runs the user's loss as one global program (what a separable loss,
     the usual verdict, or a single data shard runs: ``semantics.choose``) compiling on a compile
-    thread while the one-device programs run: ``step.compile_ahead``'s ``(future, jaxpr)``, or
+    thread while the one-device programs run: ``step.compile_ahead``'s ``step.Ahead``, or
     None where the semantics cannot be that (a model axis name bound to the data axis; a verdict
     of not separable given, or certain from the dataflow: an equation mixes examples)."""
     if setup.axis_name is not None or setup.data_size > 1 and (

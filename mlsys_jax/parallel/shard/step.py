@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -47,26 +47,45 @@ def lower_sharded(setup, mesh_loss: Callable, donate: bool = False) -> tuple:
     return trace.lower(), trace.jaxpr
 
 
+class Ahead(NamedTuple):
+    """:func:`compile_ahead`'s step: its executable's future, its trace, and what it was
+    compiled for (:func:`compile_sharded` takes it for that very step only)."""
+
+    future: Future
+    jaxpr: Any
+    setup: Any
+    mesh_loss: Callable
+    options: dict | None
+    donate: bool
+
+
 def compile_sharded(setup, mesh_loss: Callable, options: dict | None = None,
-                    donate: bool = False, traced: list | None = None, ahead=None):
+                    donate: bool = False, traced: list | None = None,
+                    ahead: Ahead | None = None):
     """The sharded step (:func:`lower_sharded`) compiled. ``traced``: a list that receives the
     step's ClosedJaxpr, the trace this compile made. ``ahead``: :func:`compile_ahead`'s
-    ``(future, jaxpr)`` for this very step, whose executable is taken instead."""
+    :class:`Ahead` for this very step (the same setup and loss, options and donation), whose
+    executable is taken instead; another step's is refused."""
     if ahead is not None:
-        future, jaxpr = ahead
+        if not (ahead.setup is setup and ahead.mesh_loss is mesh_loss
+                and ahead.options == options and ahead.donate == donate):
+            raise ValueError("compile_sharded: the step compiled ahead was compiled for another "
+                             "setup, loss, options or donation; pass ahead only with the "
+                             "arguments compile_ahead was given")
+        jaxpr = ahead.jaxpr
     else:
         lowered, jaxpr = lower_sharded(setup, mesh_loss, donate)
     if traced is not None:
         traced.append(jaxpr)
-    return future.result() if ahead is not None else lowered.compile(options)
+    return ahead.future.result() if ahead is not None else lowered.compile(options)
 
 
 def compile_ahead(setup, mesh_loss: Callable, options: dict | None = None,
-                  donate: bool = False) -> tuple:
-    """``(future, jaxpr)``: the sharded step lowered here and compiled on a compile thread
-    (:func:`in_background`), for :func:`compile_sharded`'s ``ahead``."""
+                  donate: bool = False) -> Ahead:
+    """The sharded step lowered here and compiled on a compile thread (:func:`in_background`),
+    for :func:`compile_sharded`'s ``ahead``."""
     lowered, jaxpr = lower_sharded(setup, mesh_loss, donate)
-    return in_background(lowered, options), jaxpr
+    return Ahead(in_background(lowered, options), jaxpr, setup, mesh_loss, options, donate)
 
 
 # programs compiled at once (XLA compiles each on one core): the whole batch's and the shards'
