@@ -9,6 +9,9 @@ beyond that noise: ``|Δ| > 2 · noise + FLOOR_EPS · eps · scale`` for some le
 largest magnitude of the quantity over all leaves. The floor covers equivalent computations that
 happen to round identically (then the noise reads zero): splitting only reorders sums, and
 reordered float32 sums of these models differ by a few eps of the largest magnitude.
+A NaN or Inf that one side holds and the other does not is an Inf difference, never a NaN that a
+later ``max`` could drop (whichever leaf it is in); the same NaN or Inf on both sides is none
+(:func:`_blocks`).
 
 A leaf whose computation passes through bfloat16 or float16 (``ir.precision``) rounds as that
 dtype does: its noise is measured in that arithmetic (``semantics.Arrangement``) and its bound
@@ -62,7 +65,11 @@ def _pieces(x):
 def _blocks(a: np.ndarray, b: np.ndarray | None):
     """``a - b`` (``a`` without ``b``) in float64, BLOCK elements at a time, each block written
     into one reused buffer: no temporary per block (a fresh float64 block per step is a page
-    fault per 4 KiB where large blocks are mapped on their own, ``step.map_large_blocks``)."""
+    fault per 4 KiB where large blocks are mapped on their own, ``step.map_large_blocks``).
+    Non-finite elements never make a NaN: where both sides hold the same non-finite value (NaN
+    and NaN, +Inf and +Inf) the difference is 0, where one does and the other does not it is
+    Inf — so no later ``max`` can lose it. Without ``b``: ``a``'s finite elements only (a
+    magnitude to scale a floor by; non-finite elements are compared exactly)."""
     a = a.reshape(-1)
     b = None if b is None else b.reshape(-1)
     buffer = np.empty(min(BLOCK, a.size), np.float64)
@@ -70,22 +77,30 @@ def _blocks(a: np.ndarray, b: np.ndarray | None):
         d = buffer[:min(BLOCK, a.size - i)]
         if b is None:
             d[...] = a[i:i + d.size]
+            if not np.isfinite(d).all():
+                d = d[np.isfinite(d)]
         else:
-            np.subtract(a[i:i + d.size], b[i:i + d.size], out=d, dtype=np.float64)
+            with np.errstate(invalid="ignore"):  # Inf - Inf: a NaN, settled below
+                np.subtract(a[i:i + d.size], b[i:i + d.size], out=d, dtype=np.float64)
+            nan = np.isnan(d)
+            if nan.any():
+                x, y = a[i:i + d.size][nan], b[i:i + d.size][nan]
+                d[nan] = np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf)
         yield d
 
 
 def _blockwise_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
-    """max |a - b| (max |a| without ``b``) in float64, block by block; NaN if any."""
-    worst = np.float64(0.0)
+    """max |a - b| (max |a| without ``b``) in float64, block by block, as :func:`_blocks`
+    reads non-finite elements: never NaN."""
+    worst = 0.0
     for d in _blocks(a, b):
-        worst = np.maximum(worst, np.max(np.abs(d, out=d), initial=0.0))
-    return float(worst)
+        worst = max(worst, float(np.max(np.abs(d, out=d), initial=0.0)))
+    return worst
 
 
 def _max_abs_diff(u, v) -> float:
     if np.shape(u) != np.shape(v) or _spans_processes(u) or _spans_processes(v):
-        return float(np.max(np.abs(host(u) - host(v)), initial=0.0))
+        return _blockwise_max(host(u), host(v))
     if _sharded(v) and not _sharded(u):
         u, v = v, u
     whole = np.asarray(v)      # one device's array: on the CPU a view of its buffer, no copy
@@ -151,9 +166,9 @@ def leaf_scales(a) -> list[float]:
     out = []
     for u in jax.tree.leaves(a):
         if _spans_processes(u):
-            out.append(float(np.max(np.abs(host(u)), initial=0.0)))
+            out.append(_blockwise_max(host(u)))
         else:
-            out.append(float(np.max([_blockwise_max(p) for _, p in _pieces(u)], initial=0.0)))
+            out.append(max((_blockwise_max(p) for _, p in _pieces(u)), default=0.0))
     return out
 
 
@@ -221,6 +236,8 @@ class Judgement:
 
 
 def _ratio(d: float, bound: float) -> float:
+    if d != d or bound != bound or d == np.inf:  # (a NaN is never within; Inf / Inf neither)
+        return float(np.inf)
     return d / bound if bound > 0 else (0.0 if d == 0 else float(np.inf))
 
 

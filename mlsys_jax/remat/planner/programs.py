@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from mlsys_jax import timing
+from mlsys_jax.parallel.shard.compare import leaf_diffs, leaf_scales
 from mlsys_jax.progress import SILENT, Progress
 from mlsys_jax.remat.planner.flat import FlatLoss
 
@@ -67,22 +68,14 @@ def _fingerprint(lowered) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _max_abs(a, b=None) -> float:
-    """max |a - b| with one temporary, max |a| (no ``b``) with none: at GPT-2 small's size the
-    leaves are 0.5 GB, and each temporary a pass over them."""
-    if b is None:
-        return float(max(np.max(a, initial=0.0), -np.min(a, initial=0.0)))
-    d = np.subtract(a, b)
-    return float(np.max(np.abs(d, out=d), initial=0.0))
-
-
 def grad_difference(grads, reference, *, scale: float | None = None) -> tuple[float, float]:
     """Max |Δ| over all leaves, and that over the reference's max |g| (relative; ``scale``: that
-    max, when known already)."""
-    worst = max((_max_abs(np.asarray(a), np.asarray(b)) for a, b in zip(grads, reference)),
-                default=0.0)
+    max, when known already). Leaf by leaf in float64 a block at a time, as ``shard`` compares
+    (no temporary the size of a leaf: GPT-2 small's are 0.5 GB), a NaN or Inf where the
+    reference has none an Inf difference — not lost in the max, whatever the leaf order."""
+    worst = max(leaf_diffs(list(grads), list(reference)), default=0.0)
     if scale is None:
-        scale = max((_max_abs(np.asarray(b)) for b in reference), default=0.0)
+        scale = max(leaf_scales(list(reference)), default=0.0)
     return worst, worst / scale if scale else worst
 
 
@@ -179,7 +172,7 @@ class Programs:
             grads = jax.block_until_ready(ref.executable(*self.args))
             ref.first_call_s = time.perf_counter() - t0
             self.zero_grad_leaves = sum(not np.any(np.asarray(g)) for g in grads)
-            self._reference_scale = max((_max_abs(np.asarray(g)) for g in grads), default=0.0)
+            self._reference_scale = max(leaf_scales(list(grads)), default=0.0)
             self._folder = tempfile.TemporaryDirectory(prefix="mlsys-remat-")
             self._reference_grads = []
             for k, g in enumerate(grads):

@@ -1,0 +1,42 @@
+"""A NaN or Inf that one computation has and the other does not is a difference no later max
+can lose (``shard.compare``): the leaf's difference is Inf, whichever leaf it is, and the verdict
+is not within its bound; the same NaN or Inf on both sides is no difference; the magnitude a
+floor is scaled by counts finite elements only. ``remat`` compares its gradients the same way."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlsys_jax.parallel.shard.compare import Judgement, leaf_diffs, leaf_rms_diffs, leaf_scales
+from mlsys_jax.remat.planner.programs import grad_difference
+
+GOOD = np.ones(4, np.float32)
+HELD = np.array([1.0, np.nan, np.inf, -np.inf], np.float32)
+
+
+@pytest.mark.parametrize("other", [np.array([1.0, 2.0, np.inf, -np.inf], np.float32),
+                                   np.array([1.0, np.nan, -np.inf, -np.inf], np.float32),
+                                   np.array([1.0, np.nan, 7.0, -np.inf], np.float32)])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_nonfinite_value_on_one_side_is_never_within(other, first):
+    a, b = [GOOD, HELD], [GOOD, other]
+    if first:
+        a, b = a[::-1], b[::-1]
+    diffs = leaf_diffs(a, b)
+    assert np.inf in diffs and not any(np.isnan(diffs))
+    j = Judgement()
+    j.add(diffs, [0.0, 0.0], leaf_scales(b), 1e-7)
+    assert not j.within and j.diff == np.inf
+    assert grad_difference(a, b)[0] == np.inf
+
+
+def test_the_same_nonfinite_values_on_both_sides_are_no_difference():
+    big = np.ones(200_000)
+    big[150_000] = np.nan  # in the third block compared
+    assert leaf_diffs([GOOD, HELD, big], [GOOD, HELD.copy(), big.copy()]) == [0.0, 0.0, 0.0]
+    assert leaf_rms_diffs([HELD], [HELD.copy()]) == [0.0]
+    assert leaf_scales([HELD, big]) == [1.0, 1.0]  # the finite elements' magnitude
+    j = Judgement()
+    j.add(leaf_diffs([GOOD, HELD], [GOOD, HELD]), [0.0, 0.0], leaf_scales([GOOD, HELD]), 1e-7)
+    assert j.within
+    assert grad_difference([GOOD * 1.5], [GOOD]) == (0.5, 0.5)
