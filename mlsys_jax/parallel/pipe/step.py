@@ -24,6 +24,7 @@ from mlsys_jax.compat import jaxpr_as_fun
 from mlsys_jax.errors import MlsysError
 from mlsys_jax.parallel.axes import DATA, PIPE, PIPE_AXES
 from mlsys_jax.parallel.mesh import make_mesh
+from mlsys_jax.parallel.shard.compare import leaf_diffs
 from mlsys_jax.parallel.pipe.balance import (at_split_points, balanced, check_stage_count,
                                              unit_costs)
 from mlsys_jax.parallel.pipe.flat import stack_host
@@ -118,9 +119,10 @@ class PipelinePlan:
 
 
 def _spread(replicas) -> float:
-    """Largest difference between the stages' copies of the replicated leaves (0 when equal)."""
-    return max((float(np.max(np.abs(np.asarray(a, np.float64) - b), initial=0.0))
-                for r in replicas[1:] for a, b in zip(r, replicas[0])), default=0.0)
+    """Largest difference between the stages' copies of the replicated leaves (0 when equal; a
+    NaN or Inf in one copy only, Inf: ``shard.compare.leaf_diffs``)."""
+    return max((d for r in replicas[1:] for d in leaf_diffs(list(r), list(replicas[0]))),
+               default=0.0)
 
 
 def check_mesh(mesh_shape: dict) -> dict:
