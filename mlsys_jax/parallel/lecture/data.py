@@ -143,7 +143,7 @@ def max_abs_diff(a, b) -> float:
     """Largest absolute difference between two pytrees of arrays (same structure), on the host."""
     diffs = jax.tree.leaves(jax.tree.map(
         lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)), initial=0.0)), a, b))
-    return float(max(diffs)) if diffs else 0.0
+    return float(np.max(diffs)) if diffs else 0.0  # (np.max: a NaN in any leaf is kept)
 
 
 def flatten(tree) -> np.ndarray:
