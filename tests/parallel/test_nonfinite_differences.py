@@ -40,3 +40,19 @@ def test_the_same_nonfinite_values_on_both_sides_are_no_difference():
     j.add(leaf_diffs([GOOD, HELD], [GOOD, HELD]), [0.0, 0.0], leaf_scales([GOOD, HELD]), 1e-7)
     assert j.within
     assert grad_difference([GOOD * 1.5], [GOOD]) == (0.5, 0.5)
+
+
+def test_recorded_runs_and_the_lecture_keep_a_nan_in_a_later_leaf(tmp_path):
+    """Two processes' recordings compared file by file, and the lecture's max |Δ| over leaves:
+    a NaN in the second leaf is not lost to Python's max."""
+    from mlsys_jax.parallel.lecture.data import max_abs_diff
+    from mlsys_jax.parallel.shard.run import compare_recorded
+
+    for name, leaves in (("a", [GOOD, GOOD]), ("b", [GOOD, HELD])):
+        where = tmp_path / name / "forced" / "0" / "grads"
+        where.mkdir(parents=True)
+        for k, leaf in enumerate(leaves):
+            np.save(where / f"{k}.npy", leaf)
+    assert compare_recorded(str(tmp_path / "a"), str(tmp_path / "b")) == {
+        "forced": {"grads": np.inf}}
+    assert np.isnan(max_abs_diff([GOOD, HELD], [GOOD, GOOD]))
