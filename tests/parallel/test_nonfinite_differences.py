@@ -56,3 +56,16 @@ def test_recorded_runs_and_the_lecture_keep_a_nan_in_a_later_leaf(tmp_path):
     assert compare_recorded(str(tmp_path / "a"), str(tmp_path / "b")) == {
         "forced": {"grads": np.inf}}
     assert np.isnan(max_abs_diff([GOOD, HELD], [GOOD, GOOD]))
+
+
+def test_the_pipeline_verdict_is_never_within_on_a_nonfinite_difference():
+    from mlsys_jax.parallel.pipe.verdict import PipelineVerdict
+
+    for diffs, bounds in (([0.0, np.inf], [1.0, np.inf]), ([np.nan, 0.0], [1.0, 1.0]),
+                          ([0.0, np.nan], [1.0, 1.0])):
+        v = PipelineVerdict()
+        v.record("grads", diffs, [0.0, 0.0], bounds)
+        assert not v.within("grads")
+    v = PipelineVerdict()
+    v.record("grads", [0.0, 0.5], [0.0, 0.0], [1.0, 1.0])
+    assert v.within("grads")

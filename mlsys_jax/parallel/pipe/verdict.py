@@ -157,7 +157,10 @@ class PipelineVerdict:
     def record(self, what: str, diffs, noise, bounds) -> None:
         """Keep the worst difference-to-bound ratio seen so far for ``what``."""
         for d, n, b in zip(diffs, noise, bounds):
-            ratio = d / b if b > 0 else (0.0 if d == 0 else float("inf"))
+            if d != d or b != b or d == float("inf"):  # a NaN, or Inf / Inf: never within
+                ratio = float("inf")
+            else:
+                ratio = d / b if b > 0 else (0.0 if d == 0 else float("inf"))
             if ratio >= self.worst[what]["ratio"]:
                 self.worst[what] = {"diff": d, "noise": n, "bound": b, "ratio": ratio}
 
