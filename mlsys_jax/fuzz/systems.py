@@ -67,7 +67,7 @@ def dp_case(seed: int, reduction: str = "weighted") -> list | None:
     for what, got, want, hi in (("params", new_p, ref_p, hi_p), ("grads", g, ref_g, hi_g)):
         got, want, hi = flatten(got), flatten(want), flatten(hi)
         ratio = np.max(np.abs(got - hi)) / (np.max(np.abs(want - hi)) + 5e-6)
-        if ratio > 2:
+        if not ratio <= 2:  # (a NaN anywhere fails too)
             fails.append(f"data parallel ({reduction}, {devices} devices): {what} error ratio "
                          f"{ratio:.3g} vs the single-device step")
     return fails
