@@ -14,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import jax
 import numpy as np
+
+from mlsys_jax.compat import Tracer
 
 CONTRACTIONS = ("conv_general_dilated", "dot_general")
 BY_VALUE = 1 << 20  # operands up to this many elements are compared element by element
@@ -40,8 +43,7 @@ def _arrays(args) -> list | None:
     for a in args:
         if isinstance(a, np.ndarray):
             out.append(a)
-        elif type(a).__module__.startswith("jax") and hasattr(a, "__array__") \
-                and hasattr(a, "is_fully_addressable"):
+        elif isinstance(a, jax.Array) and not isinstance(a, Tracer):
             out.append(np.asarray(a))
         else:
             return None

@@ -40,7 +40,8 @@ from jax import lax
 
 from mlsys_jax.compat import x64_enabled
 from mlsys_jax.ir.precision import ulp, widened
-from mlsys_jax.parallel.shard.compare import holds_only, leaf_rms_diffs, leaf_rms_scales
+from mlsys_jax.parallel.shard.compare import (bound_ratio, holds_only, leaf_rms_diffs,
+                                              leaf_rms_scales)
 from mlsys_jax.parallel.shard.compare import leaf_diffs  # noqa: F401 (report.py's too)
 from mlsys_jax.parallel.shard.compare import leaf_scales as leaf_magnitudes
 from mlsys_jax.parallel.pipe.stochastic import draws_random, same_bits_widened
@@ -157,10 +158,7 @@ class PipelineVerdict:
     def record(self, what: str, diffs, noise, bounds) -> None:
         """Keep the worst difference-to-bound ratio seen so far for ``what``."""
         for d, n, b in zip(diffs, noise, bounds):
-            if d != d or b != b or d == float("inf"):  # a NaN, or Inf / Inf: never within
-                ratio = float("inf")
-            else:
-                ratio = d / b if b > 0 else (0.0 if d == 0 else float("inf"))
+            ratio = bound_ratio(d, b)
             if ratio >= self.worst[what]["ratio"]:
                 self.worst[what] = {"diff": d, "noise": n, "bound": b, "ratio": ratio}
 

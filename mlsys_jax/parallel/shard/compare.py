@@ -77,8 +77,9 @@ def _blocks(a: np.ndarray, b: np.ndarray | None):
         d = buffer[:min(BLOCK, a.size - i)]
         if b is None:
             d[...] = a[i:i + d.size]
-            if not np.isfinite(d).all():
-                d = d[np.isfinite(d)]
+            finite = np.isfinite(d)
+            if not finite.all():
+                d = d[finite]
         else:
             with np.errstate(invalid="ignore"):  # Inf - Inf: a NaN, settled below
                 np.subtract(a[i:i + d.size], b[i:i + d.size], out=d, dtype=np.float64)
@@ -224,7 +225,7 @@ class Judgement:
                                               narrow)
             else:
                 rule, bound = "max", 2.0 * n + FLOOR_EPS * eps * self.scale
-            ratio = _ratio(d, bound)
+            ratio = bound_ratio(d, bound)
             if self.worst is None or ratio > self.ratio:
                 self.worst, self.ratio, self.bound, self.at_worst = i, float(ratio), bound, d
                 self.dtype, self.rule = dtype, rule
@@ -235,8 +236,10 @@ class Judgement:
         return {"diff": self.diff, "noise": self.noise, "bound": self.bound, "scale": self.scale}
 
 
-def _ratio(d: float, bound: float) -> float:
-    if d != d or bound != bound or d == np.inf:  # (a NaN is never within; Inf / Inf neither)
+def bound_ratio(d: float, bound: float) -> float:
+    """``d / bound``: at most 1 is within the bound; a NaN (of either) or an Inf difference is
+    never within (Inf / Inf neither), a zero bound only holds a zero difference."""
+    if d != d or bound != bound or d == np.inf:
         return float(np.inf)
     return d / bound if bound > 0 else (0.0 if d == 0 else float(np.inf))
 
@@ -253,4 +256,6 @@ def _narrow_rule(i: int, d: float, noise: float, floor: float, narrow: Narrow) -
     rd = narrow.rms_diffs[i]
     rb = (2.0 * narrow.rms_noises[i] + floor
           + narrow.reductions * narrow.rms_ulps[i] / np.sqrt(max(narrow.sizes[i], 1)))
-    return ("rms", rd, rb) if _ratio(rd, rb) > _ratio(d, bound) else ("max", d, bound)
+    if bound_ratio(rd, rb) > bound_ratio(d, bound):
+        return "rms", rd, rb
+    return "max", d, bound
