@@ -8,23 +8,21 @@ most of the cost; NumPy computes these primitives directly, in the precision XLA
 (16-bit floats in float32, rounded back; integers in int64, wrapped back to their width).
 ``ir/numpy_rules.py`` is the other NumPy table: exact XLA bits, for the bitwise oracle.
 A conv is one product of the matrix of its windows with its kernel where that matrix is modest
-(``WINDOWS_ELEMENTS``: a crop's few windows of a real model's kernel): in float64 a BLAS product,
-2–3× faster than XLA:CPU's float64 conv kernel there; in float32, ungrouped and above
-``XLA_MATMUL_MACS`` multiply-adds, XLA's own float32 dot (:func:`_xla_matmul`), faster than its
-conv kernel on a crop (1.5–3× on ResNet-50's) and computing as that kernel does: float32 sums,
-subnormals flushed (NumPy's product computes them, ten times slower on the special values'
-draw). Otherwise NumPy's tap-by-tap conv costs more than XLA's kernel, whose compile JAX caches
-per shape (a search validates the same conv many times), so such convs (a large 16-bit one too:
-XLA's kernel on its own dtypes) and dot_generals above ``NUMPY_MACS`` multiply-adds are left to
-XLA.
+(``WINDOWS_ELEMENTS``: a crop's few windows of a real model's kernel): a BLAS product, 2–3× faster
+than XLA:CPU's conv kernel there. In float32 (ungrouped) it computes as that kernel does:
+float32 sums, subnormals flushed (BLAS computes them, ten times slower on the special values'
+draw). A float64 product widens a narrower kernel a block at a time, in cache
+(:func:`_wide_product`), and a float32 one may compute its float64 twin in the same pass over the
+kernel (:func:`conv_twins`): reading the kernel is what such a product costs. Otherwise NumPy's
+tap-by-tap conv costs more than XLA's kernel, whose compile JAX caches per shape (a search
+validates the same conv many times), so such convs (a large 16-bit one too: XLA's kernel on its
+own dtypes) and dot_generals above ``NUMPY_MACS`` multiply-adds are left to XLA.
 """
 from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
-from jax import lax
 from numpy.lib.stride_tricks import sliding_window_view
 
 from mlsys_jax.compat import Tracer
@@ -36,9 +34,9 @@ NUMPY_MACS = 2_000_000  # above: XLA's kernel (one compile per shape) beats NumP
 # A conv's matrix of windows (``_by_windows``) up to this many elements: one BLAS product beats
 # XLA:CPU's conv kernel on a crop's few windows of a large kernel, and holds 32 MiB in float64
 WINDOWS_ELEMENTS = 1 << 22
-# A float32 conv of more multiply-adds is XLA's dot of its windows (one compile per shape): NumPy's
-# product computes the special draw's subnormals, ten times slower than XLA, which flushes them
-XLA_MATMUL_MACS = 1 << 16
+TINY32 = np.finfo(np.float32).tiny  # below it a float32 is subnormal: XLA:CPU flushes it to zero
+# A float64 product with narrower float weights widens this many bytes of them at a time (in cache)
+WIDE_ROWS_BYTES = 1 << 20
 
 
 def compute_dtype(dtype) -> np.dtype:
@@ -93,11 +91,11 @@ def _pad(x, spatial: list):
 
 
 def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
-          feature_group_count, batch_group_count, **_):
+          feature_group_count, batch_group_count, twin=False, **_):
     """lax.conv_general_dilated as one matrix product of its windows (:func:`_by_windows`)
-    where they fit ``WINDOWS_ELEMENTS`` — in float64 by BLAS, in float32 (an ungrouped conv above
-    ``XLA_MATMUL_MACS``) by XLA's dot, which flushes subnormals as XLA's conv does; else tap by
-    tap where it is small (``NUMPY_MACS``), else None (XLA's kernel)."""
+    where they fit ``WINDOWS_ELEMENTS`` — in float64, or in float32 ungrouped; else tap by tap
+    where it is small (``NUMPY_MACS``), else None (XLA's kernel). ``twin``: a float32 conv of
+    windows and its float64 twin, ``[float32, float64]`` (:func:`conv_twins`), else None."""
     if batch_group_count != 1:
         return None
     dn = dimension_numbers
@@ -111,32 +109,32 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
                    zip(padded, kernel, rhs_dilation, window_strides))
     n, g, o, i = x.shape[0], feature_group_count, w.shape[0], w.shape[1]
     dtype = np.result_type(x.dtype, w.dtype)
-    taps = math.prod(kernel)
+    fits = n * math.prod(out_sp) * g * i * math.prod(kernel) <= WINDOWS_ELEMENTS
+    windows = fits and (dtype == F64 or (x.dtype == w.dtype == F32 and g == 1))
+    if twin and not (windows and dtype == F32 and all(out_sp)):
+        return None
     if not all(out_sp):
         return np.transpose(np.zeros((n, o) + out_sp, dtype), np.argsort(dn.out_spec))
-    fits = n * math.prod(out_sp) * g * i * taps <= WINDOWS_ELEMENTS
-    conv_macs = n * math.prod(out_sp) * o * i * taps
-    large = conv_macs > NUMPY_MACS
-    windows = fits and (dtype == F64 or (
-        x.dtype == w.dtype == F32 and g == 1 and conv_macs > XLA_MATMUL_MACS))
-    if not windows and large:
+    if not windows and n * math.prod(out_sp) * o * i * math.prod(kernel) > NUMPY_MACS:
         return None
     x = _pad(_dilate(x, lhs_dilation), [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
     x = x[(slice(None), slice(None)) + tuple(
         slice(max(-lo, 0), m - max(-hi, 0)) for (lo, hi), m in zip(padding, x.shape[2:]))]
     if windows:
-        out = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation)
+        outs = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation, twin)
     else:
-        out = _by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
-            (n, o) + out_sp)
-    return np.transpose(out.astype(dtype, copy=False), np.argsort(dn.out_spec))
+        outs = [_by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
+            (n, o) + out_sp)]
+    outs = [np.transpose(out, np.argsort(dn.out_spec)) for out in outs]
+    return outs if twin else outs[0].astype(dtype, copy=False)
 
 
-def _by_windows(x, w, g, kernel, out_sp, strides, dilation):
+def _by_windows(x, w, g, kernel, out_sp, strides, dilation, twin=False) -> list:
     """The conv (``x`` padded (N, C, ...), ``w`` (O, I, ...)) as a product of a matrix of its
     windows (a row per output position, per group) with the kernel's: one BLAS call a group,
     faster than XLA:CPU's conv kernel where the windows are few and the kernel large (a
-    validation's crop of a real model's conv)."""
+    validation's crop of a real model's conv). ``[output]``, or with ``twin`` (float32,
+    ungrouped) ``[output, its float64 twin]``."""
     n, o, i = x.shape[0], w.shape[0], w.shape[1]
     d = len(kernel)
     extent = tuple((k - 1) * r + 1 for k, r in zip(kernel, dilation))
@@ -151,20 +149,68 @@ def _by_windows(x, w, g, kernel, out_sp, strides, dilation):
     rows, depth = n * math.prod(out_sp), i * math.prod(kernel)
     cols = np.ascontiguousarray(win.transpose((0,) + spatial + (1,) + taps + (2,)))
     weights = w.reshape((g, o // g, i) + kernel).transpose((0,) + tuple(range(3, 3 + d)) + (2, 1))
-    if cols.dtype == F32:  # XLA's float32 product, subnormals flushed (ungrouped: _conv)
-        out = np.asarray(_xla_matmul(cols.reshape(rows, depth), weights.reshape(depth, o)))[None]
+    if g == 1:  # (float32: ungrouped, _conv)
+        a, m = cols.reshape(rows, depth), weights.reshape(depth, o)
+        if twin:
+            outs = list(_wide_product(a.astype(F64), m, narrow=a))
+        elif a.dtype == F32:
+            outs = [_f32_product(a, m)]
+        else:
+            outs = [_wide_product(a, m) if m.dtype != a.dtype else a @ m]
+        outs = [out[None] for out in outs]
     else:
-        out = np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
-                        weights.reshape(g, depth, o // g))  # (g, rows, o // g)
-    out = out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,))
-    return np.moveaxis(out, -1, 1)
+        outs = [np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
+                          weights.reshape(g, depth, o // g))]  # (g, rows, o // g)
+    return [np.moveaxis(out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,)), -1, 1)
+            for out in outs]
 
 
-@jax.jit
-def _xla_matmul(a, b):
-    """``a @ b`` in float32 as XLA:CPU computes a conv's sums: float32, subnormals flushed
-    (compiled once per shape, as the conv's own kernel would be)."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
+def _flushed(a):
+    """``a`` with its subnormals zero, as XLA:CPU reads them (flush to zero)."""
+    return np.where(np.abs(a) < TINY32, a.dtype.type(0), a)
+
+
+def _flush_result(out):
+    out[np.abs(out) < TINY32] = 0
+    return out
+
+
+def _f32_product(a, w):
+    """``a @ w`` in float32 as XLA:CPU computes a conv's sums: float32, ``a``'s subnormals and
+    the result's zero — BLAS computes subnormals, ten times slower on the special values'
+    draw. (Partial sums that are subnormal, which XLA flushes one by one, add up here: a
+    difference under the number of terms times float32's smallest normal, far below what
+    validation judges in float32 — finiteness, and the rounding error of whole outputs.)"""
+    return _flush_result(_flushed(a) @ w)
+
+
+def _wide_product(a, w, narrow=None):
+    """``a @ w`` in ``a``'s float64, ``w`` a narrower float matrix widened ``WIDE_ROWS_BYTES``
+    at a time into one buffer that stays in cache: its whole float64 copy would be written to
+    memory and read back, at three times the bytes of the read of ``w`` itself. ``narrow``:
+    also :func:`_f32_product` of it, in the same pass (each block of ``w`` read once for both):
+    ``(float32 product, float64 product)``."""
+    depth, o = w.shape
+    step = max(1, WIDE_ROWS_BYTES // (F64.itemsize * o))
+    low = None if narrow is None else _flushed(narrow)
+    if step >= depth:
+        out = a @ w.astype(F64)
+        return out if low is None else (_flush_result(low @ w), out)
+    buf = np.empty((step, o), F64)
+    out = part = low_out = None
+    for start in range(0, depth, step):
+        block, cols = w[start:start + step], slice(start, start + step)
+        if low is not None:
+            p = low[:, cols] @ block
+            low_out = p if low_out is None else np.add(low_out, p, out=low_out)
+        wide = buf[:len(block)]
+        np.copyto(wide, block)
+        if out is None:
+            out = a[:, cols] @ wide
+            part = np.empty_like(out)
+        else:
+            out += np.matmul(a[:, cols], wide, out=part)
+    return out if low is None else (_flush_result(low_out), out)
 
 
 def _by_taps(x, w, g, kernel, out_sp, strides, dilation):
@@ -244,3 +290,34 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
     if y is None:
         return None
     return [np.asarray(y).astype(out_dtype)]
+
+
+def conv_widened(eqn, invals) -> list | None:
+    """A conv in float64 on ``invals`` as the program holds them: the image widened, a narrower
+    float kernel left so for its matrix of windows to widen a block at a time
+    (:func:`_wide_product`); None where the kernel is not a narrower float or the conv is not
+    NumPy's (the caller widens every operand and binds it)."""
+    if eqn.primitive.name != CONV or any(isinstance(x, Tracer) for x in invals):
+        return None
+    x, w = (np.asarray(v) for v in invals)
+    if not (is_float(x.dtype) and is_float(w.dtype)) or w.dtype == F64:
+        return None
+    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
+    with np.errstate(all="ignore"):
+        y = _conv(x if x.dtype == F64 else x.astype(F64), w, **params)
+    return None if y is None else [np.asarray(y, F64)]
+
+
+def conv_twins(eqn, invals) -> tuple | None:
+    """``([output], [float64 twin])``: a float32 conv that is one product of its windows, and
+    the float64 conv of the same operands widened (what :func:`conv_widened` computes of them),
+    in one pass over the kernel; None for any other equation (computed as usual)."""
+    if eqn.primitive.name != CONV or any(isinstance(x, Tracer) for x in invals):
+        return None
+    x, w = (np.asarray(v) for v in invals)
+    if not x.dtype == w.dtype == F32 or eqn.outvars[0].aval.dtype != F32:
+        return None
+    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
+    with np.errstate(all="ignore"):
+        got = _conv(x, w, twin=True, **params)
+    return None if got is None else ([got[0]], [got[1]])

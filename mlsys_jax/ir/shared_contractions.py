@@ -8,22 +8,31 @@ computed before, and whose operands are that one's — a large operand (the weig
 buffer (the same memory, shape, strides and dtype), a small one (the image) equal element by
 element — returns that result: the same function of the same values. The results handed out are
 read-only, so no caller can change the other side's value.
+
+A region runs in its float32 first, then in float64 on the same draws: a conv reading an input
+reads it widened there, and the same weights. Inside :func:`twinning` (the region's float32 run),
+such a conv computes its float64 twin in the same pass over its weights
+(``ir.numpy_eval.conv_twins``) and keeps it as the conv of those operands widened, for the
+float64 run to find: the weights read once for both.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 
 import jax
 import numpy as np
 
 from mlsys_jax.compat import Tracer
+from mlsys_jax.ir import numpy_eval
 
 CONTRACTIONS = ("conv_general_dilated", "dot_general")
 BY_VALUE = 1 << 20  # operands up to this many elements are compared element by element
 # (a millisecond; a contraction reading them costs more)
 KEEP = 8  # contractions remembered (a region has a few)
 _MEMO = contextvars.ContextVar("mlsys_jax_shared_contractions", default=None)
+_TWINNING = contextvars.ContextVar("mlsys_jax_shared_contractions_twinning", default=False)
 
 
 @contextlib.contextmanager
@@ -34,6 +43,32 @@ def sharing():
         yield
     finally:
         _MEMO.reset(token)
+
+
+@contextlib.contextmanager
+def twinning(on: bool = True):
+    """Inside (and inside :func:`sharing`), :func:`with_twin` keeps float64 twins."""
+    token = _TWINNING.set(on)
+    try:
+        yield
+    finally:
+        _TWINNING.reset(token)
+
+
+def with_twin(eqn, args) -> list | None:
+    """Inside :func:`twinning` and :func:`sharing`: a float32 conv's outputs computed with its
+    float64 twin (``ir.numpy_eval.conv_twins``), the twin kept for :func:`lookup` as the conv
+    of the operands widened; None otherwise (computed as usual)."""
+    if eqn.primitive.name != CONTRACTIONS[0] or not _TWINNING.get() or _MEMO.get() is None \
+            or math.prod(np.shape(args[0])) > BY_VALUE:
+        return None  # (a larger image is never found again by value)
+    got = numpy_eval.conv_twins(eqn, args)
+    if got is None:
+        return None
+    outs, twin = got
+    x, w = _arrays(args)
+    remember(eqn, [x.astype(np.float64), w], twin)
+    return outs
 
 
 def _arrays(args) -> list | None:

@@ -242,10 +242,14 @@ def approximate(eqn, args, widen: bool) -> list:
             return outs
         outs = bind_widened_blocks(eqn, args)
         if outs is None:
+            outs = numpy_eval.conv_widened(eqn, args)
+        if outs is None:
             outs = eval_equation(eqn, list(map(widen_value, args)), True)
         return shared_contractions.remember(eqn, args, outs)
     if len(eqn.outvars) == 1:
-        got = numpy_eval.evaluate(eqn, args, eqn.outvars[0].aval.dtype)
+        got = shared_contractions.with_twin(eqn, args)
+        if got is None:
+            got = numpy_eval.evaluate(eqn, args, eqn.outvars[0].aval.dtype)
         if got is not None:
             return got
     return eval_equation(eqn, args, False)
@@ -548,8 +552,9 @@ def _stacked_pass(region: Region, replacement: Callable, shapes: list, given: di
     grow = grown[0]
     try:
         with rebatch.growing() if grow else contextlib.nullcontext():
-            sides = [_evaluate(region, inputs, False, given, cut),
-                     _replaced(region, replacement, inputs, False, cut)]
+            with shared_contractions.twinning(floats and narrow):
+                sides = [_evaluate(region, inputs, False, given, cut)]
+            sides.append(_replaced(region, replacement, inputs, False, cut))
             if floats and narrow:
                 with jax.enable_x64(True):
                     sides += [_evaluate(region, inputs, True, given, cut),
@@ -585,7 +590,8 @@ def _validate_eagerly(region: Region, replacement: Callable, shapes: list, given
         shapes = [cut.shape(v, s) for v, s in zip(region.inputs, shapes)]
     for i in range(DRAWS):
         inputs = [draw(s, v.aval.dtype, i) for s, v in zip(shapes, region.inputs)]
-        before = _evaluate(region, inputs, False, given, cut)
+        with shared_contractions.twinning(floats and narrow):
+            before = _evaluate(region, inputs, False, given, cut)
         after = _replaced(region, replacement, inputs, False, cut)
         for k, (a, b) in enumerate(zip(before, after)):
             if a.shape != b.shape:  # (on a cut: a replacement that does not read it)

@@ -62,35 +62,68 @@ def _conv_eqn(x, w, groups=1):
     return eqn
 
 
-def test_a_large_float32_conv_is_xlas_dot_of_its_windows_and_flushes_as_its_conv(monkeypatch):
-    """XLA:CPU flushes subnormals; a BLAS product would compute them (slowly, on the special
-    values' draw). A large ungrouped float32 conv is XLA's float32 dot of its windows: it agrees
-    with XLA's conv kernel to float32's rounding, and where that kernel flushes a subnormal sum
-    to zero, so does it."""
-    calls, real = [], numpy_eval._xla_matmul
-    monkeypatch.setattr(numpy_eval, "_xla_matmul", lambda a, b: calls.append(1) or real(a, b))
+def test_a_float32_conv_is_a_blas_product_of_its_windows_and_flushes_as_xlas_conv(monkeypatch):
+    """XLA:CPU flushes subnormals; BLAS computes them (slowly, on the special values' draw). An
+    ungrouped float32 conv is NumPy's float32 product of its windows, its subnormal inputs and
+    results zero: it agrees with XLA's conv kernel to float32's rounding, and where that kernel
+    flushes each subnormal partial sum to zero, it keeps at most their sum: under the number of
+    terms times float32's smallest normal."""
+    calls, real = [], numpy_eval._f32_product
+    monkeypatch.setattr(numpy_eval, "_f32_product", lambda a, b: calls.append(1) or real(a, b))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 3, 3, 256)).astype(np.float32)
     x[2] = np.finfo(np.float32).tiny  # every product tiny × w (|w| < 1) is subnormal
+    x[1, 0, 0, :8] = np.float32(1e-45)  # subnormal inputs: zero, as XLA reads them
     w = rng.uniform(-0.9, 0.9, (3, 3, 256, 256)).astype(np.float32)
     (got,) = numpy_eval.evaluate(_conv_eqn(x, w), [x, w], np.float32)
     want = np.asarray(lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                dimension_numbers=("NHWC", "HWIO", "NHWC")))
     assert calls == [1] and got.dtype == np.float32
     np.testing.assert_allclose(got[:2], want[:2], rtol=1e-4, atol=1e-4)
-    assert not want[2].any() and not got[2].any()  # flushed, as XLA's conv flushes them
+    tiny = np.finfo(np.float32).tiny
+    assert not want[2].any() and np.abs(got[2]).max() < 3 * 3 * 256 * tiny
 
 
-def test_a_small_or_grouped_float32_conv_is_not_a_product_of_its_windows(monkeypatch):
-    """Below ``XLA_MATMUL_MACS`` a float32 conv runs tap by tap (no compile per shape); a grouped
-    large one goes to XLA's conv kernel."""
+def test_a_grouped_float32_conv_is_not_a_product_of_its_windows(monkeypatch):
+    """A grouped float32 conv runs tap by tap where it is small, else XLA's conv kernel."""
     monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: pytest.fail("windows in float32"))
-    x, w = np.ones((3, 3, 3, 8), np.float32), np.ones((3, 3, 8, 8), np.float32)
-    (got,) = numpy_eval.evaluate(_conv_eqn(x, w), [x, w], np.float32)
+    x, w = np.ones((3, 3, 3, 8), np.float32), np.ones((3, 3, 4, 8), np.float32)
+    (got,) = numpy_eval.evaluate(_conv_eqn(x, w, groups=2), [x, w], np.float32)
     np.testing.assert_allclose(got, lax.conv_general_dilated(
-        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), rtol=1e-6)
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=2), rtol=1e-6)
     x, w = np.ones((3, 3, 3, 256), np.float32), np.ones((3, 3, 128, 256), np.float32)
     assert numpy_eval.evaluate(_conv_eqn(x, w, groups=2), [x, w], np.float32) is None
+
+
+def test_a_float64_product_widens_a_narrow_kernel_a_block_at_a_time(monkeypatch):
+    """Its float64 product with a float32 matrix widened a block at a time is the product with
+    the whole matrix widened (to float64's rounding: the sums are split by block), and its float32
+    twin computed in the same pass is the float32 product."""
+    monkeypatch.setattr(numpy_eval, "WIDE_ROWS_BYTES", 8 * 16 * 7)  # 7 rows a block: 10 blocks
+    rng = np.random.default_rng(2)
+    a32 = rng.standard_normal((5, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 16)).astype(np.float32)
+    a = a32.astype(np.float64)
+    want = a @ w.astype(np.float64)
+    np.testing.assert_allclose(numpy_eval._wide_product(a, w), want, rtol=1e-13, atol=1e-13)
+    low, wide = numpy_eval._wide_product(a, w, narrow=a32)
+    assert low.dtype == np.float32 and np.array_equal(wide, numpy_eval._wide_product(a, w))
+    np.testing.assert_allclose(low, a32 @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float32_conv_and_its_float64_twin_are_those_computed_apart(monkeypatch):
+    monkeypatch.setattr(numpy_eval, "WIDE_ROWS_BYTES", 8 * 32 * 5)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 5, 12)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 12, 32)).astype(np.float32)
+    eqn = _conv_eqn(x, w)
+    (low,), (twin,) = numpy_eval.conv_twins(eqn, [x, w])
+    np.testing.assert_allclose(low, numpy_eval.evaluate(eqn, [x, w], np.float32)[0],
+                               rtol=1e-5, atol=1e-5)
+    assert low.dtype == np.float32
+    assert np.array_equal(twin, numpy_eval.conv_widened(eqn, [x.astype(np.float64), w])[0])
+    assert numpy_eval.conv_twins(_conv_eqn(x, w[:, :, :6], groups=2), [x, w[:, :, :6]]) is None
 
 
 def test_numpy_dot_general_and_the_dtype_it_computes_in():

@@ -123,17 +123,43 @@ def _conv_bn():
 
 def test_a_validated_fold_computes_its_float64_conv_once(monkeypatch):
     """The region's conv and the fold's conv on its scaled weights read the same kernel on the
-    same draws: in float64 the conv runs once a draw (in float32 twice: the kernels differ),
-    and the fold is validated as before."""
-    convs, real = [], numpy_eval.OPS[numpy_eval.CONV]
+    same draws: the region's float32 conv computes its float64 twin in the same pass over the
+    kernel, which both sides' float64 convs take (the fold's float32 conv runs apart: its
+    kernel differs), and the fold is validated as before."""
+    convs, real = [], numpy_eval._conv
 
-    def counted(x, w, **params):
-        convs.append(np.result_type(x, w))
-        return real(x, w, **params)
+    def counted(x, w, twin=False, **params):
+        convs.append((np.result_type(x, w), twin))
+        return real(x, w, twin=twin, **params)
+    monkeypatch.setattr(numpy_eval, "_conv", counted)
     monkeypatch.setitem(numpy_eval.OPS, numpy_eval.CONV, counted)
     res = P.run(P.fold_conv_bn(), _conv_bn())
     assert len(res.rewrites) == 1 and not res.refusals
-    assert convs.count(np.float32) == 2 * convs.count(np.float64) > 0
+    assert convs.count((np.float32, True)) == convs.count((np.float32, False)) > 0
+    assert len(convs) == 2 * convs.count((np.float32, True))  # no float64 conv of its own
+
+
+def test_a_float64_twin_is_taken_only_for_the_same_kernel_and_the_image_widened():
+    with jax.enable_x64(False):
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((2, 5, 5, 4)).astype(np.float32)
+        w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+        (eqn,) = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=LAYOUTS[0]))(x, w).jaxpr.eqns
+    with shared_contractions.sharing():
+        assert shared_contractions.with_twin(eqn, [x, w]) is None  # not twinning: as usual
+        with shared_contractions.twinning():
+            (low,) = shared_contractions.with_twin(eqn, [x, w])
+        assert low.dtype == np.float32
+        (twin,) = shared_contractions.lookup(eqn, [x.astype(np.float64), w])
+        np.testing.assert_allclose(twin, _materialized(eqn, [x.astype(np.float64), w]),
+                                   rtol=1e-13)
+        other = w.copy()
+        other[0, 0, 0, 0] += 1
+        assert shared_contractions.lookup(eqn, [x.astype(np.float64), other]) is None
+        assert shared_contractions.lookup(eqn, [x.astype(np.float64) + 1e-9, w]) is None
+    with shared_contractions.twinning():  # outside a validation: nothing kept
+        assert shared_contractions.with_twin(eqn, [x, w]) is None
 
 
 def test_a_contraction_xla_computed_is_shared_as_a_numpy_view():
