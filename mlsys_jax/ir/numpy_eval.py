@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from mlsys_jax.compat import Tracer
 from mlsys_jax.ir.widen import is_float
@@ -99,7 +99,7 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
     if batch_group_count != 1:
         return None
     dn = dimension_numbers
-    x, w = np.transpose(x, dn.lhs_spec), np.transpose(w, dn.rhs_spec)  # (N, C, ..), (O, I, ..)
+    x, w = x.transpose(dn.lhs_spec), w.transpose(dn.rhs_spec)  # (N, C, ..), (O, I, ..)
     kernel = w.shape[2:]
     # the image's length along each axis dilated and padded (negative padding crops), and the
     # output's: the way is chosen before any copy of the image is made
@@ -120,28 +120,28 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
     x = _pad(_dilate(x, lhs_dilation), [(max(lo, 0), max(hi, 0)) for lo, hi in padding])
     x = x[(slice(None), slice(None)) + tuple(
         slice(max(-lo, 0), m - max(-hi, 0)) for (lo, hi), m in zip(padding, x.shape[2:]))]
+    back = tuple(np.argsort(dn.out_spec))  # (N, C, spatial...) to the output's layout
     if windows:
-        outs = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation, twin)
+        outs = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation, back, twin)
     else:
         outs = [_by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
-            (n, o) + out_sp)]
-    outs = [np.transpose(out, np.argsort(dn.out_spec)) for out in outs]
+            (n, o) + out_sp).transpose(back)]
     return outs if twin else outs[0].astype(dtype, copy=False)
 
 
-def _by_windows(x, w, g, kernel, out_sp, strides, dilation, twin=False) -> list:
+def _by_windows(x, w, g, kernel, out_sp, strides, dilation, back, twin=False) -> list:
     """The conv (``x`` padded (N, C, ...), ``w`` (O, I, ...)) as a product of a matrix of its
     windows (a row per output position, per group) with the kernel's: one BLAS call a group,
     faster than XLA:CPU's conv kernel where the windows are few and the kernel large (a
     validation's crop of a real model's conv). ``[output]``, or with ``twin`` (float32,
-    ungrouped) ``[output, its float64 twin]``."""
+    ungrouped) ``[output, its float64 twin]``, each laid out as ``back`` permutes
+    (N, C, spatial...)."""
     n, o, i = x.shape[0], w.shape[0], w.shape[1]
     d = len(kernel)
-    extent = tuple((k - 1) * r + 1 for k, r in zip(kernel, dilation))
-    win = sliding_window_view(x, extent, axis=tuple(range(2, 2 + d)))
-    win = win[(slice(None), slice(None))
-              + tuple(slice(None, (m - 1) * s + 1, s) for m, s in zip(out_sp, strides))
-              + tuple(slice(None, None, r) for r in dilation)]  # (N, C, *out_sp, *kernel)
+    sp = x.strides[2:]  # the windows, a view: (N, C, *out_sp, *kernel)
+    win = as_strided(x, x.shape[:2] + out_sp + kernel, x.strides[:2]
+                     + tuple(a * s for a, s in zip(sp, strides))
+                     + tuple(a * r for a, r in zip(sp, dilation)), writeable=False)
     win = win.reshape((n, g, i) + out_sp + kernel)
     # rows (N, *out_sp), then the group, then (*kernel, I): the order of an HWIO kernel's
     # elements, so its matrix is the kernel itself, not a transposed copy of it
@@ -161,7 +161,9 @@ def _by_windows(x, w, g, kernel, out_sp, strides, dilation, twin=False) -> list:
     else:
         outs = [np.matmul(cols.reshape(rows, g, depth).transpose(1, 0, 2),
                           weights.reshape(g, depth, o // g))]  # (g, rows, o // g)
-    return [np.moveaxis(out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,)), -1, 1)
+    nc = (0, d + 1) + tuple(range(1, d + 1))  # (N, *out_sp, O) to (N, O, *out_sp)
+    order = tuple(nc[j] for j in back)
+    return [out.transpose(1, 0, 2).reshape((n,) + out_sp + (o,)).transpose(order)
             for out in outs]
 
 

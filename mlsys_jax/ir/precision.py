@@ -16,6 +16,7 @@ rewrite's rounding in it (``passes/validate.py``).
 """
 from __future__ import annotations
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +28,14 @@ from mlsys_jax.ir.walk import bodies, walk
 
 def float_dtype(dtype):
     """``dtype`` as a NumPy dtype when it is a real float (bfloat16 included), else None."""
+    try:
+        return _float_dtype(dtype)
+    except TypeError:  # (unhashable: asked uncached)
+        return _float_dtype.__wrapped__(dtype)
+
+
+@functools.lru_cache(maxsize=256)  # (JAX's dtype predicates cost microseconds; a region asks
+def _float_dtype(dtype):           # for every value's dtype)
     if dtype is None or jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         return None
     return np.dtype(dtype) if jnp.issubdtype(dtype, jnp.floating) else None
@@ -35,7 +44,12 @@ def float_dtype(dtype):
 def eps(dtype) -> float:
     """Machine epsilon of a float dtype (0 for anything else)."""
     d = float_dtype(dtype)
-    return 0.0 if d is None else float(jnp.finfo(d).eps)
+    return 0.0 if d is None else _eps(d)
+
+
+@functools.lru_cache(maxsize=64)
+def _eps(d: np.dtype) -> float:
+    return float(jnp.finfo(d).eps)
 
 
 def coarser(a, b):

@@ -325,7 +325,8 @@ def rebind(eqn, args, bind, picks=None) -> list:
         args = _elementwise(eqn, args, picks)
     if name == "dot_general":
         args = _dot_batch(eqn, args, picks)
-    return bind(eqn.replace(params=_params(eqn, args, picks)), args)
+    params = _params(eqn, args, picks)
+    return bind(eqn if params is eqn.params else eqn.replace(params=params), args)
 
 
 def _dot_batch(eqn, args, picks=None) -> list:
