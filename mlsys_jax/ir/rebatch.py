@@ -227,19 +227,20 @@ def take(x, keep, axis: int):
 def _elementwise(eqn, args, picks=None) -> list:
     """An elementwise op's operands made to agree: a full-size operand (a constant) is cut to the
     rows the shrunk ones keep (unit axes still broadcast)."""
-    full = [(a, tuple(v.aval.shape)) for a, v in zip(args, eqn.invars)
-            if len(_shape(a)) == len(getattr(v.aval, "shape", ())) > 0]
+    shapes = [_shape(a) for a in args]
+    full = [(s, tuple(v.aval.shape)) for s, v in zip(shapes, eqn.invars)
+            if len(s) == len(getattr(v.aval, "shape", ())) > 0]
     if not full:
         return args
     rank = len(full[0][1])
     grow = _GROWING.get()
     # along each axis, the rows every operand that was not broadcast there (size > 1) keeps;
     # growing, an axis traced with one row takes the most any operand carries there
-    target = tuple(min((_shape(a)[d] for a, o in full if o[d] != 1),
-                       default=max(_shape(a)[d] for a, _ in full) if grow else 1)
+    target = tuple(min((s[d] for s, o in full if o[d] != 1),
+                       default=max(s[d] for s, _ in full) if grow else 1)
                    for d in range(rank))
-    return [_rows(_slice_to(a, target, picks), target) if len(_shape(a)) == rank else a
-            for a in args]
+    return [_rows(_slice_to(a, target, picks), target) if len(s) == rank and s != target
+            else a for a, s in zip(args, shapes)]
 
 
 def _rows(x, shape: tuple):

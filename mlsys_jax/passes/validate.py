@@ -229,7 +229,9 @@ def _run(eqns, env: dict, widen: bool, given: dict, picks=None) -> None:
 def approximate(eqn, args, widen: bool) -> list:
     """One equation as validation computes it: NumPy where it has the primitive
     (``ir.numpy_eval``: no kernel to compile), else XLA; in float64 when ``widen`` (``args``
-    widened here, a contraction's large weights a block at a time: ``ir.widen``); bound on
+    widened here, a contraction's large weights a block at a time: ``ir.widen``, a conv's
+    narrow kernel in cache: ``numpy_eval.conv_widened``), a contraction computed before on the
+    same operands, or as a float32 conv's twin, taken (``ir.shared_contractions``); bound on
     tracers where the replacement is traced for its constants (``feature_cut.coverage``)."""
     if widen and any(isinstance(a, Scaled) for a in args):
         return _scaled(eqn, args)
@@ -318,15 +320,16 @@ def _finite(k, i, a, b) -> str | None:
 def _close64(k, i, a, b, a_prog) -> str | None:
     fa, fb = np.isfinite(a), np.isfinite(b)
     if not np.array_equal(fa, fb) or not np.array_equal(np.isnan(a), np.isnan(b)) \
-            or not np.array_equal(a[~fa], b[~fb]):
+            or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
         return (f"output {k} in float64 on input {i}: Inf/NaN in {int((fa != fb).sum())} other "
                 "places than the original's")
     if not fa.any():
         return None
     rms = float(np.sqrt(np.mean(np.square(a[fa]))))
-    own = np.where(np.isfinite(a_prog), np.abs(a_prog.astype(np.float64) - a), 0.0)
+    with np.errstate(invalid="ignore"):  # (Inf - Inf where both are Inf: masked)
+        own = np.where(np.isfinite(a_prog), np.abs(a_prog.astype(np.float64) - a), 0.0)
+        err = np.where(fa, np.abs(a - b), 0.0)
     tol = RTOL_F64 * (np.abs(a) + rms) + ROUNDING_SHARE * own
-    err = np.where(fa, np.abs(a - b), 0.0)
     bad = err > tol
     if not bad.any():
         return None
@@ -565,10 +568,43 @@ def _stacked_pass(region: Region, replacement: Callable, shapes: list, given: di
     if any(a is None for a in axes) or any(
             np.shape(x) != np.shape(y) for side in sides[1:] for x, y in zip(sides[0], side)):
         return False
+    if low is None and _every_row_passes(sides, axes, floats=floats, narrow=narrow):
+        return True
     runs = [[[np.take(x, [i], axis=a) for x, a in zip(side, axes)] for side in sides]
             for i in range(DRAWS)]
     return _every_draw_passes([r + [None] * (4 - len(r)) for r in runs], floats=floats,
                               narrow=narrow, low=low)
+
+
+def _every_row_passes(sides: list, axes: list, *, floats: bool, narrow: bool) -> bool:
+    """:func:`_every_draw_passes` on the draws stacked as rows (each output's along its
+    ``axes``), every draw at once: the same tests element by element, each draw's rms its own
+    row's (taken a hair smaller: a pass here passes draw by draw too). False where any test
+    fails — judged again draw by draw, for the verdict and its reason."""
+    for k, (a, b) in enumerate(zip(sides[0], sides[1])):
+        if _finite(k, 0, a, b) if is_float(a.dtype) else not np.array_equal(a, b):
+            return False
+    if not floats:
+        return True
+    wide = sides[2:] if narrow else sides[:2]
+    for a, b, ap, axis in zip(*wide, sides[0], axes):
+        if not is_float(ap.dtype):
+            continue
+        a, b = (np.moveaxis(np.asarray(x, np.float64), axis, 0).reshape(DRAWS, -1)
+                for x in (a, b))
+        fa = np.isfinite(a)
+        if not (np.array_equal(fa, np.isfinite(b)) and np.array_equal(np.isnan(a), np.isnan(b))
+                and np.array_equal(a[~fa], b[~fa], equal_nan=True)):
+            return False
+        squares = np.where(fa, a, 0.0) ** 2
+        rms = np.sqrt(squares.sum(axis=1) / np.maximum(fa.sum(axis=1), 1)) * (1 - 1e-9)
+        prog = np.moveaxis(ap, axis, 0).reshape(DRAWS, -1).astype(np.float64)
+        with np.errstate(invalid="ignore"):  # (as in _close64)
+            own = np.where(np.isfinite(prog), np.abs(prog - a), 0.0)
+            err = np.where(fa, np.abs(a - b), 0.0)
+        if (err > RTOL_F64 * (np.abs(a) + rms[:, None]) + ROUNDING_SHARE * own).any():
+            return False
+    return True
 
 
 def _row_axis(var, x, grown: bool = False) -> int | None:

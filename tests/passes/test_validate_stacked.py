@@ -149,3 +149,65 @@ def test_rows_grow_only_inside_growing_and_never_across_a_reduction():
     (s, *_) = mean.jaxpr.eqns
     with rebatch.growing(), pytest.raises(rebatch.Unshrinkable):
         rebatch.rebind(s, [rows], partial(eval_equation))
+
+
+# ---- every draw judged at once on the stacked rows (V._every_row_passes) -------------------
+
+def _sides(rng, rows=V.DRAWS, shape=(4, 6)):
+    a32 = rng.standard_normal((rows,) + shape).astype(np.float32)
+    a64 = a32.astype(np.float64) + rng.standard_normal(a32.shape) * 1e-8
+    return [a32, a32.copy(), a64, a64.copy()]
+
+
+def _per_draw(sides):
+    runs = [[[np.take(x, [i], axis=0)] for x in sides] for i in range(V.DRAWS)]
+    return V._every_draw_passes(runs, floats=True, narrow=True, low=None)
+
+
+def _stacked(sides):
+    return V._every_row_passes([[x] for x in sides], [0], floats=True, narrow=True)
+
+
+@pytest.mark.parametrize("case", ["equal", "one draw off", "off by rounding", "nan alike",
+                                  "nan elsewhere", "inf sign", "new inf in float32",
+                                  "a draw of zeros"])
+def test_every_row_passes_where_every_draw_passes(case):
+    """All draws at once: the verdict draw by draw's (each draw's rms its own row's)."""
+    sides = _sides(np.random.default_rng(5))
+    a32, b32, a64, b64 = sides
+    if case == "one draw off":
+        b64[1, 2, 3] *= 1.001
+    elif case == "off by rounding":
+        b64 += np.abs(a64) * 1e-13
+    elif case == "nan alike":
+        a64[0, 0, 0] = b64[0, 0, 0] = np.nan
+        a64[2, 1, 1] = b64[2, 1, 1] = -np.inf
+    elif case == "nan elsewhere":
+        a64[0, 0, 0], b64[0, 0, 1] = np.nan, np.nan
+    elif case == "inf sign":
+        a64[1, 0, 0], b64[1, 0, 0] = np.inf, -np.inf
+    elif case == "new inf in float32":
+        b32[2, 3, 5] = np.inf
+    elif case == "a draw of zeros":  # its rms is its own: a tiny error there is no rounding
+        a32[2], b32[2], a64[2], b64[2] = 0.0, 0.0, 0.0, 0.0
+        b64[2, 0, 0] = 1e-30
+    want = case in ("equal", "off by rounding", "nan alike")
+    assert _per_draw(sides) is want
+    assert _stacked(sides) is want
+
+
+def test_a_right_fold_passes_every_draw_at_once_without_judging_draw_by_draw(monkeypatch):
+    region, right = _region(_conv_scaled(), (1, 64, 64, 8))
+    with monkeypatch.context() as m:
+        m.setattr(V, "_validate_eagerly", _draw_by_draw_refused)
+        m.setattr(V, "_every_draw_passes", _draw_by_draw_refused)
+        assert V._validate(region, right, V._cropped(region)) is None
+
+
+def test_a_float64_nan_where_the_original_has_one_agrees():
+    """The same Inf/NaN in the same places on both sides is agreement (it was refused: NaN is
+    never equal to itself), NaN elsewhere or an Inf of the other sign is not."""
+    a = np.array([1.0, np.nan, np.inf, -2.0])
+    assert V._close64(0, 0, a, a.copy(), a.astype(np.float32)) is None
+    for other in ([1.0, 2.0, np.inf, np.nan], [1.0, np.nan, -np.inf, -2.0]):
+        assert "Inf/NaN" in V._close64(0, 0, a, np.array(other), a.astype(np.float32))
