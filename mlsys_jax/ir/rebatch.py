@@ -257,6 +257,8 @@ def _rows(x, shape: tuple):
 def _params(eqn, args, picks=None) -> dict:
     """The equation's params for inputs of the shapes of ``args`` (or Unshrinkable)."""
     prim, p = eqn.primitive.name, eqn.params
+    if prim in SHAPE_FREE:
+        return p
     old = [tuple(v.aval.shape) for v in eqn.invars]
     new = [_shape(a) for a in args]
     if prim == "broadcast_in_dim":
@@ -297,8 +299,6 @@ def _params(eqn, args, picks=None) -> dict:
         (lc, rc), _ = p["dimension_numbers"]
         if set(_changed(old[0], new[0])) & set(lc) or set(_changed(old[1], new[1])) & set(rc):
             raise Unshrinkable("dot_general contracts the rows")
-        return p
-    if prim in SHAPE_FREE:
         return p
     if prim in REDUCTIONS and "axes" in p and not set(_changed(old[0], new[0])) & set(p["axes"]):
         return p  # reduced along other axes: each row on its own

@@ -220,3 +220,18 @@ def test_a_fold_off_by_more_than_rounding_on_constants_alone_is_refused():
     assert not res.changed
     (refused,) = [r for r in res.refusals if r.check == "translation_validation"]
     assert "differs in float64" in refused.reason
+
+
+def test_the_draws_kept_are_the_most_recently_used(monkeypatch):
+    """A process that validated other shapes first still keeps the draws it validates now (a
+    full table once refused every new shape: each region's draws were drawn again each time)."""
+    monkeypatch.setattr(V, "_DRAWN", type(V._DRAWN)())
+    monkeypatch.setattr(V, "DRAWN_KEPT", 4)
+    first = V.draw((2, 3), np.float32, 0)
+    for n in range(3):
+        V.draw((5, n + 1), np.float32, 0)
+    assert V.draw((2, 3), np.float32, 0) is first  # used again: now the most recent
+    for n in range(3, 7):
+        V.draw((5, n + 1), np.float32, 1)
+    assert len(V._DRAWN) == 4 and ((2, 3), np.dtype(np.float32), 0) not in V._DRAWN
+    assert V.draw((5, 7), np.float32, 1) is V.draw((5, 7), np.float32, 1)
