@@ -122,14 +122,14 @@ def _conv(x, w, *, window_strides, padding, lhs_dilation, rhs_dilation, dimensio
         slice(max(-lo, 0), m - max(-hi, 0)) for (lo, hi), m in zip(padding, x.shape[2:]))]
     back = tuple(np.argsort(dn.out_spec))  # (N, C, spatial...) to the output's layout
     if windows:
-        outs = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation, back, twin)
+        outs = _by_windows(x, w, g, kernel, out_sp, window_strides, rhs_dilation, back, twin=twin)
     else:
         outs = [_by_taps(x, w, g, kernel, out_sp, window_strides, rhs_dilation).reshape(
             (n, o) + out_sp).transpose(back)]
     return outs if twin else outs[0].astype(dtype, copy=False)
 
 
-def _by_windows(x, w, g, kernel, out_sp, strides, dilation, back, twin=False) -> list:
+def _by_windows(x, w, g, kernel, out_sp, strides, dilation, back, *, twin=False) -> list:
     """The conv (``x`` padded (N, C, ...), ``w`` (O, I, ...)) as a product of a matrix of its
     windows (a row per output position, per group) with the kernel's: one BLAS call a group,
     faster than XLA:CPU's conv kernel where the windows are few and the kernel large (a

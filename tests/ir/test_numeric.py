@@ -49,7 +49,7 @@ def test_numpy_conv_is_laxs_on_every_kind_of_param(windows, monkeypatch):
     monkeypatch.setattr(numpy_eval, "WINDOWS_ELEMENTS", windows)
     calls = []
     real = numpy_eval._by_windows
-    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(numpy_eval, "_by_windows", lambda *a, **k: calls.append(1) or real(*a, **k))
     for config in SAMPLE:
         _conv_agrees(*config)
     assert len(calls) == (len(SAMPLE) if windows else 0)
