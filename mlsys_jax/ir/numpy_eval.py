@@ -286,12 +286,23 @@ def evaluate(eqn, invals, out_dtype) -> list | None:
         return None  # (a float64 or float32 conv decides by its windows: _conv; a large
         # 16-bit one is XLA's kernel on its own dtypes)
     xs = [x.astype(wide) if x.dtype != wide else x for x in xs]
-    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
     with np.errstate(all="ignore"):
-        y = fn(*xs, **params)
+        y = fn(*xs, **_numpy_params(eqn))
     if y is None:
         return None
     return [np.asarray(y).astype(out_dtype)]
+
+
+def _numpy_params(eqn) -> dict:
+    """``eqn``'s params as this table's rules take them (XLA's dtype and layout hints dropped)."""
+    return {k: v for k, v in eqn.params.items() if k not in IGNORED}
+
+
+def _concrete_conv(eqn, invals) -> tuple | None:
+    """A conv's image and kernel as NumPy arrays, or None (another primitive, or traced)."""
+    if eqn.primitive.name != CONV or any(isinstance(x, Tracer) for x in invals):
+        return None
+    return tuple(np.asarray(v) for v in invals)
 
 
 def conv_widened(eqn, invals) -> list | None:
@@ -299,14 +310,14 @@ def conv_widened(eqn, invals) -> list | None:
     float kernel left so for its matrix of windows to widen a block at a time
     (:func:`_wide_product`); None where the kernel is not a narrower float or the conv is not
     NumPy's (the caller widens every operand and binds it)."""
-    if eqn.primitive.name != CONV or any(isinstance(x, Tracer) for x in invals):
+    got = _concrete_conv(eqn, invals)
+    if got is None:
         return None
-    x, w = (np.asarray(v) for v in invals)
+    x, w = got
     if not (is_float(x.dtype) and is_float(w.dtype)) or w.dtype == F64:
         return None
-    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
     with np.errstate(all="ignore"):
-        y = _conv(x if x.dtype == F64 else x.astype(F64), w, **params)
+        y = _conv(x if x.dtype == F64 else x.astype(F64), w, **_numpy_params(eqn))
     return None if y is None else [np.asarray(y, F64)]
 
 
@@ -314,12 +325,12 @@ def conv_twins(eqn, invals) -> tuple | None:
     """``([output], [float64 twin])``: a float32 conv that is one product of its windows, and
     the float64 conv of the same operands widened (what :func:`conv_widened` computes of them),
     in one pass over the kernel; None for any other equation (computed as usual)."""
-    if eqn.primitive.name != CONV or any(isinstance(x, Tracer) for x in invals):
+    got = _concrete_conv(eqn, invals)
+    if got is None:
         return None
-    x, w = (np.asarray(v) for v in invals)
+    x, w = got
     if not x.dtype == w.dtype == F32 or eqn.outvars[0].aval.dtype != F32:
         return None
-    params = {k: v for k, v in eqn.params.items() if k not in IGNORED}
     with np.errstate(all="ignore"):
-        got = _conv(x, w, twin=True, **params)
+        got = _conv(x, w, twin=True, **_numpy_params(eqn))
     return None if got is None else ([got[0]], [got[1]])

@@ -329,12 +329,20 @@ def _finite(k, i, a, b) -> str | None:
             "where the original is finite")
 
 
+def _nonfinite_alike(a, b, fa) -> bool:
+    """``b`` has Inf and NaN where ``a`` has them (``fa``: where ``a`` is finite), each Inf of
+    the same sign; a NaN agrees with a NaN."""
+    fb = np.isfinite(b)
+    if fa.all():
+        return bool(fb.all())
+    return np.array_equal(fa, fb) and np.array_equal(a[~fa], b[~fa], equal_nan=True)
+
+
 def _close64(k, i, a, b, a_prog) -> str | None:
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    if not np.array_equal(fa, fb) or not np.array_equal(np.isnan(a), np.isnan(b)) \
-            or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
-        return (f"output {k} in float64 on input {i}: Inf/NaN in {int((fa != fb).sum())} other "
-                "places than the original's")
+    fa = np.isfinite(a)
+    if not _nonfinite_alike(a, b, fa):
+        return (f"output {k} in float64 on input {i}: Inf/NaN in "
+                f"{int((fa != np.isfinite(b)).sum())} other places than the original's")
     if not fa.any():
         return None
     rms = float(np.sqrt(np.mean(np.square(a[fa]))))
@@ -606,13 +614,9 @@ def _every_row_passes(sides: list, axes: list, *, floats: bool, narrow: bool) ->
         a, b = (np.moveaxis(np.asarray(x, np.float64), axis, 0).reshape(DRAWS, -1)
                 for x in (a, b))
         fa = np.isfinite(a)
+        if not _nonfinite_alike(a, b, fa):
+            return False
         finite = fa.all()
-        if not finite and not (np.array_equal(fa, np.isfinite(b))
-                               and np.array_equal(np.isnan(a), np.isnan(b))
-                               and np.array_equal(a[~fa], b[~fa], equal_nan=True)):
-            return False
-        if finite and not np.isfinite(b).all():
-            return False
         kept = a if finite else np.where(fa, a, 0.0)
         count = a.shape[1] if finite else np.maximum(fa.sum(axis=1), 1)
         rms = np.sqrt(np.einsum("ij,ij->i", kept, kept) / count) * (1 - 1e-9)
